@@ -1,0 +1,228 @@
+/*
+ * hpcdl collective runtime: the C ABI.
+ *
+ * This header is the whole contract between the compiled runtime and its callers (hpcdl.common loads
+ * the library with ctypes). It is plain C: no C++ types cross it, every function returns a status or a
+ * value, and the text of the last error on the calling thread is available from hpcdl_last_error().
+ *
+ * Two ways to run a collective:
+ *   - the direct path (hpcdl_allreduce, ...): blocking, on the caller's thread, over a communicator
+ *     channel of its own; no negotiation, no fusion. Used for latency-critical single collectives and
+ *     for benchmarking the data plane.
+ *   - the engine path (hpcdl_enqueue + hpcdl_poll/hpcdl_wait): asynchronous, named operations that a
+ *     background thread negotiates across ranks, validates, fuses and records in the timeline.
+ * Both may be used in the same job; they never share a channel, so they cannot cross-talk.
+ *
+ * Every blocking call has a deadline (the init option timeout_s, or an explicit argument); on expiry it
+ * returns HPCDL_ERR_TIMEOUT with a message naming the ranks and the operation it waited for.
+ */
+#ifndef HPCDL_C_API_H
+#define HPCDL_C_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define HPCDL_ABI_VERSION 1
+
+#if defined(__GNUC__)
+#define HPCDL_API __attribute__((visibility("default")))
+#else
+#define HPCDL_API
+#endif
+
+/* ---- status codes ------------------------------------------------------------------------------ */
+typedef enum {
+  HPCDL_OK = 0,
+  HPCDL_ERR_INVALID = 1,       /* bad argument from the caller (unknown dtype, negative count, ...) */
+  HPCDL_ERR_NOT_INITIALIZED = 2,
+  HPCDL_ERR_TIMEOUT = 3,       /* a deadline expired; message names the missing ranks and the op */
+  HPCDL_ERR_PEER_LOST = 4,     /* a peer closed its connection or died; message names the rank */
+  HPCDL_ERR_MISMATCH = 5,      /* ranks disagreed on shape/dtype/op/root for one name */
+  HPCDL_ERR_AUTH = 6,          /* rendezvous authentication failed */
+  HPCDL_ERR_UNSUPPORTED = 7,   /* e.g. transport=mpi in a build without MPI */
+  HPCDL_ERR_SHUTDOWN = 8,      /* runtime is shutting down / was shut down (also: stall shutdown) */
+  HPCDL_ERR_INTERNAL = 9,
+  HPCDL_PENDING = 10           /* hpcdl_poll: not finished yet */
+} hpcdl_status;
+
+/* ---- data types (values are stable; Python mirrors them) ------------------------------------- */
+typedef enum {
+  HPCDL_UINT8 = 0,
+  HPCDL_INT8 = 1,
+  HPCDL_INT16 = 2,
+  HPCDL_INT32 = 3,
+  HPCDL_INT64 = 4,
+  HPCDL_FLOAT16 = 5,
+  HPCDL_BFLOAT16 = 6,
+  HPCDL_FLOAT32 = 7,
+  HPCDL_FLOAT64 = 8,
+  HPCDL_BOOL = 9
+} hpcdl_dtype;
+
+/* ---- reduction operators ---------------------------------------------------------------------- */
+typedef enum {
+  HPCDL_SUM = 0,
+  HPCDL_AVERAGE = 1,   /* sum, then divided by the number of contributing ranks */
+  HPCDL_MIN = 2,
+  HPCDL_MAX = 3,
+  HPCDL_PRODUCT = 4
+} hpcdl_reduce_op;
+/* bool: SUM/MAX = logical or, MIN/PRODUCT = logical and. Integer AVERAGE truncates toward zero.
+ * float16/bfloat16 are accumulated in float32. prescale multiplies each input before the reduction,
+ * postscale the result after it (both in the accumulation type). */
+
+/* ---- collective kinds ------------------------------------------------------------------------- */
+typedef enum {
+  HPCDL_OP_ALLREDUCE = 0,
+  HPCDL_OP_ALLGATHER = 1,
+  HPCDL_OP_BROADCAST = 2,
+  HPCDL_OP_ALLTOALL = 3,
+  HPCDL_OP_REDUCESCATTER = 4,
+  HPCDL_OP_BARRIER = 5,
+  HPCDL_OP_JOIN = 6
+} hpcdl_op_type;
+
+/* ---- errors, build facts ---------------------------------------------------------------------- */
+HPCDL_API int hpcdl_abi_version(void);
+/* The message of the last failed call on this thread ("" if none). Valid until the next call. */
+HPCDL_API const char* hpcdl_last_error(void);
+/* JSON object describing this build, e.g.
+ * {"version":"0.1.0","compiler":"GNU 12.2.0","shm":true,"tcp":true,
+ *  "mpi":true,"mpi_vendor":"Open MPI","mpi_version":"4.1.4","mpi_reason":"",
+ *  "cuda":false,"nccl":false,"simd":"avx2"}
+ * "mpi_reason" says why MPI is missing when "mpi" is false. Static string, never freed. */
+HPCDL_API const char* hpcdl_build_info(void);
+
+/* ---- lifecycle ---------------------------------------------------------------------------------- */
+/*
+ * Options: "key=value" lines separated by '\n'. Settings are resolved by hpcdl.common (explicit argument
+ * > HPCDL_* > HOROVOD_* > default); the runtime reads no environment itself. Keys:
+ *   rank, size                    this process's world rank and the world size (required)
+ *   host                          host identity; ranks with equal host share memory (required)
+ *   rendezvous_addr, rendezvous_port   where the rendezvous server listens
+ *   rendezvous_serve=0|1          1: this process (world rank 0) runs the rendezvous server itself
+ *   secret                        job secret (hex); peers must prove they hold it
+ *   bootstrap=tcp|mpi             how ranks meet (mpi only when built with MPI and launched by mpirun)
+ *   transport=auto|shm|tcp|mpi    data plane to use between ranks (auto: shm within a host, tcp across)
+ *   iface                         network interface (or IPv4 address) for TCP data connections
+ *   timeout_s                     deadline of every blocking wait, seconds (float)
+ *   small_message_bytes           below this, latency-optimal algorithms; at/above, ring
+ *   hierarchical=0|1              intra-host then inter-host allreduce/allgather when ranks span hosts
+ *   fusion_threshold              engine fusion buffer bytes (0 disables fusion)
+ *   cycle_time_ms                 engine cycle time (float)
+ *   cache_capacity                engine response cache entries (0 disables)
+ *   timeline, timeline_mark_cycles  Chrome-trace output path written by rank 0, mark cycles 0|1
+ *   stall_check=0|1, stall_check_s, stall_shutdown_s
+ *   autotune=0|1, autotune_log, autotune_warmup_samples, autotune_steps_per_sample,
+ *   autotune_fixed                comma list of knobs the user set explicitly (never tuned)
+ *   process_sets                  static process sets, ';'-separated lists of ','-separated world ranks
+ *   dynamic_process_sets=0|1
+ *   log_level=trace|debug|info|warning|error
+ */
+HPCDL_API int hpcdl_init(const char* options);
+HPCDL_API int hpcdl_shutdown(void);
+HPCDL_API int hpcdl_is_initialized(void);
+
+HPCDL_API int hpcdl_rank(void);
+HPCDL_API int hpcdl_size(void);
+HPCDL_API int hpcdl_local_rank(void);
+HPCDL_API int hpcdl_local_size(void);
+HPCDL_API int hpcdl_cross_rank(void);
+HPCDL_API int hpcdl_cross_size(void);
+HPCDL_API int hpcdl_is_homogeneous(void);
+/* Transport actually used to reach peers on this host / on other hosts: "shm", "tcp", "mpi", "self". */
+HPCDL_API const char* hpcdl_transport_name(int local);
+HPCDL_API int hpcdl_mpi_enabled(void);
+HPCDL_API int hpcdl_mpi_threads_supported(void);
+
+/* ---- rendezvous server (hosted by the launcher or by world rank 0) ------------------------------ */
+/* Starts a rendezvous server on host:port (port 0 picks a free one) for a job of `size` ranks that
+ * knows `secret`. Returns an opaque id > 0, or < 0 on error. */
+HPCDL_API int64_t hpcdl_rendezvous_server_start(const char* host, int port, const char* secret, int size);
+HPCDL_API int hpcdl_rendezvous_server_port(int64_t server);
+/* Writes up to `capacity` world ranks that have registered into `ranks`; returns how many did. */
+HPCDL_API int hpcdl_rendezvous_server_arrived(int64_t server, int32_t* ranks, int capacity);
+HPCDL_API int hpcdl_rendezvous_server_stop(int64_t server);
+
+/* ---- direct, blocking collectives (caller's thread) ----------------------------------------------
+ * process_set: 0 = global; others come from init's process_sets or hpcdl_add_process_set.
+ * send == recv means in place. counts are elements, not bytes. */
+HPCDL_API int hpcdl_allreduce(const void* send, void* recv, int64_t count, int dtype, int op,
+                              double prescale, double postscale, int process_set);
+/* Each rank contributes `count` elements; recv holds sum(counts) elements in rank order.
+ * recv_counts (length = set size) gives every rank's count; pass NULL when all are equal to count. */
+HPCDL_API int hpcdl_allgather(const void* send, int64_t count, void* recv, const int64_t* recv_counts,
+                              int dtype, int process_set);
+/* root is a rank within the process set. */
+HPCDL_API int hpcdl_broadcast(void* buf, int64_t count, int dtype, int root, int process_set);
+/* send_counts[i] elements go to rank i; recv_counts[i] come from rank i (both length = set size). */
+HPCDL_API int hpcdl_alltoall(const void* send, const int64_t* send_counts, void* recv,
+                             const int64_t* recv_counts, int dtype, int process_set);
+/* recv_counts[i] = elements rank i receives (length = set size, sum = elements in send). */
+HPCDL_API int hpcdl_reducescatter(const void* send, void* recv, const int64_t* recv_counts, int dtype,
+                                  int op, double prescale, double postscale, int process_set);
+HPCDL_API int hpcdl_barrier(int process_set);
+
+/* ---- process sets ------------------------------------------------------------------------------- */
+/* Collective over the whole world. Returns the new set's id (> 0) or < 0 on error. */
+HPCDL_API int hpcdl_add_process_set(const int32_t* ranks, int n);
+HPCDL_API int hpcdl_remove_process_set(int process_set);
+HPCDL_API int hpcdl_process_set_rank(int process_set);   /* -1 if this rank is not a member */
+HPCDL_API int hpcdl_process_set_size(int process_set);
+HPCDL_API int hpcdl_process_set_ranks(int process_set, int32_t* ranks, int capacity);
+/* Number of known process sets and their ids (global first). */
+HPCDL_API int hpcdl_process_set_ids(int32_t* ids, int capacity);
+
+/* ---- the engine: asynchronous named operations -------------------------------------------------- */
+typedef struct {
+  int32_t op_type;            /* hpcdl_op_type */
+  const char* name;           /* NULL or "": the engine assigns a deterministic name */
+  int32_t process_set;        /* 0 = global */
+  int32_t dtype;              /* hpcdl_dtype */
+  int32_t ndim;
+  const int64_t* shape;       /* ndim entries; the first dimension may differ per rank for allgather */
+  const void* input;          /* must stay valid until the handle completes */
+  void* output;               /* allreduce/broadcast/reducescatter: caller-owned (may equal input);
+                                 allgather/alltoall: NULL, the engine allocates (hpcdl_output) */
+  int32_t reduce_op;          /* hpcdl_reduce_op (allreduce, reducescatter) */
+  double prescale, postscale; /* 1.0 for none */
+  int32_t root;               /* broadcast root, a world rank (Horovod semantics) */
+  const int64_t* splits;      /* alltoall: rows of dim 0 sent to each set member; NULL = even */
+  int32_t nsplits;
+  int32_t group_id;           /* 0 = not grouped; ops sharing a group id run together, atomically */
+  int32_t group_size;         /* number of ops in the group */
+} hpcdl_request;
+
+typedef int64_t hpcdl_handle;
+
+/* Returns a handle > 0, or a negative hpcdl_status on immediate error. */
+HPCDL_API hpcdl_handle hpcdl_enqueue(const hpcdl_request* request);
+/* HPCDL_OK when done, HPCDL_PENDING when not, an error status when the op failed. */
+HPCDL_API int hpcdl_poll(hpcdl_handle handle);
+/* Blocks until done or timeout_s (< 0: the runtime's timeout) expires. Releases the GIL-free wait. */
+HPCDL_API int hpcdl_wait(hpcdl_handle handle, double timeout_s);
+/* For ops whose output the engine allocated: pointer, byte size and shape of the result. Valid until
+ * hpcdl_release. shape must hold at least the request's ndim entries. */
+HPCDL_API int hpcdl_output(hpcdl_handle handle, void** data, int64_t* nbytes, int64_t* shape);
+/* alltoall: rows received from each set member (set size entries). */
+HPCDL_API int hpcdl_received_splits(hpcdl_handle handle, int64_t* splits, int capacity);
+/* join: the last rank to join (valid after completion). */
+HPCDL_API int hpcdl_join_result(hpcdl_handle handle);
+/* Frees the handle and any engine-owned output. */
+HPCDL_API int hpcdl_release(hpcdl_handle handle);
+
+/* ---- timeline, autotune, stall inspector ------------------------------------------------------- */
+HPCDL_API int hpcdl_start_timeline(const char* path, int mark_cycles);
+HPCDL_API int hpcdl_stop_timeline(void);
+/* Current value of an engine knob: "fusion_threshold", "cycle_time_ms", "small_message_bytes",
+ * "cache_capacity". */
+HPCDL_API double hpcdl_get_knob(const char* name);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* HPCDL_C_API_H */

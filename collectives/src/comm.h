@@ -1,0 +1,64 @@
+// The internal seam between the data plane (transports, algorithms, kernels) and the engine.
+//
+// A Comm is an ordered group of world ranks on one channel. The engine only ever talks to peers through
+// a Comm; it never sees sockets or shared memory. Channels isolate traffic: the direct C API, the engine's
+// data and the engine's control messages each use their own Comm, so they can never cross-talk.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hpcdl/c_api.h"
+
+namespace hpcdl {
+
+using Clock = std::chrono::steady_clock;
+using Deadline = Clock::time_point;
+
+// Result of an operation that can fail: a status code from c_api.h and a message for the user.
+struct Status {
+  int code = HPCDL_OK;
+  std::string message;
+
+  static Status ok() { return {}; }
+  static Status error(int code, std::string message) { return {code, std::move(message)}; }
+  bool is_ok() const { return code == HPCDL_OK; }
+};
+
+enum class Channel : int { kDirect = 0, kEngineData = 1, kEngineControl = 2 };
+
+class Comm {
+ public:
+  virtual ~Comm() = default;
+
+  virtual int rank() const = 0;                            // rank within this comm
+  virtual int size() const = 0;
+  virtual const std::vector<int>& world_ranks() const = 0;  // comm rank -> world rank
+
+  // `what` names the operation in timeout/peer-loss messages (e.g. "allreduce 'grad.fc1.weight'").
+  virtual Status allreduce(const void* send, void* recv, int64_t count, int dtype, int op, double prescale,
+                           double postscale, Deadline deadline, const std::string& what) = 0;
+  // counts[i] = elements contributed by comm rank i; recv holds their concatenation in rank order.
+  virtual Status allgatherv(const void* send, void* recv, const std::vector<int64_t>& counts, int dtype,
+                            Deadline deadline, const std::string& what) = 0;
+  virtual Status broadcast(void* buf, int64_t count, int dtype, int root, Deadline deadline,
+                           const std::string& what) = 0;
+  virtual Status alltoallv(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                           const std::vector<int64_t>& recv_counts, int dtype, Deadline deadline,
+                           const std::string& what) = 0;
+  virtual Status reducescatter(const void* send, void* recv, const std::vector<int64_t>& recv_counts,
+                               int dtype, int op, double prescale, double postscale, Deadline deadline,
+                               const std::string& what) = 0;
+  virtual Status barrier(Deadline deadline, const std::string& what) = 0;
+
+  // Control plane for the engine's event-driven loop: notify_peers() wakes every other member blocked
+  // in wait_notify(); wait_notify() returns true when woken (by a peer or by notify_self()), false when
+  // `until` passed. Waiting yields the CPU (no busy spin beyond a short bounded poll).
+  virtual void notify_peers() = 0;
+  virtual void notify_self() = 0;
+  virtual bool wait_notify(Deadline until) = 0;
+};
+
+}  // namespace hpcdl

@@ -1,0 +1,3 @@
+from hpcdl.cli.main import main
+
+main()

@@ -1,0 +1,65 @@
+"""Locate and load the compiled runtime (``collectives/``) through ctypes.
+
+The library is installed inside the package as ``hpcdl/_collectives<EXT_SUFFIX>``; ``HPCDL_LIBRARY`` may
+point at another build (a development tree, or a build configured without MPI).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+from hpcdl.common.exceptions import LibraryNotFoundError
+
+ABI_VERSION = 1
+
+
+def library_path() -> Path:
+    """Path of the runtime library this process will load."""
+    override = os.environ.get("HPCDL_LIBRARY")
+    if override:
+        path = Path(override)
+        if not path.is_file():
+            raise LibraryNotFoundError(
+                f"HPCDL_LIBRARY={override} does not name a file; unset it or point it at a built "
+                "_collectives*.so"
+            )
+        return path
+    spec = importlib.util.find_spec("hpcdl._collectives")
+    if spec is None or spec.origin is None:
+        raise LibraryNotFoundError(
+            "hpcdl's compiled runtime is not installed (no hpcdl/_collectives*.so); "
+            "reinstall with 'pip install .' from the source tree and read the build log"
+        )
+    return Path(spec.origin)
+
+
+@functools.lru_cache(maxsize=None)
+def load() -> ctypes.CDLL:
+    """Load the runtime once per process and check its ABI version."""
+    path = library_path()
+    try:
+        lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+    except OSError as exc:
+        raise LibraryNotFoundError(
+            f"cannot load hpcdl's runtime {path}: {exc}; if a shared library is missing (e.g. libmpi), "
+            "load the MPI it was built with or reinstall hpcdl"
+        ) from exc
+    lib.hpcdl_abi_version.restype = ctypes.c_int
+    found = lib.hpcdl_abi_version()
+    if found != ABI_VERSION:
+        raise LibraryNotFoundError(
+            f"{path} has ABI version {found}, this hpcdl expects {ABI_VERSION}; reinstall hpcdl"
+        )
+    lib.hpcdl_build_info.restype = ctypes.c_char_p
+    return lib
+
+
+@functools.lru_cache(maxsize=None)
+def build_info() -> dict:
+    """The runtime's own description of its build (see ``hpcdl_build_info`` in c_api.h)."""
+    return json.loads(load().hpcdl_build_info().decode())

@@ -1,0 +1,1 @@
+"""Software stacks: recipes, compatibility tables, detection, checks, builds and the check-build matrix."""

@@ -1,0 +1,107 @@
+"""The check-build matrix (``hpcdl check-build``): what this installation can really do, probed now.
+
+Frameworks are probed by importing them; controllers and CPU tensor operations come from the compiled
+runtime; NCCL and Gloo from the installed PyTorch, which hpcdl uses for them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import asdict, dataclass, field
+
+from hpcdl._version import __version__
+from hpcdl.common.build import Capability, built
+
+
+@dataclass(frozen=True)
+class Matrix:
+    version: str
+    library: str
+    frameworks: list[Capability] = field(default_factory=list)
+    controllers: list[Capability] = field(default_factory=list)
+    tensor_operations: list[Capability] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _module_version(name: str) -> str | None:
+    """Import `name` and return its version, or None when it is not importable."""
+    if importlib.util.find_spec(name) is None:
+        return None
+    try:
+        module = importlib.import_module(name)
+    except Exception:  # a broken install still counts as "not usable"
+        return None
+    return str(getattr(module, "__version__", "unknown"))
+
+
+def _torch_capability() -> Capability:
+    version = _module_version("torch")
+    if version is None:
+        return Capability("PyTorch", False, "PyTorch is not installed; pip install 'hpcdl[torch]'")
+    try:
+        importlib.import_module("hpcdl.torch")
+    except Exception as exc:
+        return Capability("PyTorch", False, f"torch {version} is installed but hpcdl.torch fails to import: {exc}")
+    return Capability("PyTorch", True, detail=f"torch {version}")
+
+
+def _unsupported_framework(display: str, module: str) -> Capability:
+    version = _module_version(module)
+    if version is None:
+        return Capability(display, False, f"{display} is not installed, and hpcdl has no {display} API")
+    return Capability(
+        display,
+        False,
+        f"{display} {version} is installed, but hpcdl has no {display} API; "
+        "use hpcdl.common on NumPy arrays or hpcdl.torch",
+    )
+
+
+def _torch_distributed_backend(display: str, backend: str) -> Capability:
+    if importlib.util.find_spec("torch") is None:
+        return Capability(display, False, f"{display} comes through torch.distributed; install hpcdl[torch]")
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return Capability(display, False, "this PyTorch was built without torch.distributed")
+    if backend == "gloo":
+        ok = dist.is_gloo_available()
+        return Capability(display, ok, "" if ok else "this PyTorch was built without Gloo")
+    if not dist.is_nccl_available():
+        return Capability(display, False, "this PyTorch was built without NCCL (a CPU-only wheel?)")
+    if not torch.cuda.is_available():
+        return Capability(display, False, "PyTorch has NCCL but no CUDA device is visible on this machine")
+    return Capability(display, True, detail=f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}")
+
+
+def check_build() -> Matrix:
+    runtime = built()
+    frameworks = [
+        _unsupported_framework("TensorFlow", "tensorflow"),
+        _torch_capability(),
+        _unsupported_framework("Keras", "keras"),
+        _unsupported_framework("JAX", "jax"),
+        _unsupported_framework("MXNet", "mxnet"),
+    ]
+    controllers = [
+        Capability("TCP", runtime.tcp.available, runtime.tcp.reason),
+        runtime.mpi,
+    ]
+    tensor_operations = [
+        runtime.shm,
+        runtime.tcp,
+        runtime.mpi,
+        _torch_distributed_backend("NCCL", "nccl"),
+        _torch_distributed_backend("Gloo", "gloo"),
+    ]
+    return Matrix(
+        version=runtime.version or __version__,
+        library=runtime.library or runtime.load_error,
+        frameworks=frameworks,
+        controllers=controllers,
+        tensor_operations=tensor_operations,
+    )
