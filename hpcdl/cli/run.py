@@ -1,9 +1,159 @@
-"""``hpcdl run``: placeholder until its issue lands (registered by hpcdl.cli.main)."""
+"""``hpcdl run``: start a job's ranks here, on other hosts over ssh, or through mpirun."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+from typing import Any, Optional
+
 import typer
+
+from hpcdl.common.exceptions import HpcdlError
+from hpcdl.runner.errors import LaunchError
+from hpcdl.runner.hosts import parse_hostfile, parse_hosts_arg
+from hpcdl.runner.launch import LaunchSpec, MpiOptions, launch
+from hpcdl.runner.output import OutputOptions
+from hpcdl.runner.procs import SshOptions
+from hpcdl.runner.rank_env import parse_extra_env
+from hpcdl.runner.tunables import TUNABLES, check_value, load_config_file
+
+_TUNING = "Runtime tunables (set the HPCDL_* variable of each rank)"
+_HELP = {t.key: f"{t.help} [{t.env}]" for t in TUNABLES}
+
+
+def _tunable(key: str, *names: str) -> Any:
+    return typer.Option(None, *names, help=_HELP[key], rich_help_panel=_TUNING, show_default=False)
+
+
+def run_command(
+    ctx: typer.Context,
+    command: list[str] = typer.Argument(None, help="The program and its arguments.", show_default=False),
+    num_proc: Optional[int] = typer.Option(
+        None, "-np", "--num-proc", help="Number of ranks (default: every slot of the allocation)."
+    ),
+    hosts: Optional[str] = typer.Option(None, "-H", "--hosts", help="Hosts and slots: host1:2,host2:2."),
+    hostfile: Optional[Path] = typer.Option(
+        None, "--hostfile", "-hostfile", help="Hostfile with lines 'host slots=N'."
+    ),
+    slots_per_host: Optional[int] = typer.Option(
+        None, "--slots-per-host", min=1, help="Slots of every allocation host (overrides the scheduler's)."
+    ),
+    ssh_port: Optional[int] = typer.Option(None, "-p", "--ssh-port", help="ssh port of the other hosts."),
+    ssh_identity_file: Optional[Path] = typer.Option(None, "-i", "--ssh-identity-file", help="ssh key."),
+    ssh_config_file: Optional[Path] = typer.Option(None, "--ssh-config-file", help="ssh -F config file."),
+    extra_env: list[str] = typer.Option(
+        [], "-x", help="Pass NAME (its value here) or NAME=VALUE to every rank; repeatable."
+    ),
+    use_mpi: bool = typer.Option(False, "--mpi", help="Start the ranks with mpirun/mpiexec."),
+    mpirun: str = typer.Option("mpirun", "--mpirun", help="mpirun or mpiexec to use with --mpi."),
+    mpi_args: str = typer.Option("", "--mpi-args", help="Extra arguments for mpirun (with --mpi)."),
+    tcp: bool = typer.Option(False, "--tcp", help="All traffic between ranks over TCP."),
+    start_timeout: Optional[float] = typer.Option(
+        None,
+        "--start-timeout",
+        help="Seconds all ranks may take to meet [HPCDL_START_TIMEOUT, HOROVOD_START_TIMEOUT; 30].",
+    ),
+    output_filename: Optional[Path] = typer.Option(
+        None, "--output-filename", help="Also write each rank's output to DIR/rank.N/{stdout,stderr}."
+    ),
+    prefix_timestamp: bool = typer.Option(
+        False, "--prefix-output-with-timestamp", "-prefix-timestamp", help="Time-stamp every output line."
+    ),
+    force: bool = typer.Option(False, "--force", help="Overwrite rank logs in --output-filename."),
+    verbose: bool = typer.Option(False, "--verbose", help="Print hosts, rendezvous and launch commands."),
+    check_build: bool = typer.Option(False, "--check-build", "-cb", help="Print the build matrix and exit."),
+    config_file: Optional[Path] = typer.Option(None, "--config-file", help="YAML file of the settings."),
+    fusion_threshold_mb: Optional[float] = _tunable("fusion_threshold_mb", "--fusion-threshold-mb"),
+    cycle_time_ms: Optional[float] = _tunable("cycle_time_ms", "--cycle-time-ms"),
+    cache_capacity: Optional[int] = _tunable("cache_capacity", "--cache-capacity"),
+    hierarchical_allreduce: Optional[bool] = _tunable(
+        "hierarchical_allreduce", "--hierarchical-allreduce/--no-hierarchical-allreduce"
+    ),
+    timeline_filename: Optional[str] = _tunable("timeline_filename", "--timeline-filename"),
+    timeline_mark_cycles: Optional[bool] = _tunable(
+        "timeline_mark_cycles", "--timeline-mark-cycles/--no-timeline-mark-cycles"
+    ),
+    autotune: Optional[bool] = _tunable("autotune", "--autotune/--no-autotune"),
+    autotune_log_file: Optional[str] = _tunable("autotune_log_file", "--autotune-log-file"),
+    autotune_warmup_samples: Optional[int] = _tunable("autotune_warmup_samples", "--autotune-warmup-samples"),
+    autotune_steps_per_sample: Optional[int] = _tunable(
+        "autotune_steps_per_sample", "--autotune-steps-per-sample"
+    ),
+    no_stall_check: Optional[bool] = _tunable("no_stall_check", "--no-stall-check/--stall-check"),
+    stall_check_warning_time_seconds: Optional[float] = _tunable(
+        "stall_check_warning_time_seconds", "--stall-check-warning-time-seconds"
+    ),
+    stall_check_shutdown_time_seconds: Optional[float] = _tunable(
+        "stall_check_shutdown_time_seconds", "--stall-check-shutdown-time-seconds"
+    ),
+    log_level: Optional[str] = _tunable("log_level", "--log-level"),
+    timeout: Optional[float] = _tunable("timeout", "--timeout", "--gloo-timeout-seconds"),
+    transport: Optional[str] = _tunable("transport", "--transport"),
+    network_interface: Optional[str] = _tunable(
+        "network_interface", "--network-interface", "--network-interfaces"
+    ),
+    small_message_bytes: Optional[int] = _tunable("small_message_bytes", "--small-message-bytes"),
+    dynamic_process_sets: Optional[bool] = _tunable(
+        "dynamic_process_sets", "--dynamic-process-sets/--no-dynamic-process-sets"
+    ),
+) -> None:
+    """Run COMMAND as -np ranks: here, on -H/--hostfile hosts over ssh, or on the batch allocation.
+
+    Example: hpcdl run -np 4 -H node1:2,node2:2 python train.py
+    """
+    if check_build:
+        from hpcdl.cli.check_build import check_build_command
+
+        check_build_command(verbose=verbose, as_json=False)
+        return
+    try:
+        spec = _spec_from_flags(ctx.params)
+        code = launch(spec)
+    except HpcdlError as exc:
+        typer.echo(f"hpcdl run: error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    raise typer.Exit(code)
+
+
+def _spec_from_flags(params: dict[str, Any]) -> LaunchSpec:
+    """Turn parsed flags (and --config-file) into a LaunchSpec; flags win over the file."""
+    settings = load_config_file(params["config_file"]) if params["config_file"] else {}
+    for tunable in TUNABLES:
+        value = params[tunable.key]
+        if value is not None:
+            settings[tunable.key] = check_value(tunable.key, value, tunable.flag)
+    start_timeout = params["start_timeout"]
+    if start_timeout is None:
+        start_timeout = settings.pop("start_timeout", None)
+    else:
+        settings.pop("start_timeout", None)
+    if params["hosts"] and params["hostfile"]:
+        raise LaunchError("give hosts with -H or with --hostfile, not both")
+    hosts = None
+    if params["hosts"]:
+        hosts = parse_hosts_arg(params["hosts"])
+    elif params["hostfile"]:
+        hosts = parse_hostfile(params["hostfile"])
+
+    return LaunchSpec(
+        command=list(params["command"] or []),
+        num_proc=params["num_proc"],
+        hosts=hosts,
+        settings=settings,
+        extra_env=parse_extra_env(params["extra_env"], os.environ),
+        ssh=SshOptions(params["ssh_port"], params["ssh_identity_file"], params["ssh_config_file"]),
+        output=OutputOptions(params["prefix_timestamp"], params["output_filename"], params["force"]),
+        start_timeout=start_timeout,
+        slots_per_host=params["slots_per_host"],
+        verbose=params["verbose"],
+        tcp=params["tcp"],
+        mpi=MpiOptions(params["mpirun"], params["mpi_args"]) if params["use_mpi"] else None,
+    )
 
 
 def register(app: typer.Typer) -> None:
-    """Add this group's commands to the root app."""
+    """Add ``hpcdl run`` to the root app."""
+    app.command(
+        "run",
+        context_settings={"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]},
+    )(run_command)

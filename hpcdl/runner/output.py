@@ -1,0 +1,109 @@
+"""Rank output: every line to the terminal prefixed ``[rank]<stdout>:``, optionally time-stamped and
+copied to per-rank log files (``DIR/rank.N/stdout``, ``.../stderr``); the last stderr lines of each
+rank are kept for the failure summary."""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Callable
+
+from hpcdl.runner.errors import LaunchError
+
+TAIL_LINES = 20
+
+
+@dataclass(frozen=True)
+class OutputOptions:
+    prefix_timestamp: bool = False
+    output_dir: Path | None = None
+    force: bool = False
+
+
+class RankOutput:
+    """The sinks of one rank: terminal (shared, locked), optional log files, stderr tail."""
+
+    def __init__(self, rank: int, options: OutputOptions, lock: threading.Lock, files: dict[str, BinaryIO]):
+        self.rank = rank
+        self._options = options
+        self._lock = lock
+        self._files = files
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+
+    def write_line(self, stream: str, line: bytes) -> None:
+        """Write one line (with or without its newline) of `stream` ('stdout' or 'stderr')."""
+        if not line.endswith(b"\n"):
+            line += b"\n"
+        if stream == "stderr":
+            self.stderr_tail.append(line.decode(errors="replace").rstrip("\n"))
+        prefix = f"[{self.rank}]<{stream}>:"
+        if self._options.prefix_timestamp:
+            stamp = datetime.datetime.now().isoformat(sep=" ", timespec="milliseconds")
+            prefix = f"{stamp} {prefix}"
+        terminal = sys.stdout.buffer if stream == "stdout" else sys.stderr.buffer
+        with self._lock:
+            terminal.write(prefix.encode() + line)
+            terminal.flush()
+            log = self._files.get(stream)
+            if log is not None:
+                log.write(line)
+                log.flush()
+
+    def close(self) -> None:
+        for log in self._files.values():
+            log.close()
+
+
+class OutputRouter:
+    """Creates each rank's sinks; refuses to overwrite existing per-rank logs unless forced."""
+
+    def __init__(self, options: OutputOptions, size: int):
+        self._options = options
+        self._lock = threading.Lock()
+        self._width = len(str(size - 1))
+        if options.output_dir is not None:
+            self._prepare_dir(options.output_dir, size)
+
+    def _rank_dir(self, rank: int) -> Path:
+        assert self._options.output_dir is not None
+        return self._options.output_dir / f"rank.{rank:0{self._width}d}"
+
+    def _prepare_dir(self, directory: Path, size: int) -> None:
+        existing = [
+            self._rank_dir(rank) / stream
+            for rank in range(size)
+            for stream in ("stdout", "stderr")
+            if (self._rank_dir(rank) / stream).exists()
+        ]
+        if existing and not self._options.force:
+            raise LaunchError(
+                f"--output-filename {directory} already holds rank logs (e.g. {existing[0]}); "
+                "choose another directory or add --force to overwrite them"
+            )
+        try:
+            for rank in range(size):
+                self._rank_dir(rank).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LaunchError(
+                f"cannot create --output-filename directory {directory}: {exc.strerror}"
+            ) from None
+
+    def for_rank(self, rank: int) -> RankOutput:
+        files: dict[str, BinaryIO] = {}
+        if self._options.output_dir is not None:
+            files = {  # closed by RankOutput.close
+                stream: open(self._rank_dir(rank) / stream, "wb")  # noqa: SIM115
+                for stream in ("stdout", "stderr")
+            }
+        return RankOutput(rank, self._options, self._lock, files)
+
+
+def pump_lines(pipe: BinaryIO, on_line: Callable[[bytes], None]) -> None:
+    """Read `pipe` to EOF, calling `on_line` per line (thread target)."""
+    with pipe:
+        for line in iter(pipe.readline, b""):
+            on_line(line)

@@ -1,0 +1,217 @@
+"""One running rank: a local process group, or a remote one behind ssh and the remote agent."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpcdl.runner.errors import LaunchError
+from hpcdl.runner.hosts import RankSlot
+from hpcdl.runner.output import RankOutput, pump_lines
+
+_AGENT_SOURCE = (Path(__file__).parent / "remote_agent.py").read_text()
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a rank ended: an exit code, or the signal that killed it; `note` explains odd endings."""
+
+    exit_code: int | None = None
+    signal: int | None = None
+    note: str = ""
+
+    @staticmethod
+    def from_returncode(returncode: int) -> Outcome:
+        if returncode < 0:
+            return Outcome(signal=-returncode)
+        return Outcome(exit_code=returncode)
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and self.signal is None
+
+    @property
+    def launcher_exit_code(self) -> int:
+        return self.exit_code if self.signal is None else 128 + self.signal
+
+    def describe(self) -> str:
+        if self.signal is not None:
+            return f"was killed by signal {signal.Signals(self.signal).name} ({self.signal})"
+        text = f"exited with code {self.exit_code}"
+        return f"{text} ({self.note})" if self.note else text
+
+
+@dataclass(frozen=True)
+class SshOptions:
+    port: int | None = None
+    identity_file: Path | None = None
+    config_file: Path | None = None
+    connect_timeout: float = 30.0
+
+    def argv(self, host: str) -> list[str]:
+        """``ssh`` and its options up to the host (the remote command follows)."""
+        argv = ["ssh", "-T", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new"]
+        argv += ["-o", f"ConnectTimeout={max(1, round(self.connect_timeout))}"]
+        if self.config_file is not None:
+            argv += ["-F", str(self.config_file)]
+        if self.port is not None:
+            argv += ["-p", str(self.port)]
+        if self.identity_file is not None:
+            argv += ["-i", str(self.identity_file)]
+        return [*argv, host]
+
+
+def _spawn_error(argv: list[str], exc: OSError) -> LaunchError:
+    if isinstance(exc, FileNotFoundError):
+        return LaunchError(f"command not found: {argv[0]}; check the command or your PATH")
+    return LaunchError(f"cannot start {argv[0]}: {exc.strerror}")
+
+
+class LocalRank:
+    """A rank started directly, as the leader of its own process group."""
+
+    remote = False
+
+    def __init__(self, slot: RankSlot, argv: list[str], env: dict[str, str], output: RankOutput):
+        self.slot = slot
+        self.output = output
+        try:
+            self._popen = subprocess.Popen(
+                argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise _spawn_error(argv, exc) from None
+        assert self._popen.stdout is not None and self._popen.stderr is not None
+        self.threads = [
+            threading.Thread(target=pump_lines, args=(pipe, _line_sink(output, stream)), daemon=True)
+            for pipe, stream in ((self._popen.stdout, "stdout"), (self._popen.stderr, "stderr"))
+        ]
+        for thread in self.threads:
+            thread.start()
+
+    @property
+    def pid(self) -> int:
+        return self._popen.pid
+
+    def poll(self) -> Outcome | None:
+        returncode = self._popen.poll()
+        return None if returncode is None else Outcome.from_returncode(returncode)
+
+    def send_signal(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._popen.pid, signum)
+
+    def finish(self) -> None:
+        """Kill what is left of the rank's process group (children it left behind)."""
+        self.send_signal(signal.SIGKILL)
+        self._popen.wait()
+
+
+class RemoteRank:
+    """A rank on another host: ``ssh host python -c <agent>``, its spec and signals sent on stdin."""
+
+    remote = True
+
+    def __init__(
+        self,
+        slot: RankSlot,
+        argv: list[str],
+        env: dict[str, str],
+        output: RankOutput,
+        ssh: SshOptions,
+        python: str = sys.executable,
+    ):
+        self.slot = slot
+        self.output = output
+        self._token = "hpcdl-agent-" + secrets.token_hex(8)
+        self._status: int | None = None
+        remote_command = (
+            f'exe={shlex.quote(python)}; [ -x "$exe" ] || exe=python3; '
+            f'exec "$exe" -c {shlex.quote(_AGENT_SOURCE)}'
+        )
+        ssh_argv = [*ssh.argv(slot.host), remote_command]
+        try:
+            self._popen = subprocess.Popen(
+                ssh_argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise _spawn_error(ssh_argv, exc) from None
+        assert self._popen.stdin and self._popen.stdout and self._popen.stderr
+        spec = {"argv": argv, "env": env, "cwd": os.getcwd(), "token": self._token}
+        self._control(json.dumps(spec))
+        self.threads = [
+            threading.Thread(
+                target=pump_lines, args=(self._popen.stdout, _line_sink(output, "stdout")), daemon=True
+            ),
+            threading.Thread(target=pump_lines, args=(self._popen.stderr, self._on_stderr), daemon=True),
+        ]
+        for thread in self.threads:
+            thread.start()
+
+    def _control(self, line: str) -> None:
+        stdin = self._popen.stdin
+        assert stdin is not None
+        with contextlib.suppress(BrokenPipeError, ValueError, OSError):
+            stdin.write(line.encode() + b"\n")
+            stdin.flush()
+
+    def _on_stderr(self, line: bytes) -> None:
+        text = line.decode(errors="replace").rstrip("\n")
+        words = text.split()
+        if len(words) == 3 and words[0] == self._token and words[1] == "exit":
+            self._status = int(words[2])
+        else:
+            self.output.write_line("stderr", line)
+
+    @property
+    def pid(self) -> int:
+        return self._popen.pid
+
+    def poll(self) -> Outcome | None:
+        returncode = self._popen.poll()
+        if returncode is None:
+            return None
+        self.threads[1].join(timeout=2.0)  # the status line comes on stderr
+        if self._status is not None:
+            return Outcome.from_returncode(self._status)
+        if returncode == 255:
+            return Outcome(exit_code=255, note=f"ssh to {self.slot.host} failed; see its stderr above")
+        return Outcome(
+            exit_code=returncode, note="the remote agent ended without reporting the rank's status"
+        )
+
+    def send_signal(self, signum: int) -> None:
+        self._control(f"signal {int(signum)}")
+
+    def finish(self) -> None:
+        """Close the control channel (the agent then stops the rank) and reap ssh."""
+        with contextlib.suppress(OSError):
+            assert self._popen.stdin is not None
+            self._popen.stdin.close()
+        try:
+            self._popen.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            self._popen.kill()
+            self._popen.wait()
+
+
+def _line_sink(output: RankOutput, stream: str):
+    return lambda line: output.write_line(stream, line)

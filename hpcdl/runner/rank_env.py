@@ -1,0 +1,69 @@
+"""The environment each rank starts with (the contract in hpcdl.common's rank discovery)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from hpcdl.runner.errors import LaunchError
+from hpcdl.runner.hosts import RankSlot
+
+# What ssh carries to a remote rank besides the rank's own variables.
+FORWARDED_NAMES = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV")
+FORWARDED_PREFIXES = ("HPCDL_", "HOROVOD_", "NCCL_")
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where the job's rendezvous server listens and the secret ranks prove they hold."""
+
+    addr: str
+    port: int
+    secret: str
+
+
+def parse_extra_env(items: list[str], environ: Mapping[str, str]) -> dict[str, str]:
+    """``-x NAME=VALUE`` sets a value; ``-x NAME`` passes this shell's value (an error if unset)."""
+    extra: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not _NAME_RE.match(name):
+            raise LaunchError(f"-x '{item}': '{name}' is not an environment variable name")
+        if not sep:
+            if name not in environ:
+                raise LaunchError(f"-x {name}: {name} is not set here; export it or write -x {name}=VALUE")
+            value = environ[name]
+        extra[name] = value
+    return extra
+
+
+def rank_variables(slot: RankSlot, rendezvous: Rendezvous | None) -> dict[str, str]:
+    """HPCDL_* (and Horovod's HOROVOD_*) identity of one rank."""
+    values = {
+        "RANK": slot.rank,
+        "SIZE": slot.size,
+        "LOCAL_RANK": slot.local_rank,
+        "LOCAL_SIZE": slot.local_size,
+        "CROSS_RANK": slot.cross_rank,
+        "CROSS_SIZE": slot.cross_size,
+        "HOSTNAME": slot.host,
+    }
+    env = {}
+    for prefix in ("HPCDL_", "HOROVOD_"):
+        env.update({prefix + name: str(value) for name, value in values.items()})
+    if rendezvous is not None:
+        env["HPCDL_RENDEZVOUS_ADDR"] = rendezvous.addr
+        env["HPCDL_RENDEZVOUS_PORT"] = str(rendezvous.port)
+        env["HPCDL_SECRET"] = rendezvous.secret
+    return env
+
+
+def forwarded_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The part of the launcher's environment a remote rank gets (before -x and rank variables)."""
+    return {
+        name: value
+        for name, value in environ.items()
+        if name in FORWARDED_NAMES or name.startswith(FORWARDED_PREFIXES)
+    }

@@ -1,0 +1,75 @@
+"""Runs one rank on a remote host; started by ``hpcdl run`` as ``python -c <this file>`` over ssh.
+
+Standard library only (the remote host needs Python, not hpcdl, to run plain programs). Protocol on
+stdin: the first line is JSON ``{"argv", "env", "cwd", "token"}`` (so the job secret never appears on
+a command line); later lines ``signal N`` forward a signal to the rank's process group. EOF on stdin
+means the launcher is gone: the rank's group gets SIGTERM, then SIGKILL. When the rank ends, the agent
+writes ``<token> exit <returncode>`` on stderr (the launcher strips that line) and exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import BinaryIO
+
+GRACE_SECONDS = 3.0
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)
+
+
+def _stop_group(child: subprocess.Popen) -> None:
+    _signal_group(child.pid, signal.SIGTERM)
+    deadline = time.monotonic() + GRACE_SECONDS
+    while child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    _signal_group(child.pid, signal.SIGKILL)
+
+
+def _follow_control(stdin: BinaryIO, child: subprocess.Popen) -> None:
+    for line in stdin:
+        words = line.split()
+        if len(words) == 2 and words[0] == b"signal":
+            _signal_group(child.pid, int(words[1]))
+    _stop_group(child)
+
+
+def main() -> None:
+    stdin = sys.stdin.buffer
+    spec = json.loads(stdin.readline())
+    env = dict(os.environ)
+    env.update(spec["env"])
+    try:
+        os.chdir(spec["cwd"])
+    except OSError as exc:
+        sys.stderr.write(
+            f"hpcdl run: cannot enter {spec['cwd']} here ({exc.strerror}); staying in {os.getcwd()}\n"
+        )
+    try:
+        child = subprocess.Popen(spec["argv"], env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+    except OSError as exc:
+        sys.stderr.write(f"hpcdl run: cannot start {spec['argv'][0]}: {exc.strerror}\n")
+        sys.stderr.write(f"{spec['token']} exit 127\n")
+        sys.exit(127)
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(signum, lambda received, _frame: _signal_group(child.pid, received))
+    threading.Thread(target=_follow_control, args=(stdin, child), daemon=True).start()
+    returncode = child.wait()
+    _signal_group(child.pid, signal.SIGKILL)  # nothing the rank started outlives it
+    sys.stderr.flush()
+    sys.stderr.write(f"{spec['token']} exit {returncode}\n")
+    sys.stderr.flush()
+    sys.exit(returncode if returncode >= 0 else 128 - returncode)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,206 @@
+"""Runtime tunables: each ``hpcdl run`` flag / config-file key and the environment variable it sets.
+
+The ranks' runtime reads these variables (``hpcdl.common``); the launcher only translates. A setting
+given on the command line beats the same key in ``--config-file``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from hpcdl.runner.errors import LaunchError
+
+LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "fatal")
+TRANSPORTS = ("auto", "shm", "tcp", "mpi")
+
+
+def _flag(value: bool) -> str:
+    return "1" if value else "0"
+
+
+def _mb_to_bytes(value: float) -> str:
+    return str(round(value * 1024 * 1024))
+
+
+def _number(value: float) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+@dataclass(frozen=True)
+class Tunable:
+    """One setting: its key (flag name with '_' for '-'), value type and what it becomes for a rank."""
+
+    key: str
+    kind: type
+    env: str
+    help: str
+    to_env: Callable[[Any], str] = str
+    choices: tuple[str, ...] = ()
+    minimum: float | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.key.replace("_", "-")
+
+
+TUNABLES: tuple[Tunable, ...] = (
+    Tunable(
+        "fusion_threshold_mb",
+        float,
+        "HPCDL_FUSION_THRESHOLD",
+        "Fusion buffer size in MB (0 disables tensor fusion).",
+        _mb_to_bytes,
+        minimum=0,
+    ),
+    Tunable(
+        "cycle_time_ms", float, "HPCDL_CYCLE_TIME", "Engine cycle time in milliseconds.", _number, minimum=0
+    ),
+    Tunable("cache_capacity", int, "HPCDL_CACHE_CAPACITY", "Response cache entries (0 disables).", minimum=0),
+    Tunable(
+        "hierarchical_allreduce",
+        bool,
+        "HPCDL_HIERARCHICAL_ALLREDUCE",
+        "Intra-host then inter-host allreduce/allgather.",
+        _flag,
+    ),
+    Tunable(
+        "timeline_filename", str, "HPCDL_TIMELINE", "Write a Chrome-trace timeline (rank 0) to this file."
+    ),
+    Tunable(
+        "timeline_mark_cycles",
+        bool,
+        "HPCDL_TIMELINE_MARK_CYCLES",
+        "Mark engine cycles in the timeline.",
+        _flag,
+    ),
+    Tunable(
+        "autotune", bool, "HPCDL_AUTOTUNE", "Tune fusion threshold and cycle time while training.", _flag
+    ),
+    Tunable("autotune_log_file", str, "HPCDL_AUTOTUNE_LOG", "CSV log of the autotuner's samples."),
+    Tunable(
+        "autotune_warmup_samples",
+        int,
+        "HPCDL_AUTOTUNE_WARMUP_SAMPLES",
+        "Samples the autotuner discards first.",
+        minimum=0,
+    ),
+    Tunable(
+        "autotune_steps_per_sample",
+        int,
+        "HPCDL_AUTOTUNE_STEPS_PER_SAMPLE",
+        "Engine steps per autotune sample.",
+        minimum=1,
+    ),
+    Tunable("no_stall_check", bool, "HPCDL_STALL_CHECK_DISABLE", "Disable the stall inspector.", _flag),
+    Tunable(
+        "stall_check_warning_time_seconds",
+        float,
+        "HPCDL_STALL_CHECK_TIME_SECONDS",
+        "Warn about ranks that have not submitted a tensor for this long.",
+        _number,
+        minimum=0,
+    ),
+    Tunable(
+        "stall_check_shutdown_time_seconds",
+        float,
+        "HPCDL_STALL_SHUTDOWN_TIME_SECONDS",
+        "Shut down after a stall this long (0: never).",
+        _number,
+        minimum=0,
+    ),
+    Tunable("log_level", str, "HPCDL_LOG_LEVEL", "Runtime log level.", str.lower, choices=LOG_LEVELS),
+    Tunable(
+        "timeout",
+        float,
+        "HPCDL_TIMEOUT",
+        "Deadline in seconds of every blocking wait in the runtime.",
+        _number,
+        minimum=0,
+    ),
+    Tunable("transport", str, "HPCDL_TRANSPORT", "Data plane between ranks.", str.lower, choices=TRANSPORTS),
+    Tunable(
+        "network_interface",
+        str,
+        "HPCDL_IFACE",
+        "Network interface (or IPv4 address) for TCP traffic; also used to reach other hosts.",
+    ),
+    Tunable(
+        "small_message_bytes",
+        int,
+        "HPCDL_SMALL_MESSAGE_BYTES",
+        "Below this size use latency-optimal algorithms, at/above it the ring.",
+        minimum=0,
+    ),
+    Tunable(
+        "dynamic_process_sets",
+        bool,
+        "HPCDL_DYNAMIC_PROCESS_SETS",
+        "Allow process sets to be added and removed after init.",
+        _flag,
+    ),
+)
+# Launcher-side settings that a config file may also hold.
+LAUNCHER_KEYS: dict[str, type] = {"start_timeout": float}
+
+_BY_KEY = {t.key: t for t in TUNABLES}
+
+
+def _valid_keys() -> list[str]:
+    return sorted([*_BY_KEY, *LAUNCHER_KEYS])
+
+
+def check_value(key: str, value: Any, where: str) -> Any:
+    """Check one setting's type and range; return it normalised (ints accepted for floats)."""
+    tunable = _BY_KEY.get(key)
+    kind = tunable.kind if tunable else LAUNCHER_KEYS[key]
+    ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value, ok = float(value), True
+    if not ok:
+        raise LaunchError(f"{where}: '{key}' must be a {kind.__name__}, got {value!r}")
+    if tunable and tunable.choices and value.lower() not in tunable.choices:
+        raise LaunchError(f"{where}: '{key}' must be one of {', '.join(tunable.choices)}, got {value!r}")
+    minimum = tunable.minimum if tunable else 0
+    if minimum is not None and kind in (int, float) and value < minimum:
+        raise LaunchError(f"{where}: '{key}' must be at least {minimum:g}, got {value}")
+    return value
+
+
+def load_config_file(path: Path) -> dict[str, Any]:
+    """Read a YAML mapping of settings (keys as the long flags, '-' or '_'); refuse unknown keys."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise LaunchError(f"cannot read config file {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise LaunchError(f"config file {path} is not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise LaunchError(f"config file {path} must be a mapping of setting: value, e.g. 'cycle_time_ms: 5'")
+    settings: dict[str, Any] = {}
+    for raw_key, value in data.items():
+        key = str(raw_key).replace("-", "_")
+        if key not in _BY_KEY and key not in LAUNCHER_KEYS:
+            raise LaunchError(
+                f"config file {path}: unknown setting '{raw_key}'; valid settings: {', '.join(_valid_keys())}"
+            )
+        settings[key] = check_value(key, value, f"config file {path}")
+    return settings
+
+
+def tunable_environment(settings: dict[str, Any]) -> dict[str, str]:
+    """The environment variables for the ranks from resolved settings (launcher-only keys skipped)."""
+    env: dict[str, str] = {}
+    for key, value in settings.items():
+        tunable = _BY_KEY.get(key)
+        if tunable is None or value is None:
+            continue
+        env[tunable.env] = tunable.to_env(value)
+        if key == "network_interface":
+            env["NCCL_SOCKET_IFNAME"] = value
+    return env
