@@ -1,0 +1,231 @@
+"""The interface every scheduler backend implements, and the parts of a batch script they share.
+
+A backend turns a JobSpec into ``ScriptParts`` (directives and the launch line, all computed here in
+Python); the scheduler's template in ``templates/batch/`` only lays those parts out. Submission, status,
+cancel and logs go through the scheduler's own commands.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar, Optional
+
+from hpcdl.schedulers.errors import JobSpecError, SchedulerError
+from hpcdl.schedulers.job import JobSpec
+from hpcdl.schedulers.site import SiteConfig
+
+COMMAND_TIMEOUT_S = 60.0
+PLACEHOLDERS = ("name", "job_id", "array_index")
+
+# Prints "HOST PORT": this host's name and a port free on it, where rank 0 will serve the rendezvous.
+_RENDEZVOUS_PROBE = (
+    'import socket; s = socket.socket(); s.bind(("", 0)); print(socket.gethostname(), s.getsockname()[1])'
+)
+
+
+@dataclass
+class ScriptParts:
+    """Everything a batch template lays out; strings are final shell text (quoted where needed)."""
+
+    scheduler: str
+    directives: list[str]
+    exports: list[tuple[str, str]]
+    modules: list[str]
+    setup: list[str]
+    secret_command: str
+    rendezvous_command: str
+    launch: str
+    sweep_variable: Optional[str] = None
+    sweep_cases: list[tuple[int, list[tuple[str, str]]]] = field(default_factory=list)
+    signal: Optional[str] = None
+    signal_timer_s: Optional[int] = None
+    requeue_command: Optional[str] = None
+    workdir_command: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class JobState:
+    """One job (or array task) as its scheduler sees it, with hpcdl's common name for the state."""
+
+    job_id: str
+    state: str  # PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, HELD, SUSPENDED, UNKNOWN
+    native: str
+
+
+def quote(argv: list[str]) -> str:
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+def run_command(
+    argv: list[str],
+    what: str,
+    timeout: float = COMMAND_TIMEOUT_S,
+    stdin: Optional[str] = None,
+    cwd: Optional[Path] = None,
+) -> str:
+    """Run a scheduler command; its stdout, or a SchedulerError quoting its stderr."""
+    try:
+        done = subprocess.run(
+            argv, input=stdin, capture_output=True, text=True, timeout=timeout, cwd=cwd, check=False
+        )
+    except FileNotFoundError:
+        raise SchedulerError(
+            f"{argv[0]} not found on PATH; {what} needs it (load the scheduler's module?)"
+        ) from None
+    except subprocess.TimeoutExpired:
+        raise SchedulerError(
+            f"{quote(argv)} did not answer within {timeout:.0f}s while trying to {what}"
+        ) from None
+    if done.returncode != 0:
+        message = (done.stderr or done.stdout).strip() or f"exit status {done.returncode}"
+        raise SchedulerError(f"could not {what}: {quote(argv)} failed: {message}")
+    return done.stdout
+
+
+def gpu_pin_prefix(job: JobSpec, local_rank: str) -> list[str]:
+    """argv prefix that gives each rank its GPU(s) by local rank, then execs the command.
+
+    Indexes into the CUDA_VISIBLE_DEVICES the scheduler set (or 0..G-1 when it set none), so it is right
+    both when the launcher already narrowed the list and when each rank sees the whole node.
+    """
+    per_rank, sharing = job.gpu_slice
+    all_gpus = " ".join(str(i) for i in range(job.gpus_per_node))
+    snippet = (
+        f"lr={local_rank}; "
+        'if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then IFS=, read -r -a g <<< "$CUDA_VISIBLE_DEVICES"; '
+        f"else g=({all_gpus}); fi; "
+        f'p=("${{g[@]:$(( lr * {per_rank} / {sharing} % ${{#g[@]}} )):{per_rank}}}"); '
+        'export CUDA_VISIBLE_DEVICES="$(IFS=,; echo "${p[*]}")"; exec "$@"'
+    )
+    return ["bash", "-c", snippet, "hpcdl-rank"]
+
+
+class Scheduler(ABC):
+    """One batch system: detect it, render a script for it, and drive its commands."""
+
+    name: ClassVar[str]
+    directive_prefix: ClassVar[str]
+    commands: ClassVar[tuple[str, ...]]  # what must be on PATH to submit
+    local_rank_variable: ClassVar[str] = ""
+    array_variable: ClassVar[Optional[str]] = None
+    array_base: ClassVar[int] = 0
+
+    # ---- rendering ------------------------------------------------------------------------------
+    @abstractmethod
+    def directives(self, job: JobSpec, site: SiteConfig) -> list[str]:
+        """The directive bodies (after the ``#SBATCH``-style prefix), site extras included."""
+
+    @abstractmethod
+    def launcher(self, job: JobSpec) -> list[str]:
+        """The parallel launcher's argv, without the rank command."""
+
+    @abstractmethod
+    def validate(self, script: str, site: SiteConfig) -> list[str]:
+        """What the real scheduler would reject in this script (empty when it would accept it)."""
+
+    def check_supported(self, job: JobSpec) -> None:
+        """Refuse requests this scheduler cannot express (override to add limits)."""
+        return None
+
+    def signal_parts(self, job: JobSpec) -> tuple[Optional[int], Optional[str]]:
+        """(seconds after start to signal ourselves, or None when the scheduler signals; requeue command)."""
+        assert job.signal is not None
+        return job.walltime_seconds - job.signal.seconds, None
+
+    def local_rank(self, job: JobSpec) -> str:
+        """Shell expression of a rank's index on its node."""
+        return self.local_rank_variable
+
+    def first_node_prefix(self) -> list[str]:
+        """argv prefix that runs a command on the job's first compute node (empty: the script runs there)."""
+        return []
+
+    def rendezvous_command(self, job: JobSpec) -> str:
+        """Shell that prints the host and port of rank 0's rendezvous server."""
+        return quote([*self.first_node_prefix(), job.python, "-c", _RENDEZVOUS_PROBE])
+
+    def workdir_command(self) -> Optional[str]:
+        return None
+
+    def output_path(self, pattern: str, job: JobSpec) -> str:
+        """Translate hpcdl placeholders ({name}, {job_id}, {array_index}) to this scheduler's own."""
+        raise JobSpecError(
+            f"{self.name} cannot put the job id or name into output paths; give a fixed --output path"
+        )
+
+    def default_output(self, job: JobSpec) -> Optional[str]:
+        suffix = "_{array_index}" if (job.array or job.sweep) else ""
+        return f"{{name}}-{{job_id}}{suffix}.out"
+
+    def resolved_output(self, job: JobSpec) -> Optional[str]:
+        """The output path pattern in hpcdl placeholders, the user's or this scheduler's default."""
+        return job.output if job.output is not None else self.default_output(job)
+
+    def array_indices(self, job: JobSpec) -> Optional[tuple[int, ...]]:
+        if job.sweep:
+            return tuple(range(self.array_base, self.array_base + len(job.sweep)))
+        return job.array.indices if job.array else None
+
+    def parts(self, job: JobSpec, site: SiteConfig) -> ScriptParts:
+        job.validate()
+        self.check_supported(job)
+        if (job.array or job.sweep) and self.array_variable is None:
+            raise JobSpecError(f"{self.name} has no job arrays; submit one job per sweep point instead")
+        rank_command = job.argv
+        if job.gpus_per_node:
+            rank_command = [*gpu_pin_prefix(job, self.local_rank(job)), *rank_command]
+        launch = quote([*self.launcher(job), *job.launcher_args, *rank_command])
+        timer, requeue = self.signal_parts(job) if job.signal else (None, None)
+        exports = [("OMP_NUM_THREADS", str(job.resolved_cpus_per_rank))]
+        exports += [(k, shlex.quote(v)) for k, v in job.env.items()]
+        cases: list[tuple[int, list[tuple[str, str]]]] = []
+        if job.sweep:
+            for index, point in zip(self.array_indices(job) or (), job.sweep.points):
+                cases.append((index, [(n, shlex.quote(v)) for n, v in zip(job.sweep.names, point)]))
+        return ScriptParts(
+            scheduler=self.name,
+            directives=self.directives(job, site),
+            exports=exports,
+            modules=[shlex.quote(m) for m in job.modules],
+            setup=list(job.setup),
+            secret_command=quote([job.python, "-c", "import secrets; print(secrets.token_hex(32))"]),
+            rendezvous_command=self.rendezvous_command(job),
+            launch=launch,
+            sweep_variable=self.array_variable if job.sweep else None,
+            sweep_cases=cases,
+            signal=job.signal.name if job.signal else None,
+            signal_timer_s=timer,
+            requeue_command=requeue,
+            workdir_command=self.workdir_command(),
+        )
+
+    # ---- driving the scheduler -----------------------------------------------------------------
+    @abstractmethod
+    def submit(self, script: Path, workdir: Path) -> str:
+        """Submit the script with ``workdir`` as the job's working directory; the job id."""
+
+    @abstractmethod
+    def status(self, job_id: str) -> list[JobState]:
+        """The job's state (one entry per array task where the scheduler lists them)."""
+
+    @abstractmethod
+    def cancel(self, job_id: str) -> None:
+        """Cancel the job (all its array tasks)."""
+
+    def log_files(self, job_id: str) -> list[Path]:
+        """Output files the scheduler itself reports for a job (empty where it reports none)."""
+        return []
+
+    def log_globs(self, job: JobSpec) -> list[str]:
+        """Where the job's output lands, as globs with ``{job_id}`` still to fill in."""
+        pattern = self.resolved_output(job)
+        if pattern is None:
+            return []
+        paths = [pattern]
+        if job.error:
+            paths.append(job.error)
+        return [p.replace("{name}", job.job_name).replace("{array_index}", "*") for p in paths]

@@ -1,0 +1,139 @@
+"""LSF (Summit-style): ``#BSUB`` directives, ``jsrun`` resource sets, bsub/bjobs/bkill."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Optional
+
+from hpcdl.schedulers import lint
+from hpcdl.schedulers.base import JobState, Scheduler, run_command
+from hpcdl.schedulers.errors import JobSpecError, SchedulerError
+from hpcdl.schedulers.job import JobSpec
+from hpcdl.schedulers.site import SiteConfig
+
+_STATES = {
+    "PEND": "PENDING",
+    "WAIT": "PENDING",
+    "RUN": "RUNNING",
+    "DONE": "COMPLETED",
+    "EXIT": "FAILED",
+    "PSUSP": "HELD",
+    "USUSP": "SUSPENDED",
+    "SSUSP": "SUSPENDED",
+    "ZOMBI": "FAILED",
+    "UNKWN": "UNKNOWN",
+}
+
+
+def lsf_time(seconds: int) -> str:
+    minutes = -(-seconds // 60)
+    return f"{minutes // 60}:{minutes % 60:02d}"
+
+
+class Lsf(Scheduler):
+    name = "lsf"
+    directive_prefix = "#BSUB"
+    commands = ("bsub",)
+    local_rank_variable = "${JSM_NAMESPACE_LOCAL_RANK:?not started by jsrun}"
+    array_variable = "LSB_JOBINDEX"
+    array_base = 1
+
+    def check_supported(self, job: JobSpec) -> None:
+        if job.array and job.array.first < 1:
+            raise JobSpecError("LSF array indices start at 1; shift the --array range (e.g. 1-10)")
+        if job.qos:
+            raise JobSpecError("LSF has no QoS directive; use -sla through the site's extra_directives")
+
+    def directives(self, job: JobSpec, site: SiteConfig) -> list[str]:
+        name = job.job_name
+        if job.array or job.sweep:
+            name += f"[{self._array(job)}]"
+            if job.array and job.array.max_concurrent:
+                name += f"%{job.array.max_concurrent}"
+        lines = [f"-J {name}", f"-nnodes {job.nodes}", f"-W {lsf_time(job.walltime_seconds)}"]
+        if job.account:
+            lines.append(f"-P {job.account}")
+        if job.partition:
+            lines.append(f"-q {job.partition}")
+        if job.constraint:
+            lines.append(f"-R select[{job.constraint}]")
+        output = self.resolved_output(job)
+        if output:
+            lines.append(f"-o {self.output_path(output, job)}")
+        if job.error:
+            lines.append(f"-e {self.output_path(job.error, job)}")
+        if job.requeue:
+            lines.append("-r")
+        return [*lines, *site.extra_directives]
+
+    def _array(self, job: JobSpec) -> str:
+        if job.sweep:
+            return f"1-{len(job.sweep)}"
+        assert job.array is not None
+        if not job.array.is_range:
+            return ",".join(str(i) for i in job.array.indices)
+        step = f":{job.array.step}" if job.array.step > 1 else ""
+        return f"{job.array.first}-{job.array.last}{step}"
+
+    def output_path(self, pattern: str, job: JobSpec) -> str:
+        return (
+            pattern.replace("{name}", job.job_name).replace("{job_id}", "%J").replace("{array_index}", "%I")
+        )
+
+    def launcher(self, job: JobSpec) -> list[str]:
+        per_rank, sharing = job.gpu_slice if job.gpus_per_node else (0, 1)
+        ranks, cpus = job.resolved_ranks_per_node, job.resolved_cpus_per_rank
+        # One resource set per rank; ranks sharing a GPU share one resource set holding it.
+        sets_per_node, tasks, gpus = (ranks // sharing, sharing, 1) if sharing > 1 else (ranks, 1, per_rank)
+        return [
+            "jsrun",
+            "-n",
+            str(job.nodes * sets_per_node),
+            "-r",
+            str(sets_per_node),
+            "-a",
+            str(tasks),
+            "-c",
+            str(cpus * tasks),
+            "-g",
+            str(gpus),
+            "-b",
+            f"packed:{cpus}",
+        ]
+
+    def first_node_prefix(self) -> list[str]:
+        # The script runs on a launch node; the first resource set lands on the first compute node.
+        return ["jsrun", "-n", "1", "-r", "1", "-a", "1", "-c", "1"]
+
+    def signal_parts(self, job: JobSpec) -> tuple[Optional[int], Optional[str]]:
+        assert job.signal is not None
+        return job.walltime_seconds - job.signal.seconds, 'brequeue "$LSB_JOBID"' if job.requeue else None
+
+    def validate(self, script: str, site: SiteConfig) -> list[str]:
+        return lint.check_lsf(script, site.gpus_per_node, site.cpus_per_node)
+
+    def submit(self, script: Path, workdir: Path) -> str:
+        out = run_command(["bsub"], "submit the job to LSF", stdin=script.read_text(), cwd=workdir)
+        match = re.search(r"Job <(\d+)> is submitted", out)
+        if not match:
+            raise SchedulerError(f"bsub answered {out.strip()!r}, which holds no job id")
+        return match.group(1)
+
+    def status(self, job_id: str) -> list[JobState]:
+        out = run_command(
+            ["bjobs", "-noheader", "-o", "jobid jobindex stat delimiter='|'", job_id],
+            f"ask LSF about {job_id}",
+        )
+        states = []
+        for line in out.splitlines():
+            fields = line.strip().split("|")
+            if len(fields) == 3:
+                task = fields[0] if fields[1] in ("0", "") else f"{fields[0]}[{fields[1]}]"
+                states.append(JobState(task, _STATES.get(fields[2], "UNKNOWN"), fields[2]))
+        if not states:
+            raise SchedulerError(f"LSF does not list job {job_id} (bjobs printed {out.strip()!r})")
+        return states
+
+    def cancel(self, job_id: str) -> None:
+        run_command(["bkill", job_id], f"cancel LSF job {job_id}")
