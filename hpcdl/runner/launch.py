@@ -13,12 +13,13 @@ from typing import Any
 from hpcdl.runner.allocation import detect_allocation
 from hpcdl.runner.errors import LaunchError
 from hpcdl.runner.hosts import HostSlots, RankSlot, assign_ranks
+from hpcdl.runner.mpi import MpiRun, build_mpi_command, detect_flavor, new_token
 from hpcdl.runner.network import address_towards, interface_address, is_local_host
 from hpcdl.runner.output import OutputOptions, OutputRouter
 from hpcdl.runner.procs import LocalRank, RemoteRank, SshOptions
 from hpcdl.runner.rank_env import Rendezvous, forwarded_environment, rank_variables
 from hpcdl.runner.rendezvous_host import host_rendezvous
-from hpcdl.runner.supervisor import RankProcess, Supervisor
+from hpcdl.runner.supervisor import JobProcess, Supervisor
 from hpcdl.runner.tunables import tunable_environment
 
 DEFAULT_START_TIMEOUT = 30.0
@@ -85,15 +86,6 @@ def resolve_hosts(spec: LaunchSpec, environ: Mapping[str, str]) -> tuple[list[Ho
     return hosts, num_proc, source
 
 
-def _rendezvous_address(spec: LaunchSpec, remote_hosts: list[str]) -> str:
-    iface = spec.settings.get("network_interface")
-    if iface:
-        return interface_address(iface)
-    if not remote_hosts:
-        return "127.0.0.1"
-    return address_towards(remote_hosts[0])
-
-
 def rank_settings_env(spec: LaunchSpec) -> dict[str, str]:
     """Tunables and -x values, the same for every rank."""
     settings = dict(spec.settings)
@@ -104,66 +96,109 @@ def rank_settings_env(spec: LaunchSpec) -> dict[str, str]:
     return {**tunable_environment(settings), **spec.extra_env}
 
 
+def _rendezvous_address(spec: LaunchSpec, remote_hosts: list[str]) -> str:
+    iface = spec.settings.get("network_interface")
+    if iface:
+        return interface_address(iface)
+    if not remote_hosts:
+        return "127.0.0.1"
+    return address_towards(remote_hosts[0])
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What every rank of one job shares."""
+
+    spec: LaunchSpec
+    slots: list[RankSlot]
+    local_hosts: set[str]
+    environ: dict[str, str]
+    common_env: dict[str, str]  # tunables, -x
+    rendezvous: Rendezvous | None
+    ssh: SshOptions
+
+
 def launch(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> int:
     """Run the job to its end; return the exit code for the launcher."""
-    environ = dict(os.environ if environ is None else environ)
+    environ = {
+        k: v for k, v in (os.environ if environ is None else environ).items() if k not in _JOB_SPECIFIC
+    }
     if not spec.command:
         raise LaunchError("no command to run; write it after the options: hpcdl run -np 2 python train.py")
     hosts, num_proc, source = resolve_hosts(spec, environ)
     slots = assign_ranks(hosts, num_proc)
     start_timeout = resolve_start_timeout(spec.start_timeout, environ)
     used_hosts = list(dict.fromkeys(slot.host for slot in slots))
-    local = {host for host in used_hosts if is_local_host(host)}
-    remote_hosts = [host for host in used_hosts if host not in local]
+    local_hosts = {host for host in used_hosts if is_local_host(host)}
+    remote_hosts = [host for host in used_hosts if host not in local_hosts]
     common_env = rank_settings_env(spec)
-    if spec.mpi is not None:
-        from hpcdl.runner.mpi import launch_with_mpi
-
-        return launch_with_mpi(spec, slots, hosts, common_env, environ, start_timeout)
+    flavor = detect_flavor(spec.mpi.mpirun) if spec.mpi is not None else None
+    rendezvous_addr = _rendezvous_address(spec, remote_hosts)
+    router = OutputRouter(spec.output, num_proc)
     if spec.verbose:
         placement = ", ".join(f"{h}:{sum(1 for s in slots if s.host == h)}" for h in used_hosts)
         print(f"hpcdl run: {num_proc} ranks on {placement} (hosts from {source})", file=sys.stderr)
-    router = OutputRouter(spec.output, num_proc)
     hosted = host_rendezvous(num_proc)
     server, rendezvous = None, None
     if hosted is not None:
         server, secret = hosted
-        rendezvous = Rendezvous(_rendezvous_address(spec, remote_hosts), server.port, secret)
+        rendezvous = Rendezvous(rendezvous_addr, server.port, secret)
         if spec.verbose:
             print(f"hpcdl run: rendezvous at {rendezvous.addr}:{rendezvous.port}", file=sys.stderr)
-    base_env = {k: v for k, v in environ.items() if k not in _JOB_SPECIFIC}
-    remote_base = {k: v for k, v in forwarded_environment(environ).items() if k not in _JOB_SPECIFIC}
-    ranks: list[RankProcess] = []
     ssh = SshOptions(spec.ssh.port, spec.ssh.identity_file, spec.ssh.config_file, min(start_timeout, 30.0))
-    supervisor = Supervisor(ranks, server, start_timeout)
+    job = _Job(spec, slots, local_hosts, environ, common_env, rendezvous, ssh)
+    processes: list[JobProcess] = []
+    supervisor = Supervisor(processes, slots, server, start_timeout)
     try:
-        for slot in slots:
-            ranks.append(
-                _start_rank(
-                    slot, spec, slot.host in local, base_env, remote_base, common_env, rendezvous, router, ssh
-                )
-            )
-    except LaunchError:
+        if flavor is not None:
+            processes.append(_start_mpirun(job, flavor, router))
+        else:
+            processes.extend(_start_rank(job, slot, router) for slot in slots)
+    except BaseException:
         supervisor.abort()
         raise
     return supervisor.run()
 
 
-def _start_rank(
-    slot: RankSlot,
-    spec: LaunchSpec,
-    is_local: bool,
-    base_env: dict[str, str],
-    remote_base: dict[str, str],
-    common_env: dict[str, str],
-    rendezvous: Rendezvous | None,
-    router: OutputRouter,
-    ssh: SshOptions,
-) -> RankProcess:
+def _start_rank(job: _Job, slot: RankSlot, router: OutputRouter) -> JobProcess:
     output = router.for_rank(slot.rank)
-    identity = rank_variables(slot, rendezvous)
-    if is_local:
-        return LocalRank(slot, spec.command, {**base_env, **common_env, **identity}, output)
-    if spec.verbose:
-        print(f"hpcdl run: rank {slot.rank}: {' '.join(ssh.argv(slot.host))} <agent>", file=sys.stderr)
-    return RemoteRank(slot, spec.command, {**remote_base, **common_env, **identity}, output, ssh)
+    identity = rank_variables(slot, job.rendezvous)
+    if slot.host in job.local_hosts:
+        return LocalRank(slot, job.spec.command, {**job.environ, **job.common_env, **identity}, output)
+    if job.spec.verbose:
+        print(f"hpcdl run: rank {slot.rank}: {' '.join(job.ssh.argv(slot.host))} <agent>", file=sys.stderr)
+    env = {**forwarded_environment(job.environ), **job.common_env, **identity}
+    return RemoteRank(slot, job.spec.command, env, output, job.ssh)
+
+
+def _start_mpirun(job: _Job, flavor: str, router: OutputRouter) -> JobProcess:
+    assert job.spec.mpi is not None
+    placed = [
+        HostSlots(host, sum(1 for s in job.slots if s.host == host))
+        for host in dict.fromkeys(slot.host for slot in job.slots)
+    ]
+    rank_env = dict(job.common_env)
+    if job.rendezvous is not None:
+        rank_env.update(
+            HPCDL_RENDEZVOUS_ADDR=job.rendezvous.addr,
+            HPCDL_RENDEZVOUS_PORT=str(job.rendezvous.port),
+            HPCDL_SECRET=job.rendezvous.secret,
+        )
+    token = new_token()
+    command = build_mpi_command(
+        flavor,
+        job.spec.mpi.mpirun,
+        placed,
+        len(job.slots),
+        rank_env,
+        job.environ,
+        [sys.executable, "-m", "hpcdl.runner.mpi_rank", token, *job.spec.command],
+        ssh=job.ssh,
+        network_interface=job.spec.settings.get("network_interface"),
+        tcp=job.spec.tcp,
+        extra_args=job.spec.mpi.extra_args,
+        is_root=os.geteuid() == 0,
+    )
+    if job.spec.verbose:
+        print(f"hpcdl run: {command.shown}", file=sys.stderr)
+    return MpiRun(command, flavor, job.slots, router, token)

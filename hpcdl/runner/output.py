@@ -49,13 +49,14 @@ class RankOutput:
             terminal.write(prefix.encode() + line)
             terminal.flush()
             log = self._files.get(stream)
-            if log is not None:
+            if log is not None and not log.closed:
                 log.write(line)
                 log.flush()
 
     def close(self) -> None:
-        for log in self._files.values():
-            log.close()
+        with self._lock:
+            for log in self._files.values():
+                log.close()
 
 
 class OutputRouter:

@@ -13,11 +13,13 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from hpcdl.runner.errors import LaunchError
 from hpcdl.runner.hosts import RankSlot
 from hpcdl.runner.output import RankOutput, pump_lines
 
+DRAIN_SECONDS = 2.0
 _AGENT_SOURCE = (Path(__file__).parent / "remote_agent.py").read_text()
 
 
@@ -51,6 +53,29 @@ class Outcome:
 
 
 @dataclass(frozen=True)
+class Failure:
+    """The first sign of trouble in a job: which rank (and host), how it ended, its last stderr."""
+
+    where: str
+    outcome: Outcome
+    stderr_tail: list[str]
+
+
+class _RankEnding:
+    """Shared by local and remote ranks: remember the outcome, turn a bad one into a Failure."""
+
+    slot: RankSlot
+    output: RankOutput
+    _outcome: Outcome | None = None
+
+    def failure(self) -> Failure | None:
+        if self._outcome is None or self._outcome.ok:
+            return None
+        where = f"rank {self.slot.rank} on host {self.slot.host}"
+        return Failure(where, self._outcome, list(self.output.stderr_tail))
+
+
+@dataclass(frozen=True)
 class SshOptions:
     port: int | None = None
     identity_file: Path | None = None
@@ -76,10 +101,8 @@ def _spawn_error(argv: list[str], exc: OSError) -> LaunchError:
     return LaunchError(f"cannot start {argv[0]}: {exc.strerror}")
 
 
-class LocalRank:
+class LocalRank(_RankEnding):
     """A rank started directly, as the leader of its own process group."""
-
-    remote = False
 
     def __init__(self, slot: RankSlot, argv: list[str], env: dict[str, str], output: RankOutput):
         self.slot = slot
@@ -109,7 +132,9 @@ class LocalRank:
 
     def poll(self) -> Outcome | None:
         returncode = self._popen.poll()
-        return None if returncode is None else Outcome.from_returncode(returncode)
+        if returncode is not None and self._outcome is None:
+            self._outcome = Outcome.from_returncode(returncode)
+        return self._outcome
 
     def send_signal(self, signum: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -119,12 +144,11 @@ class LocalRank:
         """Kill what is left of the rank's process group (children it left behind)."""
         self.send_signal(signal.SIGKILL)
         self._popen.wait()
+        _drain(self.threads, self.output)
 
 
-class RemoteRank:
+class RemoteRank(_RankEnding):
     """A rank on another host: ``ssh host python -c <agent>``, its spec and signals sent on stdin."""
-
-    remote = True
 
     def __init__(
         self,
@@ -211,7 +235,15 @@ class RemoteRank:
         except subprocess.TimeoutExpired:
             self._popen.kill()
             self._popen.wait()
+        _drain(self.threads, self.output)
 
 
-def _line_sink(output: RankOutput, stream: str):
+def _drain(threads: list[threading.Thread], output: RankOutput) -> None:
+    """Let the output threads reach EOF (bounded: a leftover child may hold a pipe), then close."""
+    for thread in threads:
+        thread.join(timeout=DRAIN_SECONDS)
+    output.close()
+
+
+def _line_sink(output: RankOutput, stream: str) -> Callable[[bytes], None]:
     return lambda line: output.write_line(stream, line)

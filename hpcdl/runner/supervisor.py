@@ -1,5 +1,5 @@
-"""Watch a job's ranks: stop all when one fails or the launcher is signalled, enforce the start
-timeout, then report the root cause. Every wait here has a deadline."""
+"""Watch a job's processes: stop everything when a rank fails or the launcher is signalled, enforce the
+start timeout, then report the root cause. Every wait here has a deadline."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from hpcdl.runner.hosts import RankSlot
-from hpcdl.runner.output import RankOutput
-from hpcdl.runner.procs import Outcome
+from hpcdl.runner.procs import Failure, Outcome
 from hpcdl.runner.rendezvous_host import RendezvousHandle
 
 POLL_SECONDS = 0.05
@@ -20,13 +19,12 @@ FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 STDERR_LINES_SHOWN = 10
 
 
-class RankProcess(Protocol):
-    slot: RankSlot
-    output: RankOutput
-    remote: bool
-    threads: list
+class JobProcess(Protocol):
+    """A process the launcher started: one rank (local or over ssh), or mpirun for all of them."""
 
     def poll(self) -> Outcome | None: ...
+
+    def failure(self) -> Failure | None: ...
 
     def send_signal(self, signum: int) -> None: ...
 
@@ -35,13 +33,14 @@ class RankProcess(Protocol):
 
 @dataclass
 class Supervisor:
-    """Runs the watch loop over `ranks` (all already started)."""
+    """Runs the watch loop over `processes` (all started) of a job placed on `slots`."""
 
-    ranks: list[RankProcess]
+    processes: list[JobProcess]
+    slots: list[RankSlot]
     rendezvous: RendezvousHandle | None = None
     start_timeout: float = 30.0
-    outcomes: dict[int, Outcome] = field(default_factory=dict)
-    _root_cause: RankProcess | None = None
+    _ended: dict[int, Outcome] = field(default_factory=dict)
+    _root_cause: Failure | None = None
     _stop_reason: str = ""
     _stop_started: float | None = None
     _killed: bool = False
@@ -53,10 +52,10 @@ class Supervisor:
         self._pending_signals.append(signum)
 
     def run(self) -> int:
-        """Watch until every rank has ended; return the launcher's exit code."""
+        """Watch until every process has ended; return the launcher's exit code."""
         previous = {sig: signal.signal(sig, self._on_signal) for sig in FORWARDED_SIGNALS}
         try:
-            while len(self.outcomes) < len(self.ranks):
+            while len(self._ended) < len(self.processes):
                 self._step()
                 time.sleep(POLL_SECONDS)
         finally:
@@ -66,21 +65,20 @@ class Supervisor:
         return self._report()
 
     def abort(self) -> None:
-        """Stop the ranks started so far (starting the job failed part way); no report."""
+        """Stop the processes started so far (starting the job failed part way); no report."""
         self._begin_stop(signal.SIGTERM, "starting the job failed")
         self._teardown()
 
     def _step(self) -> None:
-        for rank in self.ranks:
-            if rank.slot.rank in self.outcomes:
-                continue
-            outcome = rank.poll()
-            if outcome is None:
-                continue
-            self.outcomes[rank.slot.rank] = outcome
-            if not outcome.ok and self._stop_started is None:
-                self._root_cause = rank
-                self._begin_stop(signal.SIGTERM, f"rank {rank.slot.rank} {outcome.describe()}")
+        for index, process in enumerate(self.processes):
+            if index not in self._ended:
+                outcome = process.poll()
+                if outcome is not None:
+                    self._ended[index] = outcome
+            failure = process.failure()
+            if failure is not None and self._stop_started is None:
+                self._root_cause = failure
+                self._begin_stop(signal.SIGTERM, f"{failure.where} {failure.outcome.describe()}")
         while self._pending_signals:
             signum = self._pending_signals.pop(0)
             if self._signal_received is not None:  # a second Ctrl-C: no more patience
@@ -93,40 +91,36 @@ class Supervisor:
         if stopping and time.monotonic() - self._stop_started > GRACE_SECONDS:
             self._kill_remaining()
 
-    def _running(self) -> list[RankProcess]:
-        return [rank for rank in self.ranks if rank.slot.rank not in self.outcomes]
+    def _running(self) -> list[JobProcess]:
+        return [p for index, p in enumerate(self.processes) if index not in self._ended]
 
     def _begin_stop(self, signum: int, reason: str) -> None:
         self._stop_reason = reason
         self._stop_started = time.monotonic()
-        for rank in self._running():
-            rank.send_signal(signum)
+        for process in self._running():
+            process.send_signal(signum)
 
     def _kill_remaining(self) -> None:
         self._killed = True
-        for rank in self._running():
-            rank.send_signal(signal.SIGKILL)
+        for process in self._running():
+            process.send_signal(signal.SIGKILL)
 
     def _check_start_timeout(self) -> None:
         if self.rendezvous is None or self._stop_started is not None:
             return
         arrived = set(self.rendezvous.arrived())
-        if not arrived or len(arrived) == len(self.ranks):
+        if not arrived or len(arrived) == len(self.slots):
             return  # nobody uses the rendezvous (a plain program) or everybody met
         now = time.monotonic()
         self._first_arrival = self._first_arrival or now
         if now - self._first_arrival < self.start_timeout:
             return
-        missing = [
-            r.slot for r in self.ranks if r.slot.rank not in arrived and r.slot.rank not in self.outcomes
-        ]
-        if not missing:
-            return
+        missing = [slot for slot in self.slots if slot.rank not in arrived]
         names = ", ".join(f"{slot.rank} (on {slot.host})" for slot in missing)
         self._begin_stop(
             signal.SIGTERM,
-            f"ranks {names} did not reach the rendezvous within --start-timeout {self.start_timeout:g} s "
-            f"of the first rank that did ({len(arrived)} of {len(self.ranks)} arrived); check that they "
+            f"rank(s) {names} did not reach the rendezvous within --start-timeout {self.start_timeout:g} s "
+            f"of the first rank that did ({len(arrived)} of {len(self.slots)} arrived); check that they "
             "started (stderr above), that their hosts can reach this one, or raise --start-timeout",
         )
 
@@ -137,34 +131,31 @@ class Supervisor:
         while self._running() and time.monotonic() < deadline:
             self._step()
             time.sleep(POLL_SECONDS)
-        for rank in self.ranks:
-            rank.finish()
-            for thread in rank.threads:
-                thread.join(timeout=max(0.0, deadline - time.monotonic()) + 0.5)
-            rank.output.close()
+        for process in self.processes:
+            process.finish()
         if self.rendezvous is not None:
             self.rendezvous.stop()
 
     def _report(self) -> int:
         if self._root_cause is not None:
-            rank = self._root_cause
-            outcome = self.outcomes[rank.slot.rank]
-            others = len(self.ranks) - 1
+            failure = self._root_cause
+            others = len(self.slots) - 1
             print(
-                f"hpcdl run: rank {rank.slot.rank} on host {rank.slot.host} {outcome.describe()}"
+                f"hpcdl run: {failure.where} {failure.outcome.describe()}"
                 + (f"; stopped the other {others} rank(s)" if others else ""),
                 file=sys.stderr,
             )
-            tail = list(rank.output.stderr_tail)[-STDERR_LINES_SHOWN:]
+            tail = failure.stderr_tail[-STDERR_LINES_SHOWN:]
             if tail:
-                print(f"hpcdl run: last lines of rank {rank.slot.rank}'s stderr:", file=sys.stderr)
+                print(f"hpcdl run: last lines of its stderr ({failure.where}):", file=sys.stderr)
                 for line in tail:
                     print(f"    {line}", file=sys.stderr)
-            return outcome.launcher_exit_code or 1
+            return failure.outcome.launcher_exit_code or 1
         if self._signal_received is not None:
             print(f"hpcdl run: {self._stop_reason}; stopped all ranks", file=sys.stderr)
             return 128 + self._signal_received
         if self._stop_reason:
             print(f"hpcdl run: {self._stop_reason}", file=sys.stderr)
             return 1
-        return 0
+        failed = [outcome for outcome in self._ended.values() if not outcome.ok]
+        return failed[0].launcher_exit_code if failed else 0
