@@ -1,0 +1,262 @@
+"""CUDA tensors: NCCL through ``torch.distributed`` when PyTorch has it, otherwise staged through host
+memory (the CPU path of ``async_ops`` copies device tensors to host, runs the engine, copies back).
+
+NCCL path: at ``hvd.init()`` world rank 0 opens a ``torch.distributed.TCPStore`` and its address travels
+to the other ranks through hpcdl's own broadcast; one ``ProcessGroupNCCL`` per process set is created on
+first use. NCCL needs every rank to issue its collectives in the same order (as DDP does): gradient
+hooks fire in the same autograd order on every rank, so ``DistributedOptimizer`` satisfies this. Grouped
+ops are fused into one flat buffer per dtype. Set ``HPCDL_GPU_OPERATIONS=host`` to force staging through
+the engine instead (negotiation by name, fusion and timeline of the engine).
+
+This module cannot be exercised on a machine without a GPU; its tests are marked ``gpu``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from hpcdl import common
+from hpcdl.torch import _handles
+from hpcdl.torch.reduce_ops import Average, Max, Min, Product, Sum
+
+_ADDRESS_BYTES = 256
+
+
+@dataclass
+class _NcclState:
+    store: Any
+    groups: dict[int, Any] = field(default_factory=dict)
+
+
+_state: Optional[_NcclState] = None
+
+
+def gpu_operations() -> str:
+    """``nccl`` or ``host`` (``HPCDL_GPU_OPERATIONS``, default nccl when PyTorch has NCCL and a GPU)."""
+    choice = os.environ.get("HPCDL_GPU_OPERATIONS", "").strip().lower()
+    if choice not in ("", "nccl", "host"):
+        raise ValueError(f"HPCDL_GPU_OPERATIONS={choice!r}: use 'nccl' or 'host'")
+    if choice == "host":
+        return "host"
+    if dist.is_available() and dist.is_nccl_available() and torch.cuda.is_available():
+        return "nccl"
+    return "host"
+
+
+def on_init() -> None:
+    """Collective over the world, called by ``hvd.init()``: set up the NCCL store when it will be used."""
+    global _state
+    _state = None
+    if gpu_operations() != "nccl" or common.size() == 1:
+        return
+    timeout = timedelta(seconds=float(os.environ.get("HPCDL_TIMEOUT", "30") or 30))
+    address = np.zeros(_ADDRESS_BYTES, dtype=np.uint8)
+    store = None
+    if common.rank() == 0:
+        host = socket.gethostbyname(socket.gethostname())
+        store = dist.TCPStore(host, 0, common.size(), True, timeout=timeout, wait_for_workers=False)
+        text = f"{host}:{store.port}".encode()
+        address[: len(text)] = np.frombuffer(text, dtype=np.uint8)
+    common.broadcast(address, root=0)
+    if store is None:
+        host, port = bytes(address).rstrip(b"\0").decode().rsplit(":", 1)
+        store = dist.TCPStore(host, int(port), common.size(), False, timeout=timeout)
+    _state = _NcclState(store=store)
+
+
+def on_shutdown() -> None:
+    global _state
+    _state = None
+
+
+def uses_nccl(tensors: Sequence[torch.Tensor]) -> bool:
+    """True when these tensors go through NCCL (all on CUDA and the NCCL store is set up)."""
+    return _state is not None and all(t.is_cuda for t in tensors)
+
+
+def _group(ps_id: int) -> Any:
+    assert _state is not None
+    group = _state.groups.get(ps_id)
+    if group is None:
+        ranks = common.process_set_ranks(ps_id)
+        store = dist.PrefixStore(f"hpcdl/process_set/{ps_id}", _state.store)
+        group = dist.ProcessGroupNCCL(store, common.process_set_rank(ps_id), len(ranks))
+        _state.groups[ps_id] = group
+    return group
+
+
+class _Chained:
+    """A handle that is done when another entry of the handle table is (its result is taken in finish)."""
+
+    def __init__(self, inner: int) -> None:
+        self._inner = inner
+
+    def poll(self) -> bool:
+        return _handles.poll(self._inner)
+
+    def wait(self, timeout: Optional[float] = None) -> None:
+        return None
+
+    def release(self) -> None:
+        return None
+
+
+class _Work:
+    """A torch.distributed Work seen through the handle protocol of ``_handles``."""
+
+    def __init__(self, works: list[Any]) -> None:
+        self._works = works
+
+    def poll(self) -> bool:
+        return all(w.is_completed() for w in self._works)
+
+    def wait(self, timeout: Optional[float] = None) -> None:
+        for w in self._works:
+            w.wait()
+
+    def release(self) -> None:
+        self._works = []
+
+
+_NCCL_OPS = {Sum: "SUM", Average: "SUM", Min: "MIN", Max: "MAX", Product: "PRODUCT"}
+
+
+def _scale(t: torch.Tensor, factor: float) -> None:
+    if factor == 1.0:
+        return
+    if t.dtype.is_floating_point:
+        t.mul_(factor)
+    else:
+        t.copy_((t.to(torch.float64) * factor).trunc().to(t.dtype))
+
+
+def allreduce(
+    tensors: list[torch.Tensor],
+    outputs: list[torch.Tensor],
+    op: int,
+    prescale: float,
+    postscale: float,
+    ps_id: int,
+) -> int:
+    """One fused NCCL allreduce per dtype; outputs[i] may be tensors[i]."""
+    group = _group(ps_id)
+    set_size = common.process_set_size(ps_id)
+    flats, works = [], []
+    for dtype in dict.fromkeys(t.dtype for t in tensors):
+        members = [i for i, t in enumerate(tensors) if t.dtype == dtype]
+        flat = torch.cat([tensors[i].detach().reshape(-1) for i in members])
+        _scale(flat, prescale)
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = getattr(dist.ReduceOp, _NCCL_OPS[op])
+        works.append(group.allreduce([flat], opts))
+        flats.append((members, flat))
+
+    def finish() -> list[torch.Tensor]:
+        for members, flat in flats:
+            _scale(flat, postscale)
+            if op == Average:
+                if flat.dtype.is_floating_point:
+                    flat.div_(set_size)
+                else:
+                    flat.copy_(torch.div(flat, set_size, rounding_mode="trunc"))
+            offset = 0
+            for i in members:
+                n = tensors[i].numel()
+                with torch.no_grad():
+                    outputs[i].copy_(flat[offset : offset + n].view(tensors[i].shape))
+                offset += n
+        return list(outputs)
+
+    return _handles.register([_Work(works)], finish, keep_alive=(tensors, outputs, flats))
+
+
+def _exchange_rows(group: Any, rows: int, set_size: int, device: torch.device) -> list[int]:
+    mine = torch.tensor([rows], dtype=torch.int64, device=device)
+    everyone = [torch.empty(1, dtype=torch.int64, device=device) for _ in range(set_size)]
+    group.allgather([everyone], [mine]).wait()
+    return [int(t.item()) for t in everyone]
+
+
+def allgather(tensors: list[torch.Tensor], ps_id: int) -> int:
+    """Allgather with per-rank first dimensions: sizes first, then the rows padded to the largest."""
+    group = _group(ps_id)
+    set_size = common.process_set_size(ps_id)
+    works, pieces = [], []
+    for t in tensors:
+        src = t.detach().contiguous()
+        rows = _exchange_rows(group, src.shape[0], set_size, src.device)
+        padded = torch.zeros((max(rows), *src.shape[1:]), dtype=src.dtype, device=src.device)
+        padded[: src.shape[0]] = src
+        slots = [torch.empty_like(padded) for _ in range(set_size)]
+        works.append(group.allgather([slots], [padded]))
+        pieces.append((rows, slots))
+
+    def finish() -> list[torch.Tensor]:
+        return [torch.cat([s[:r] for r, s in zip(rows, slots)]) for rows, slots in pieces]
+
+    return _handles.register([_Work(works)], finish, keep_alive=(tensors, pieces))
+
+
+def broadcast(tensor: torch.Tensor, output: torch.Tensor, root_rank: int, ps_id: int) -> int:
+    group = _group(ps_id)
+    buf = output if (output is tensor and tensor.is_contiguous()) else tensor.detach().contiguous().clone()
+    opts = dist.BroadcastOptions()
+    opts.rootRank = common.process_set_ranks(ps_id).index(root_rank)
+    opts.rootTensor = 0
+    work = group.broadcast([buf], opts)
+
+    def finish() -> torch.Tensor:
+        if buf.data_ptr() != output.data_ptr():
+            with torch.no_grad():
+                output.copy_(buf)
+        return output
+
+    return _handles.register([_Work([work])], finish, keep_alive=(tensor, output, buf))
+
+
+def alltoall(tensor: torch.Tensor, splits: Optional[list[int]], splits_dtype: torch.dtype, ps_id: int) -> int:
+    group = _group(ps_id)
+    set_size = common.process_set_size(ps_id)
+    src = tensor.detach().contiguous()
+    send = splits if splits is not None else [src.shape[0] // set_size] * set_size
+    send_t = torch.tensor(send, dtype=torch.int64, device=src.device)
+    recv_t = torch.empty(set_size, dtype=torch.int64, device=src.device)
+    group.alltoall_base(recv_t, send_t, [1] * set_size, [1] * set_size, dist.AllToAllOptions()).wait()
+    recv = [int(x) for x in recv_t.tolist()]
+    out = torch.empty((sum(recv), *src.shape[1:]), dtype=src.dtype, device=src.device)
+    work = group.alltoall_base(out, src, recv, send, dist.AllToAllOptions())
+
+    def finish() -> tuple[torch.Tensor, torch.Tensor]:
+        return out, torch.tensor(recv, dtype=splits_dtype)
+
+    return _handles.register([_Work([work])], finish, keep_alive=(tensor, src, out))
+
+
+def reducescatter(tensors: list[torch.Tensor], op: int, prescale: float, postscale: float, ps_id: int) -> int:
+    """Reducescatter as a fused allreduce followed by this rank's slice (first ``rows % size`` ranks get
+    one extra row, as in Horovod)."""
+    from hpcdl.torch.async_ops import rows_for
+
+    set_size, set_rank = common.process_set_size(ps_id), common.process_set_rank(ps_id)
+    outputs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
+    inner = allreduce(tensors, outputs, op, prescale, postscale, ps_id)
+
+    def finish() -> list[torch.Tensor]:
+        reduced = _handles.synchronize(inner)
+        results = []
+        for t in reduced:
+            rows = t.shape[0]
+            start = sum(rows_for(rows, set_size, r) for r in range(set_rank))
+            results.append(t[start : start + rows_for(rows, set_size, set_rank)].clone())
+        return results
+
+    return _handles.register([_Chained(inner)], finish, keep_alive=(tensors, outputs))

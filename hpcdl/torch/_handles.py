@@ -1,0 +1,84 @@
+"""The table behind Horovod's integer handles: ``*_async`` returns an int, ``poll``/``synchronize`` take it.
+
+Each entry holds the engine handles of one user-visible operation, every tensor the engine reads or
+writes (so none is freed while the background thread uses it), and a ``finish`` callback that builds the
+result (copies staged data back, views engine-allocated bytes as a tensor, ...) once all handles are done.
+Gradient hooks may run on autograd worker threads, so the table is locked.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+
+class EngineHandle(Protocol):
+    def poll(self) -> bool: ...
+    def wait(self, timeout: float | None = None) -> None: ...
+    def release(self) -> None: ...
+
+
+@dataclass
+class Pending:
+    handles: Sequence[EngineHandle]
+    finish: Callable[[], Any]
+    keep_alive: tuple = field(default=())
+
+
+_lock = threading.Lock()
+_table: dict[int, Pending] = {}
+_ids = itertools.count(1)
+
+
+def register(handles: Sequence[EngineHandle], finish: Callable[[], Any], keep_alive: tuple = ()) -> int:
+    """Remember a submitted operation; returns the int handle the user sees."""
+    with _lock:
+        handle = next(_ids)
+        _table[handle] = Pending(list(handles), finish, keep_alive)
+    return handle
+
+
+def unwrap_single(handle: int) -> int:
+    """Make ``synchronize(handle)`` return the only element of the list its operation produces."""
+    with _lock:
+        pending = _table[handle]
+        produce_list = pending.finish
+        pending.finish = lambda: produce_list()[0]
+    return handle
+
+
+def poll(handle: int) -> bool:
+    """True when the operation finished (successfully or not); ``synchronize`` then returns at once."""
+    with _lock:
+        pending = _table.get(handle)
+    if pending is None:
+        return True
+    try:
+        return all(h.poll() for h in pending.handles)
+    except Exception:
+        return True  # failed: synchronize() raises the error
+
+
+def synchronize(handle: int) -> Any:
+    """Wait for the operation and return its result; errors are ``HorovodInternalError``s
+    (``hpcdl.common.HpcdlInternalError``) carrying the runtime's message. Unknown handles return None."""
+    with _lock:
+        pending = _table.pop(handle, None)
+    if pending is None:
+        return None
+    try:
+        for h in pending.handles:
+            h.wait()
+        return pending.finish()
+    finally:
+        for h in pending.handles:
+            h.release()
+
+
+def reset() -> None:
+    """Forget every pending operation (``init``/``shutdown``): the runtime has dropped them."""
+    with _lock:
+        _table.clear()

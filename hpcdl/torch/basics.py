@@ -1,0 +1,185 @@
+"""Lifecycle, topology and build facts of ``hpcdl.torch`` (Horovod's ``hvd.init()``, ``hvd.rank()``, ...).
+
+Everything here delegates to ``hpcdl.common``; the only torch-specific parts are the build facts that
+come from PyTorch itself (NCCL, CUDA, ROCm: hpcdl uses PyTorch's for GPU tensors) and the handle table
+that ``init``/``shutdown`` reset.
+"""
+
+from __future__ import annotations
+
+import atexit
+from collections.abc import Sequence
+from typing import Any, Optional, Union
+
+import torch
+import torch.distributed as dist
+
+from hpcdl import common
+from hpcdl.common import engine
+from hpcdl.torch import _gpu, _handles
+from hpcdl.torch import process_sets as _sets
+from hpcdl.torch.process_sets import ProcessSet
+
+_atexit_registered = False
+
+
+def init(
+    comm: Optional[Union[Sequence[int], Any]] = None,
+    process_sets: Optional[Union[Sequence[ProcessSet], str]] = None,
+) -> None:
+    """Start hpcdl in this process: find the other ranks, connect, start the background engine.
+
+    Args:
+        comm: None (all ranks), a list of world ranks or an mpi4py communicator. hpcdl's world is
+            always every rank the launcher started, so a list or communicator must cover all of them;
+            use ``process_sets`` to run collectives on a subset.
+        process_sets: None, a list of ``ProcessSet`` to register now (every rank passes the same list),
+            or ``"dynamic"`` to allow ``add_process_set``/``remove_process_set`` later.
+    """
+    global _atexit_registered
+    requested_world = _requested_world(comm)
+    sets: list[ProcessSet] = []
+    if isinstance(process_sets, str):
+        if process_sets.lower() != "dynamic":
+            raise ValueError(f'process_sets must be a list of ProcessSet or "dynamic", got {process_sets!r}')
+        common.init(process_sets="dynamic")
+    else:
+        sets = list(process_sets or [])
+        for ps in sets:
+            if not isinstance(ps, ProcessSet):
+                raise ValueError(f"process_sets must contain hpcdl.torch.ProcessSet objects, got {ps!r}")
+        ranks = [_sets.ranks_of(ps) for ps in sets]
+        common.init(process_sets=ranks or None)
+    _handles.reset()
+    if requested_world is not None and sorted(requested_world) != list(range(common.size())):
+        world = common.size()
+        common.shutdown()
+        raise NotImplementedError(
+            f"init(comm=...) names ranks {sorted(requested_world)}, but this job has {world} ranks and "
+            "hpcdl's world is always all of them. Launch only the ranks you need, or keep them all and "
+            "pass hvd.ProcessSet(ranks) as process_set= to the collectives."
+        )
+    _sets.bind_registered(sets)
+    _gpu.on_init()
+    if not _atexit_registered:
+        atexit.register(shutdown)
+        _atexit_registered = True
+
+
+def _requested_world(comm: Any) -> Optional[list[int]]:
+    if comm is None:
+        return None
+    if hasattr(comm, "Get_group") and hasattr(comm, "Get_size"):
+        return _sets.comm_world_ranks(comm)
+    try:
+        ranks = [int(r) for r in comm]
+    except TypeError:
+        raise ValueError(
+            "Invalid type of argument comm. Expected list of rank integers or mpi4py.MPI.Comm object."
+        ) from None
+    return ranks or None
+
+
+def shutdown() -> None:
+    """Stop hpcdl in this process (pending async handles are dropped). Safe to call twice."""
+    _handles.reset()
+    _gpu.on_shutdown()
+    if common.is_initialized():
+        common.shutdown()
+
+
+def is_initialized() -> bool:
+    return common.is_initialized()
+
+
+def size() -> int:
+    """Number of ranks in the job."""
+    return common.size()
+
+
+def local_size() -> int:
+    """Number of ranks on this host."""
+    return common.local_size()
+
+
+def cross_size() -> int:
+    """Number of hosts (ranks that share this process's local rank)."""
+    return common.cross_size()
+
+
+def rank() -> int:
+    """This process's rank in the job."""
+    return common.rank()
+
+
+def local_rank() -> int:
+    """This process's rank on its host (use it to pick the GPU)."""
+    return common.local_rank()
+
+
+def cross_rank() -> int:
+    """The index of this process's host."""
+    return common.cross_rank()
+
+
+def is_homogeneous() -> bool:
+    """True when every host runs the same number of ranks."""
+    return common.is_homogeneous()
+
+
+def mpi_threads_supported() -> bool:
+    return common.mpi_threads_supported()
+
+
+def mpi_enabled() -> bool:
+    """True when the runtime moves data or meets its peers over MPI in this job."""
+    return common.mpi_enabled()
+
+
+def mpi_built() -> bool:
+    """True when the compiled runtime was built with MPI support."""
+    return common.built().mpi.available
+
+
+def gloo_built() -> bool:
+    """True when PyTorch's Gloo backend is present (hpcdl's own TCP controller plays Gloo's role)."""
+    return dist.is_available() and dist.is_gloo_available()
+
+
+def gloo_enabled() -> bool:
+    """True when the job runs on the runtime's non-MPI (TCP/shared memory) controller, Gloo's role in
+    Horovod."""
+    return common.is_initialized() and not common.mpi_enabled()
+
+
+def nccl_built() -> bool:
+    """True when this PyTorch has NCCL, which hpcdl uses for CUDA tensors."""
+    return dist.is_available() and dist.is_nccl_available()
+
+
+def ddl_built() -> bool:
+    return False
+
+
+def ccl_built() -> bool:
+    return False
+
+
+def cuda_built() -> bool:
+    return torch.version.cuda is not None
+
+
+def rocm_built() -> bool:
+    return getattr(torch.version, "hip", None) is not None
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Start writing a Chrome-trace timeline of the engine's operations to ``file_path`` (rank 0 writes)."""
+    if not file_path:
+        raise ValueError("start_timeline needs a file path, e.g. hvd.start_timeline('/tmp/timeline.json')")
+    engine.start_timeline(str(file_path), mark_cycles)
+
+
+def stop_timeline() -> None:
+    """Stop the timeline started by ``start_timeline`` (or ``HPCDL_TIMELINE``) and close the file."""
+    engine.stop_timeline()

@@ -1,0 +1,50 @@
+"""Elastic training basics (Horovod's ``hvd.elastic``): state objects that commit, restore and
+synchronize, an elastic sampler, and the ``run`` decorator that retries after a failed collective.
+
+``run`` catches ``HorovodInternalError`` (a peer was lost or a collective failed), restores the last
+committed state, re-initializes hpcdl (``shutdown(); init()``) and synchronizes the state from rank 0
+before calling the training function again. Adding or removing hosts while the job runs needs a
+launcher that restarts ranks (``hpcdl run`` elastic mode); that part is the launcher's.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+from hpcdl.common.exceptions import HpcdlInternalError
+from hpcdl.torch.basics import init, shutdown
+from hpcdl.torch.elastic.sampler import ElasticSampler
+from hpcdl.torch.elastic.state import HostsUpdatedInterrupt, ObjectState, State, TorchState
+
+
+def _reset() -> None:
+    shutdown()
+    init()
+
+
+def run(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate ``train(state, ...)``: sync ``state`` from rank 0, call ``train``; on a failed collective
+    restore the committed state, re-initialize and try again. No collective may run before the decorated
+    function is called (new ranks would deadlock)."""
+
+    @functools.wraps(func)
+    def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
+        skip_sync = False
+        while True:
+            try:
+                if not skip_sync:
+                    state.sync()
+                return func(state, *args, **kwargs)
+            except HpcdlInternalError:
+                state.restore()
+                skip_sync = False
+            except HostsUpdatedInterrupt as exc:
+                skip_sync = exc.skip_sync
+            _reset()
+            state.on_reset()
+
+    return wrapper
+
+
+__all__ = ["ElasticSampler", "HostsUpdatedInterrupt", "ObjectState", "State", "TorchState", "run"]
