@@ -1,0 +1,253 @@
+"""A real Slurm cluster on this machine for the integration tests.
+
+slurmctld plus one slurmd per fake node (``slurmd -N nodeX``), all on 127.0.0.1 with ports picked free,
+state, logs and spool under one temporary directory, fake GPUs as gres on ``mknod`` character devices
+(Slurm only stat()s them, then sets CUDA_VISIBLE_DEVICES), and a private munged on its own socket so
+nothing outside the directory is touched. Needs root and the Debian packages slurmctld, slurmd,
+slurm-client and munge.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+START_TIMEOUT_S = 60.0
+FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"}
+
+
+def missing_requirements() -> Optional[str]:
+    """Why this machine cannot run the cluster, or None."""
+    if os.geteuid() != 0:
+        return "the Slurm test cluster runs its daemons as root"
+    for program in ("slurmctld", "slurmd", "sbatch", "munged", "mungekey"):
+        if shutil.which(program) is None and not Path(f"/usr/sbin/{program}").exists():
+            return f"{program} is not installed (apt-get install slurmctld slurmd slurm-client munge)"
+    return None
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def _program(name: str) -> str:
+    return shutil.which(name) or f"/usr/sbin/{name}"
+
+
+@dataclass
+class SlurmCluster:
+    base: Path
+    nodes: int = 2
+    gpus_per_node: int = 2
+    cpus_per_node: int = field(default_factory=lambda: os.cpu_count() or 1)
+    features: str = "fast"
+    pids: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def conf(self) -> Path:
+        return self.base / "etc" / "slurm.conf"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    @property
+    def node_names(self) -> list[str]:
+        return [f"node{i}" for i in range(1, self.nodes + 1)]
+
+    # ---- lifecycle --------------------------------------------------------------------------------
+    def start(self) -> SlurmCluster:
+        for sub in ("etc", "state", "run", "log", "spool", "tmp", "dev", "munge"):
+            (self.base / sub).mkdir(parents=True, exist_ok=True)
+        for node in self.node_names:
+            (self.base / "spool" / node).mkdir(exist_ok=True)
+            (self.base / "tmp" / node).mkdir(exist_ok=True)
+        self._start_munge()
+        self._write_config()
+        self._daemon("slurmctld", [_program("slurmctld"), "-f", str(self.conf)], self.base / "run" / "slurmctld.pid")
+        for node in self.node_names:
+            self._daemon(
+                f"slurmd-{node}",
+                [_program("slurmd"), "-f", str(self.conf), "-N", node],
+                self.base / "run" / f"slurmd-{node}.pid",
+            )
+        self._wait_nodes_idle()
+        return self
+
+    def stop(self) -> None:
+        """SIGTERM the Slurm daemons together, then munged; SIGKILL whatever outlives 20 s."""
+        slurm = [name for name in self.pids if name != "munged"]
+        for group in (slurm, ["munged"] if "munged" in self.pids else []):
+            pids = [pid for pid in (self._pid(self.pids[name]) for name in group) if pid is not None]
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+                time.sleep(0.05)
+            for pid in pids:
+                if _alive(pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+
+    # ---- pieces -----------------------------------------------------------------------------------
+    def _start_munge(self) -> None:
+        key = self.base / "munge" / "munge.key"
+        subprocess.run([_program("mungekey"), "-c", "-f", "-k", str(key)], check=True, capture_output=True)
+        key.chmod(0o400)
+        pid_file = self.base / "munge" / "munged.pid"
+        subprocess.run(
+            [
+                _program("munged"),
+                "--force",
+                f"--socket={self.socket}",
+                f"--key-file={key}",
+                f"--pid-file={pid_file}",
+                f"--log-file={self.base / 'log' / 'munged.log'}",
+                f"--seed-file={self.base / 'munge' / 'munged.seed'}",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
+        self.pids["munged"] = pid_file
+
+    @property
+    def socket(self) -> Path:
+        return self.base / "munge" / "munge.socket"
+
+    def _write_config(self) -> None:
+        ctld_port, *node_ports = _free_ports(1 + self.nodes)
+        host = socket.gethostname()
+        gres_types = gres = ""
+        if self.gpus_per_node:
+            for index in range(self.gpus_per_node):
+                device = self.base / "dev" / f"nvidia{index}"
+                if not device.exists():
+                    os.mknod(device, 0o666 | 0o020000, os.makedev(195, index))
+            files = f"{self.base}/dev/nvidia[0-{self.gpus_per_node - 1}]"
+            (self.base / "etc" / "gres.conf").write_text(f"NodeName=node[1-{self.nodes}] Name=gpu File={files}\n")
+            gres_types, gres = "GresTypes=gpu", f"Gres=gpu:{self.gpus_per_node}"
+        (self.base / "etc" / "plugstack.conf").write_text("")
+        nodes = "\n".join(
+            f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} Sockets=1 "
+            f"CoresPerSocket={self.cpus_per_node} ThreadsPerCore=1 RealMemory=2000 {gres} "
+            f"Feature={self.features} State=UNKNOWN"
+            for name, port in zip(self.node_names, node_ports)
+        )
+        self.conf.write_text(
+            f"""ClusterName=hpcdltest
+SlurmctldHost={host}(127.0.0.1)
+SlurmctldPort={ctld_port}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={self.socket}
+CommunicationParameters=NoInAddrAny,NoCtldInAddrAny
+StateSaveLocation={self.base}/state
+SlurmdSpoolDir={self.base}/spool/%n
+TmpFS={self.base}/tmp/%n
+SlurmctldPidFile={self.base}/run/slurmctld.pid
+SlurmdPidFile={self.base}/run/slurmd-%n.pid
+SlurmctldLogFile={self.base}/log/slurmctld.log
+SlurmdLogFile={self.base}/log/slurmd-%n.log
+PlugStackConfig={self.base}/etc/plugstack.conf
+MailProg=/bin/true
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/backfill
+SchedulerParameters=sched_min_interval=0,batch_sched_delay=0
+MpiDefault=none
+ReturnToService=2
+SlurmctldTimeout=30
+SlurmdTimeout=30
+InactiveLimit=0
+MinJobAge=300
+KillWait=5
+Waittime=0
+{gres_types}
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/none
+{nodes}
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+"""
+        )
+
+    def _daemon(self, name: str, argv: list[str], pid_file: Path) -> None:
+        done = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=30)
+        if done.returncode != 0:
+            raise RuntimeError(f"{name} did not start: {done.stderr.strip()}; see {self.base / 'log'}")
+        self.pids[name] = pid_file
+
+    def _wait_nodes_idle(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        states = ""
+        while time.monotonic() < deadline:
+            done = subprocess.run(
+                ["sinfo", "-h", "-N", "-o", "%N %T"], env=self.env, capture_output=True, text=True, timeout=10
+            )
+            states = done.stdout.strip()
+            ready = [line for line in states.splitlines() if line.split()[-1] in ("idle", "mixed", "allocated")]
+            if len(ready) == self.nodes:
+                return
+            time.sleep(0.2)
+        logs = "\n".join(p.read_text()[-800:] for p in sorted((self.base / "log").glob("slurm*.log")))
+        raise RuntimeError(f"Slurm nodes not idle within {START_TIMEOUT_S:.0f}s (sinfo: {states!r}):\n{logs}")
+
+    @staticmethod
+    def _pid(pid_file: Path) -> Optional[int]:
+        try:
+            return int(pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    # ---- helpers for tests ------------------------------------------------------------------------
+    def run(self, argv: list[str], cwd: Optional[Path] = None, timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run(argv, env=self.env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+    def job_field(self, job_id: str, name: str) -> str:
+        out = self.run(["scontrol", "-o", "show", "job", job_id]).stdout
+        match = re.search(rf"\b{name}=(\S*)", out)
+        return match.group(1) if match else ""
+
+    def wait_state(self, job_id: str, states: set[str], timeout: float = 60) -> str:
+        """Poll until the job is in one of ``states``; the state, or AssertionError naming what was seen."""
+        deadline = time.monotonic() + timeout
+        state = ""
+        while time.monotonic() < deadline:
+            state = self.job_field(job_id, "JobState")
+            if state in states:
+                return state
+            time.sleep(0.2)
+        raise AssertionError(f"job {job_id} not in {sorted(states)} within {timeout:.0f}s (last: {state!r})")
+
+    def wait_done(self, job_id: str, timeout: float = 60) -> str:
+        return self.wait_state(job_id, FINAL_STATES, timeout)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
