@@ -78,7 +78,8 @@ def parse_hosts_arg(text: str) -> list[HostSlots]:
 
 
 def parse_hostfile(path: Path) -> list[HostSlots]:
-    """Parse an OpenMPI/Horovod hostfile: ``host [slots=N] [max_slots=M]``, ``#`` comments."""
+    """Parse a hostfile: OpenMPI/Horovod ``host [slots=N] [max_slots=M]`` or MPICH ``host:N`` lines,
+    ``#`` comments."""
     try:
         lines = path.read_text().splitlines()
     except OSError as exc:
@@ -90,8 +91,9 @@ def parse_hostfile(path: Path) -> list[HostSlots]:
             continue
         where = f"{path}:{number}"
         fields = line.split()
-        name = _check_host(fields[0], where)
-        slots = 1
+        name, sep, mpich_slots = fields[0].partition(":")
+        _check_host(name, where)
+        slots = _parse_slots(mpich_slots, where) if sep else 1
         for field in fields[1:]:
             key, sep, value = field.partition("=")
             if sep and key == "slots":
