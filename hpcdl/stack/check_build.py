@@ -44,7 +44,9 @@ def _torch_capability() -> Capability:
     try:
         importlib.import_module("hpcdl.torch")
     except Exception as exc:
-        return Capability("PyTorch", False, f"torch {version} is installed but hpcdl.torch fails to import: {exc}")
+        return Capability(
+            "PyTorch", False, f"torch {version} is installed but hpcdl.torch fails to import: {exc}"
+        )
     return Capability("PyTorch", True, detail=f"torch {version}")
 
 
