@@ -8,6 +8,7 @@ limits are errors that list what is valid.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
@@ -40,6 +41,20 @@ SCHEMA: dict[str, tuple[type, str]] = {
     "pbs_chunk_resources": (list, "site-defined PBS chunk resources such as system=polaris"),
     "python": (str, "interpreter that runs a COMMAND ending in .py"),
 }
+
+
+class _SiteLoader(yaml.SafeLoader):
+    """YAML 1.1 without sexagesimal numbers: ``walltime: 1:30:00`` stays a string, not 5400."""
+
+
+_SiteLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_SiteLoader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?[0-9]+$"), list("-+0123456789"))
+_SiteLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?([0-9]+\.[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$"), list("-+.0123456789")
+)
 
 
 def _site_files(explicit: Optional[Path]) -> list[Path]:
@@ -194,7 +209,7 @@ def load_site(explicit: Optional[Path] = None) -> SiteConfig:
                 raise SiteConfigError(f"site file {path} does not exist; fix the path or unset HPCDL_SITE")
             continue
         try:
-            data = yaml.safe_load(path.read_text())
+            data = yaml.load(path.read_text(), Loader=_SiteLoader)  # noqa: S506 - a SafeLoader
         except (OSError, yaml.YAMLError) as exc:
             raise SiteConfigError(f"{path}: cannot read it as YAML: {exc}") from None
         config = config.merged(data, str(path))
