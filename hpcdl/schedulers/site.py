@@ -48,12 +48,18 @@ class _SiteLoader(yaml.SafeLoader):
 
 
 _SiteLoader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+    first: [
+        (tag, regexp)
+        for tag, regexp in resolvers
+        if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+    ]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 _SiteLoader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?[0-9]+$"), list("-+0123456789"))
 _SiteLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float", re.compile(r"^[-+]?([0-9]+\.[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$"), list("-+.0123456789")
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?([0-9]+\.[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$"),
+    list("-+.0123456789"),
 )
 
 
@@ -187,8 +193,9 @@ class SiteConfig:
             if used > self.cpus_per_node:
                 raise SiteConfigError(
                     f"{job.resolved_ranks_per_node} ranks x {job.resolved_cpus_per_rank} CPUs = {used} "
-                    f"CPUs per node, but nodes here have {self.cpus_per_node} ({self.origin('cpus_per_node')}); lower "
-                    f"--ranks-per-node or --cpus-per-rank"
+                    f"CPUs per node, but nodes here have {self.cpus_per_node} "
+                    f"({self.origin('cpus_per_node')}); "
+                    "lower --ranks-per-node or --cpus-per-rank"
                 )
         if self.max_walltime is not None:
             limit = parse_walltime(self.max_walltime)
@@ -209,7 +216,7 @@ def load_site(explicit: Optional[Path] = None) -> SiteConfig:
                 raise SiteConfigError(f"site file {path} does not exist; fix the path or unset HPCDL_SITE")
             continue
         try:
-            data = yaml.load(path.read_text(), Loader=_SiteLoader)  # noqa: S506 - a SafeLoader
+            data = yaml.load(path.read_text(), Loader=_SiteLoader)
         except (OSError, yaml.YAMLError) as exc:
             raise SiteConfigError(f"{path}: cannot read it as YAML: {exc}") from None
         config = config.merged(data, str(path))

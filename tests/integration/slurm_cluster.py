@@ -57,6 +57,7 @@ class SlurmCluster:
     gpus_per_node: int = 2
     cpus_per_node: int = field(default_factory=lambda: os.cpu_count() or 1)
     features: str = "fast"
+    pbs_plugin: bool = False  # spank_pbs.so from slurm-wlm-torque: PBS_* variables in jobs
     pids: dict[str, Path] = field(default_factory=dict)
 
     @property
@@ -80,7 +81,9 @@ class SlurmCluster:
             (self.base / "tmp" / node).mkdir(exist_ok=True)
         self._start_munge()
         self._write_config()
-        self._daemon("slurmctld", [_program("slurmctld"), "-f", str(self.conf)], self.base / "run" / "slurmctld.pid")
+        self._daemon(
+            "slurmctld", [_program("slurmctld"), "-f", str(self.conf)], self.base / "run" / "slurmctld.pid"
+        )
         for node in self.node_names:
             self._daemon(
                 f"slurmd-{node}",
@@ -142,9 +145,13 @@ class SlurmCluster:
                 if not device.exists():
                     os.mknod(device, 0o666 | 0o020000, os.makedev(195, index))
             files = f"{self.base}/dev/nvidia[0-{self.gpus_per_node - 1}]"
-            (self.base / "etc" / "gres.conf").write_text(f"NodeName=node[1-{self.nodes}] Name=gpu File={files}\n")
+            (self.base / "etc" / "gres.conf").write_text(
+                f"NodeName=node[1-{self.nodes}] Name=gpu File={files}\n"
+            )
             gres_types, gres = "GresTypes=gpu", f"Gres=gpu:{self.gpus_per_node}"
-        (self.base / "etc" / "plugstack.conf").write_text("")
+        plugin = Path("/usr/lib/x86_64-linux-gnu/slurm-wlm/spank_pbs.so")
+        plugstack = f"required {plugin}\n" if self.pbs_plugin and plugin.exists() else ""
+        (self.base / "etc" / "plugstack.conf").write_text(plugstack)
         nodes = "\n".join(
             f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} Sockets=1 "
             f"CoresPerSocket={self.cpus_per_node} ThreadsPerCore=1 RealMemory=2000 {gres} "
@@ -207,7 +214,9 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
                 ["sinfo", "-h", "-N", "-o", "%N %T"], env=self.env, capture_output=True, text=True, timeout=10
             )
             states = done.stdout.strip()
-            ready = [line for line in states.splitlines() if line.split()[-1] in ("idle", "mixed", "allocated")]
+            ready = [
+                line for line in states.splitlines() if line.split()[-1] in ("idle", "mixed", "allocated")
+            ]
             if len(ready) == self.nodes:
                 return
             time.sleep(0.2)
@@ -222,7 +231,9 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             return None
 
     # ---- helpers for tests ------------------------------------------------------------------------
-    def run(self, argv: list[str], cwd: Optional[Path] = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    def run(
+        self, argv: list[str], cwd: Optional[Path] = None, timeout: float = 60
+    ) -> subprocess.CompletedProcess:
         return subprocess.run(argv, env=self.env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
     def job_field(self, job_id: str, name: str) -> str:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
-import shlex
+import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 from slurm_cluster import SlurmCluster, missing_requirements
 
 from hpcdl.schedulers import ArraySpec, SignalSpec, SiteConfig, Slurm, Sweep, render_script
+from hpcdl.schedulers.pbs import Pbs
 
 pytestmark = pytest.mark.skipif(missing_requirements() is not None, reason=str(missing_requirements()))
 
@@ -35,10 +37,13 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def hpcdl(cluster: SlurmCluster, workdir: Path, *args: str) -> tuple[int, str, str]:
     env = {**cluster.env, "XDG_STATE_HOME": str(workdir / "state")}
-    import subprocess
-
     done = subprocess.run(
-        [sys.executable, "-m", "hpcdl", *args], env=env, cwd=workdir, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "hpcdl", *args],
+        env=env,
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     return done.returncode, done.stdout, done.stderr
 
@@ -64,7 +69,9 @@ VARIANTS = {
     "sweep": dict(sweep=Sweep.parse(["LR=0.1,0.01", "BS=32,64"])),
     "signal and requeue": dict(signal=SignalSpec.parse("USR2@90"), requeue=True, walltime="10m"),
     "signal only": dict(signal=SignalSpec.parse("TERM@30"), walltime="2h"),
-    "constraint, partition, qos, account": dict(constraint="fast", partition="debug", qos="normal", account="proj"),
+    "constraint, partition, qos, account": dict(
+        constraint="fast", partition="debug", qos="normal", account="proj"
+    ),
     "day-long walltime": dict(walltime="1-00:00:00"),
     "custom output and error": dict(output="logs-{name}.{job_id}.out", error="err-{job_id}.txt"),
     "env, modules, setup": dict(env={"NCCL_DEBUG": "INFO"}, modules=["gcc"], setup=["echo ready"]),
@@ -132,7 +139,10 @@ def test_two_rank_allreduce_through_srun(cluster: SlurmCluster, workdir: Path) -
     state = cluster.wait_done(job_id, timeout=120)
     output = (workdir / f"hpcdl-{job_id}.out").read_text()
     assert state == "COMPLETED", output
-    assert sorted(re.findall(r"rank \d of 2 sum 3\.0", output)) == ["rank 0 of 2 sum 3.0", "rank 1 of 2 sum 3.0"]
+    assert sorted(re.findall(r"rank \d of 2 sum 3\.0", output)) == [
+        "rank 0 of 2 sum 3.0",
+        "rank 1 of 2 sum 3.0",
+    ]
 
 
 def test_sweep_runs_one_array_task_per_point(cluster: SlurmCluster, workdir: Path) -> None:
@@ -188,16 +198,64 @@ def test_signal_before_walltime_reaches_ranks_and_requeues(cluster: SlurmCluster
     cluster.wait_done(job_id)
 
 
-def test_pbs_script_runs_through_slurm_torque_wrapper(cluster: SlurmCluster, tmp_path: Path) -> None:
+# A stand-in for Cray PALS's mpiexec (which only exists on HPE systems): the same options, carried out by
+# srun, with the PALS_* rank variables PALS sets. Only the launcher is stood in; Slurm's own #PBS front end
+# reads the directives and runs the script.
+PALS_MPIEXEC = r"""#!/bin/bash
+set -e
+args=(); env=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -n) args+=(--ntasks="$2"); shift 2 ;;
+    --ppn) args+=(--ntasks-per-node="$2"); shift 2 ;;
+    --depth) args+=(--cpus-per-task="$2"); shift 2 ;;
+    --cpu-bind) shift 2 ;;
+    --env) env+=("$2"); shift 2 ;;
+    -*) echo "pals mpiexec stand-in: unknown option $1" >&2; exit 2 ;;
+    *) break ;;
+  esac
+done
+for kv in "${env[@]}"; do export "$kv"; done
+pals='export PALS_RANKID=$SLURM_PROCID PALS_LOCAL_RANKID=$SLURM_LOCALID; exec "$@"'
+exec srun "${args[@]}" bash -c "$pals" pals "$@"
+"""
+
+
+def test_pbs_script_runs_through_slurms_pbs_front_end(tmp_path: Path) -> None:
     qsub = Path("/usr/bin/qsub")
-    if not qsub.exists() or "SchedMD" not in qsub.read_text(errors="replace")[:2000]:
+    if not qsub.exists() or "SchedMD" not in qsub.read_text(errors="replace")[:4000]:
         pytest.skip("Slurm's PBS wrappers are not installed (apt-get install slurm-wlm-torque)")
-    pytest.skip("placeholder")
+    shim = tmp_path / "pals"
+    shim.mkdir()
+    (shim / "mpiexec").write_text(PALS_MPIEXEC)
+    (shim / "mpiexec").chmod(0o755)
+    with tempfile.TemporaryDirectory(prefix="hpcdl-slurm-pbs-") as base:
+        cluster = SlurmCluster(Path(base), nodes=2, gpus_per_node=2, pbs_plugin=True).start()
+        try:
+            site = SiteConfig.from_mapping({"setup": [f"export PATH={shim}:$PATH"]}, "test site")
+            probe = (
+                'echo "rank=$PALS_RANKID local=$PALS_LOCAL_RANKID cvd=$CUDA_VISIBLE_DEVICES pbs=$PBS_JOBID"'
+            )
+            job = site.make_job(
+                ["bash", "-c", probe], nodes=2, gpus_per_node=2, walltime="5m", job_name="pbsjob"
+            )
+            (tmp_path / "job.pbs").write_text(render_script(Pbs(), job, site))
+            done = cluster.run(["qsub", "job.pbs"], cwd=tmp_path)
+            assert done.returncode == 0, done.stderr
+            job_id = done.stdout.strip()
+            assert cluster.wait_done(job_id) == "COMPLETED"
+            assert cluster.job_field(job_id, "NumNodes") == "2"  # from "-l select=2:..."
+            assert cluster.job_field(job_id, "JobName") == "pbsjob"
+            assert cluster.job_field(job_id, "TimeLimit") == "00:05:00"
+            output = "".join(p.read_text() for p in sorted(tmp_path.glob(f"*.o{job_id}")))
+            lines = sorted(line for line in output.splitlines() if line.startswith("rank="))
+            # two nodes x two GPUs: four ranks placed block-wise, each pinned to its node-local GPU
+            assert lines == [f"rank={r} local={r % 2} cvd={r % 2} pbs={job_id}" for r in range(4)], output
+        finally:
+            cluster.stop()
 
 
 def _wait_for_text(path: Path, needles: list[str], timeout: float = 60) -> None:
-    import time
-
     deadline = time.monotonic() + timeout
     text = ""
     while time.monotonic() < deadline:
@@ -206,7 +264,3 @@ def _wait_for_text(path: Path, needles: list[str], timeout: float = 60) -> None:
             return
         time.sleep(0.2)
     raise AssertionError(f"{path} did not show {needles} within {timeout:.0f}s; it holds:\n{text}")
-
-
-def _unused() -> None:
-    shlex.quote("")

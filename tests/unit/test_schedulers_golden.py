@@ -12,7 +12,15 @@ from pathlib import Path
 import pytest
 
 from hpcdl._version import __version__
-from hpcdl.schedulers import SCHEDULERS, ArraySpec, SignalSpec, SiteConfig, Sweep, get_scheduler, render_script
+from hpcdl.schedulers import (
+    SCHEDULERS,
+    ArraySpec,
+    SignalSpec,
+    SiteConfig,
+    Sweep,
+    get_scheduler,
+    render_script,
+)
 
 GOLDEN = Path(__file__).parent / "golden" / "batch"
 SITE = SiteConfig.from_mapping(
@@ -21,15 +29,29 @@ SITE = SiteConfig.from_mapping(
 )
 CASES = {
     "gpu-train": dict(
-        command=["train.py", "--epochs", "3"], nodes=2, gpus_per_node=4, cpus_per_rank=8, walltime="2h",
-        job_name="train", account="proj", partition="gpu",
+        command=["train.py", "--epochs", "3"],
+        nodes=2,
+        gpus_per_node=4,
+        cpus_per_rank=8,
+        walltime="2h",
+        job_name="train",
+        account="proj",
+        partition="gpu",
     ),
     "cpu-checkpoint": dict(
-        command=["python3", "-m", "mypkg.train"], nodes=4, ranks_per_node=2, cpus_per_rank=4, walltime="90",
+        command=["python3", "-m", "mypkg.train"],
+        nodes=4,
+        ranks_per_node=2,
+        cpus_per_rank=4,
+        walltime="90",
         signal=SignalSpec.parse("USR2@120"),
     ),
     "sweep": dict(
-        command=["train.py"], nodes=1, gpus_per_node=2, ranks_per_node=4, walltime="00:30:00",
+        command=["train.py"],
+        nodes=1,
+        gpus_per_node=2,
+        ranks_per_node=4,
+        walltime="00:30:00",
         sweep=Sweep.parse(["LR=0.1,0.01", "BS=32,64"]),
     ),
     "array": dict(command=["bash", "run.sh"], array=ArraySpec.parse("1-8"), walltime="15m", output="out.txt"),

@@ -6,15 +6,30 @@ from pathlib import Path
 
 import pytest
 
-from hpcdl.schedulers import ArraySpec, JobSpecError, SignalSpec, SiteConfig, SiteConfigError, Sweep, load_site
+from hpcdl.schedulers import (
+    ArraySpec,
+    JobSpecError,
+    SignalSpec,
+    SiteConfig,
+    SiteConfigError,
+    Sweep,
+    load_site,
+)
 from hpcdl.schedulers import site as site_module
 from hpcdl.schedulers.job import JobSpec, parse_walltime
 
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("01:00:00", 3600), ("1-02:03:04", 93784), ("90", 5400), ("2h", 7200), ("45s", 45), ("1d", 86400),
-     ("36:00:00", 129600)],
+    [
+        ("01:00:00", 3600),
+        ("1-02:03:04", 93784),
+        ("90", 5400),
+        ("2h", 7200),
+        ("45s", 45),
+        ("1d", 86400),
+        ("36:00:00", 129600),
+    ],
 )
 def test_walltime_forms(text: str, seconds: int) -> None:
     assert parse_walltime(text) == seconds
@@ -101,7 +116,9 @@ def site_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Pat
 def test_site_files_merge_with_explicit_over_env_over_user_over_system(
     site_files: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    site_files["system"].write_text("scheduler: slurm\naccount: sys\npartition: batch\nqos: low\ngpus_per_node: 4\n")
+    site_files["system"].write_text(
+        "scheduler: slurm\naccount: sys\npartition: batch\nqos: low\ngpus_per_node: 4\n"
+    )
     site_files["user"].write_text("account: user\npartition: gpu\nqos: normal\n")
     site_files["env"].write_text("partition: debug\nqos: high\n")
     site_files["explicit"].write_text("qos: top\n")
@@ -118,7 +135,9 @@ def test_no_site_files_means_plain_defaults(site_files: dict[str, Path]) -> None
     assert site.scheduler == "auto" and site.gpus_per_node is None
 
 
-def test_missing_named_site_file_is_an_error(site_files: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_named_site_file_is_an_error(
+    site_files: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("HPCDL_SITE", str(site_files["env"]))
     with pytest.raises(SiteConfigError, match="does not exist"):
         load_site()
@@ -162,7 +181,12 @@ def test_site_defaults_fill_the_job_and_flags_win() -> None:
         "site.yaml",
     )
     job = site.make_job(["train.py"], nodes=2, modules=["mine"], env={"B": "2"})
-    assert (job.account, job.gpus_per_node, job.resolved_ranks_per_node, job.cpus_per_rank) == ("proj", 4, 4, 16)
+    assert (job.account, job.gpus_per_node, job.resolved_ranks_per_node, job.cpus_per_rank) == (
+        "proj",
+        4,
+        4,
+        16,
+    )
     assert job.modules == ["cuda", "mine"] and job.env == {"A": "1", "B": "2"}
     assert site.make_job(["x"], account="other", gpus_per_node=0).account == "other"
 

@@ -128,7 +128,10 @@ FLUX = golden("flux-gpu-train.sh")
     [
         (("# flux: -t 120m", "# flux: -t 2:00:00"), "-t 2:00:00 is not a Flux duration"),
         (("# flux: -N 2", "# flux: -N 1"), "flux run -N 2 asks for more nodes than the batch job has (1)"),
-        (("# flux: --exclusive", "# flux: --exclusive\n# flux: --cc=0-9:2"), "--cc=0-9:2 is not a Flux idset"),
+        (
+            ("# flux: --exclusive", "# flux: --exclusive\n# flux: --cc=0-9:2"),
+            "--cc=0-9:2 is not a Flux idset",
+        ),
         (("# flux: --exclusive", "# flux: --gpus=4"), "does not know the option '--gpus=4'"),
         (("flux run -N 2 -n 8", "flux run -N 2 -n 1"), "fewer tasks than nodes"),
     ],
@@ -171,10 +174,16 @@ def test_a_script_without_interpreter_line_is_rejected() -> None:
         ("pbs", dict(array=ArraySpec.parse("1,3,5")), "must be a range"),
         ("pbs", dict(output="{name}-{job_id}.out"), "PBS cannot put the job id"),
         ("pbs", dict(qos="high"), "PBS has no QoS"),
-        ("flux", dict(output="x-{array_index}.out", sweep=Sweep.parse(["A=1,2"])), "cannot hold {array_index}"),
+        (
+            "flux",
+            dict(output="x-{array_index}.out", sweep=Sweep.parse(["A=1,2"])),
+            "cannot hold {array_index}",
+        ),
     ],
 )
-def test_requests_a_scheduler_cannot_express_are_refused(scheduler: str, settings: dict, message: str) -> None:
+def test_requests_a_scheduler_cannot_express_are_refused(
+    scheduler: str, settings: dict, message: str
+) -> None:
     site = SiteConfig()
     job = site.make_job(["x"], walltime="10m", **settings)
     with pytest.raises(JobSpecError, match=message.replace("(", "\\(")):

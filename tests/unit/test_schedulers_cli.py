@@ -1,0 +1,125 @@
+"""``hpcdl submit`` (dry runs, script files, errors) and scheduler detection from PATH."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from hpcdl.cli.main import app
+from hpcdl.schedulers import SchedulerError, detect_scheduler
+from hpcdl.schedulers import site as site_module
+
+
+@pytest.fixture(autouse=True)
+def no_site_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(site_module, "SYSTEM_SITE_FILE", tmp_path / "no-system-site.yaml")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("HPCDL_SITE", raising=False)
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(app, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_dry_run_prints_the_script_and_keeps_the_commands_own_options() -> None:
+    code, out, err = invoke(
+        "submit", "-s", "slurm", "--dry-run", "-N", "2", "-g", "4", "train.py", "--lr", "0.1", "-N", "9"
+    )
+    assert code == 0, err
+    assert out.startswith("#!/bin/bash\n#SBATCH --job-name=hpcdl\n#SBATCH --nodes=2\n")
+    assert "--gpus-per-node=4" in out
+    assert out.rstrip().endswith("hpcdl-rank python3 train.py --lr 0.1 -N 9")
+
+
+def test_output_file_is_written_and_never_overwritten_without_force(tmp_path: Path) -> None:
+    target = tmp_path / "job.sh"
+    code, _, err = invoke("submit", "-s", "pbs", "--dry-run", "-o", str(target), "-t", "30", "x.py")
+    assert code == 0 and "wrote" in err
+    first = target.read_text()
+    assert "#PBS -l walltime=00:30:00" in first and os.access(target, os.X_OK)
+
+    code, _, err = invoke("submit", "-s", "pbs", "--dry-run", "-o", str(target), "-t", "45", "x.py")
+    assert code == 2 and "already exists; pass --force" in err
+    assert target.read_text() == first
+
+    code, _, err = invoke(
+        "submit", "-s", "pbs", "--dry-run", "-o", str(target), "--force", "-t", "45", "x.py"
+    )
+    assert code == 0 and "walltime=00:45:00" in target.read_text()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-t", "5:00", "x.py"], "walltime '5:00' is not in a form"),
+        (["--requeue", "x.py"], "--requeue needs --signal"),
+        (["--env", "NOEQUALS", "x.py"], "must be NAME=VALUE"),
+        (["--array", "3-1", "x.py"], "need START <= STOP"),
+        (["-s", "sge", "x.py"], "unknown scheduler 'sge'"),
+        (["-s", "cobalt", "--sweep", "A=1,2", "x.py"], "cobalt has no job arrays"),
+    ],
+)
+def test_bad_requests_exit_2_with_a_message(args: list[str], message: str) -> None:
+    code, out, err = invoke("submit", "--dry-run", *(["-s", "slurm"] if "-s" not in args else []), *args)
+    assert code == 2 and message in err and out == ""
+
+
+def test_site_file_given_on_the_command_line_sets_defaults_and_limits(tmp_path: Path) -> None:
+    site = tmp_path / "site.yaml"
+    site.write_text("scheduler: lsf\naccount: PROJ123\ngpus_per_node: 6\ncpus_per_node: 42\n")
+    code, out, err = invoke("submit", "--site", str(site), "--dry-run", "-N", "2", "train.py")
+    assert code == 0, err
+    assert "#BSUB -P PROJ123" in out and "jsrun -n 12 -r 6 -a 1 -c 7 -g 1" in out
+    code, _, err = invoke("submit", "--site", str(site), "--dry-run", "-g", "8", "train.py")
+    assert code == 2 and "8 GPUs per node requested, but nodes here have 6" in err
+
+
+# ---- detection ------------------------------------------------------------------------------------------
+def _tool(directory: Path, name: str, output: str = "") -> None:
+    path = directory / name
+    path.write_text(f"#!/bin/sh\necho '{output}'\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+@pytest.mark.parametrize(
+    ("tools", "expected"),
+    [
+        ({"sbatch": "", "qsub": ""}, "slurm"),
+        ({"bsub": ""}, "lsf"),
+        ({"qsub": "pbs_version = 2022.1.1"}, "pbs"),
+        ({"qsub": "", "cqstat": ""}, "cobalt"),
+        ({"flux": ""}, "flux"),
+    ],
+)
+def test_scheduler_detected_from_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tools: dict[str, str], expected: str
+) -> None:
+    for name, output in tools.items():
+        _tool(tmp_path, name, output)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("FLUX_URI", raising=False)
+    assert detect_scheduler() == expected
+
+
+def test_flux_instance_wins_inside_another_schedulers_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _tool(tmp_path, "sbatch")
+    _tool(tmp_path, "flux")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("FLUX_URI", "local:///tmp/flux")
+    assert detect_scheduler() == "flux"
+
+
+def test_no_scheduler_on_path_says_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _tool(tmp_path, "qsub", "something else")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(SchedulerError, match="--scheduler slurm\\|pbs\\|cobalt\\|lsf\\|flux"):
+        detect_scheduler()
+    code, _, err = invoke("submit", "--dry-run", "x.py")
+    assert code == 2 and "no batch scheduler found on PATH" in err
