@@ -198,12 +198,16 @@ class RemoteRank(_RankEnding):
             stdin.flush()
 
     def _on_stderr(self, line: bytes) -> None:
-        text = line.decode(errors="replace").rstrip("\n")
-        words = text.split()
-        if len(words) == 3 and words[0] == self._token and words[1] == "exit":
-            self._status = int(words[2])
-        else:
+        token = self._token.encode()
+        at = line.find(token)
+        if at < 0:
             self.output.write_line("stderr", line)
+            return
+        if at > 0:  # the rank's last stderr line had no newline
+            self.output.write_line("stderr", line[:at])
+        words = line[at:].split()
+        if len(words) == 3 and words[1] == b"exit":
+            self._status = int(words[2])
 
     @property
     def pid(self) -> int:
@@ -211,16 +215,18 @@ class RemoteRank(_RankEnding):
 
     def poll(self) -> Outcome | None:
         returncode = self._popen.poll()
-        if returncode is None:
-            return None
-        self.threads[1].join(timeout=2.0)  # the status line comes on stderr
+        if returncode is None or self._outcome is not None:
+            return self._outcome
+        self.threads[1].join(timeout=DRAIN_SECONDS)  # the status line comes on stderr
         if self._status is not None:
-            return Outcome.from_returncode(self._status)
-        if returncode == 255:
-            return Outcome(exit_code=255, note=f"ssh to {self.slot.host} failed; see its stderr above")
-        return Outcome(
-            exit_code=returncode, note="the remote agent ended without reporting the rank's status"
-        )
+            self._outcome = Outcome.from_returncode(self._status)
+        elif returncode == 255:
+            self._outcome = Outcome(exit_code=255, note=f"ssh to {self.slot.host} failed; see its stderr")
+        else:
+            self._outcome = Outcome(
+                exit_code=returncode, note="the remote agent did not report the rank's status"
+            )
+        return self._outcome
 
     def send_signal(self, signum: int) -> None:
         self._control(f"signal {int(signum)}")

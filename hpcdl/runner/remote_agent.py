@@ -59,16 +59,18 @@ def main() -> None:
     except OSError as exc:
         sys.stderr.write(f"hpcdl run: cannot start {spec['argv'][0]}: {exc.strerror}\n")
         sys.stderr.write(f"{spec['token']} exit 127\n")
-        sys.exit(127)
+        sys.stderr.flush()
+        os._exit(127)
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(signum, lambda received, _frame: _signal_group(child.pid, received))
     threading.Thread(target=_follow_control, args=(stdin, child), daemon=True).start()
     returncode = child.wait()
     _signal_group(child.pid, signal.SIGKILL)  # nothing the rank started outlives it
-    sys.stderr.flush()
+    sys.stdout.flush()
     sys.stderr.write(f"{spec['token']} exit {returncode}\n")
     sys.stderr.flush()
-    sys.exit(returncode if returncode >= 0 else 128 - returncode)
+    # os._exit: the control thread may sit in a read of stdin, which blocks interpreter shutdown.
+    os._exit(returncode if returncode >= 0 else 128 - returncode)
 
 
 if __name__ == "__main__":

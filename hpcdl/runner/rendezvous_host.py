@@ -29,7 +29,14 @@ def host_rendezvous(size: int) -> tuple[RendezvousHandle, str] | None:
         secret = make_secret()
         server = RendezvousServer(size, secret)
         server.start()
-    except (ImportError, HpcdlError) as exc:
+    except (ImportError, HpcdlError, OSError) as exc:
         print(f"hpcdl run: warning: no rendezvous server for the ranks ({exc})", file=sys.stderr)
+        return None
+    except AttributeError as exc:  # a runtime library older than this Python code
+        print(
+            f"hpcdl run: warning: no rendezvous server for the ranks: the installed runtime library lacks "
+            f"{exc.args[0].rsplit(' ', 1)[-1]}; rebuild it with 'pip install -e .' in the source tree",
+            file=sys.stderr,
+        )
         return None
     return server, secret

@@ -41,7 +41,7 @@ import os, signal, subprocess, sys, time
 rank = int(os.environ["HPCDL_RANK"])
 out = sys.argv[1]
 child = subprocess.Popen(["sleep", "60"])
-for name, pid in (("rank", os.getpid()), ("child", child.pid)):
+for name, pid in (("child", child.pid), ("rank", os.getpid())):
     with open(f"{out}/{name}{rank}.tmp", "w") as f:
         f.write(str(pid))
     os.rename(f"{out}/{name}{rank}.tmp", f"{out}/{name}{rank}.pid")
