@@ -60,7 +60,8 @@ def run_probe(command: list[str], timeout: float = PROBE_TIMEOUT_S, env: dict | 
     return done.stdout + done.stderr if done.returncode == 0 else None
 
 
-def _driver() -> tuple[str | None, list[str]]:
+def detect_driver() -> tuple[str | None, list[str]]:
+    """The NVIDIA driver version (nvidia-smi, else /proc/driver/nvidia/version) and the GPU names."""
     out = run_probe(["nvidia-smi", "--query-gpu=driver_version,name", "--format=csv,noheader"])
     if out:
         rows = [line.split(",", 1) for line in out.strip().splitlines() if "," in line]
@@ -271,7 +272,18 @@ def _torch() -> Found | None:
 
 
 def _hpcdl() -> dict:
-    runtime = built()
+    try:
+        runtime = built()
+    except Exception as exc:  # a runtime that does not match its Python side is a finding, not a crash
+        return {
+            "version": "",
+            "library": "",
+            "loaded": False,
+            "load_error": f"{type(exc).__name__}: {exc}",
+            "mpi": False,
+            "mpi_detail": "",
+            "mpi_reason": "",
+        }
     return {
         "version": runtime.version,
         "library": runtime.library,
@@ -284,7 +296,7 @@ def _hpcdl() -> dict:
 
 
 def detect() -> Detection:
-    driver, gpus = _driver()
+    driver, gpus = detect_driver()
     toolkits = []
     for root in _cuda_roots():
         version = _cuda_version(root) if (root / "include" / "cuda_runtime_api.h").is_file() else None

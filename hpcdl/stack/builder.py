@@ -1,0 +1,356 @@
+"""``hpcdl stack build``: fetch, verify, unpack, build and install a lockfile's packages in dependency order.
+
+Layout under PREFIX: ``<name>/<version>-<hash>/`` per package (``.hpcdl/install.json`` inside marks a
+finished install), ``.hpcdl/cache/`` for verified downloads, ``.hpcdl/stage/`` for unpacked sources and
+``.hpcdl/logs/<name>-<version>-<hash>.log`` for every command's output. A failed package leaves its log
+and stage; running the build again skips what is installed and retries the rest. An install directory
+this builder did not start is never touched without ``force``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+from hpcdl.common.exceptions import HpcdlError
+from hpcdl.stack.fetch import fetch, unpack
+from hpcdl.stack.lockfile import Lock, LockedPackage
+from hpcdl.stack.recipe import Recipe
+
+STEP_TIMEOUT_S = 4 * 3600.0
+MARKER_DIR = ".hpcdl"
+INSTALLED = "install.json"
+BUILDING = "building"
+
+
+class BuildError(HpcdlError):
+    """A package failed to build; the message names the step, the log and its last lines."""
+
+
+def site_packages(prefix: Path) -> Path:
+    """Where `pip install --prefix PREFIX` puts pure-Python packages for this interpreter."""
+    scheme = "posix_prefix" if os.name == "posix" else "nt"
+    return Path(sysconfig.get_path("purelib", scheme, vars={"base": str(prefix), "platbase": str(prefix)}))
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    prefix: Path
+    mirror: str | None = None
+    jobs: int = 1
+    dry_run: bool = False
+    force: bool = False
+    verify: bool = True
+    step_timeout: float = STEP_TIMEOUT_S
+
+
+@dataclass
+class PackagePlan:
+    package: LockedPackage
+    recipe: Recipe
+    install_dir: Path
+    log: Path
+    stage: Path
+    state: str  # "installed" (nothing to do) or "build"
+    commands: list[list[str]] = field(default_factory=list)
+
+
+@dataclass
+class BuildReport:
+    built: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    plans: list[PackagePlan] = field(default_factory=list)
+
+
+class _Deps(SimpleNamespace):
+    """`{deps.NAME.prefix}` in recipes; a missing NAME is a recipe error, not a KeyError."""
+
+    def __getattr__(self, name: str) -> SimpleNamespace:
+        raise BuildError(f"the recipe refers to deps.{name}, which is not a dependency in the lockfile")
+
+
+def install_dir(prefix: Path, package: LockedPackage) -> Path:
+    return prefix / package.name / package.install_name
+
+
+def is_installed(directory: Path) -> bool:
+    return (directory / MARKER_DIR / INSTALLED).is_file()
+
+
+class Builder:
+    def __init__(
+        self, lock: Lock, recipes: dict[str, Recipe], options: BuildOptions, progress: Callable[[str], None]
+    ):
+        missing = [p.name for p in lock.packages if p.name not in recipes]
+        if missing:
+            raise BuildError(f"no recipe for {', '.join(missing)}; add a recipe directory with --recipes DIR")
+        self.lock = lock
+        self.recipes = recipes
+        self.options = options
+        self.prefix = options.prefix.resolve()
+        self.progress = progress
+
+    # -- planning ------------------------------------------------------------------------------------------
+    def plan(self) -> list[PackagePlan]:
+        plans = []
+        for package in self.lock.packages:
+            directory = install_dir(self.prefix, package)
+            tag = f"{package.name}-{package.install_name}"
+            state = "installed" if is_installed(directory) and not self.options.force else "build"
+            foreign = directory.exists() and not (directory / MARKER_DIR / BUILDING).exists()
+            if state == "build" and foreign and not self.options.force:
+                raise BuildError(
+                    f"{directory} exists and was not made by this builder; move it away or pass --force "
+                    "to replace it"
+                )
+            plan = PackagePlan(
+                package,
+                self.recipes[package.name],
+                directory,
+                self.prefix / MARKER_DIR / "logs" / f"{tag}.log",
+                self.prefix / MARKER_DIR / "stage" / tag,
+                state,
+            )
+            plan.commands = self._commands(plan, source_root=plan.stage / "src0")
+            plans.append(plan)
+        return plans
+
+    def _context(self, plan: PackagePlan) -> dict:
+        deps = _Deps()
+        for name in self._closure(plan.package):
+            dep = self.lock.package(name)
+            version = dep.version
+            info = SimpleNamespace(
+                prefix=str(install_dir(self.prefix, dep)),
+                version=version,
+                nodot="".join(version.split(".")[:2]),
+            )
+            setattr(deps, name, info)
+            for virtual in self.recipes[name].provides:
+                setattr(deps, virtual, info)
+        return {
+            "prefix": str(plan.install_dir),
+            "version": plan.package.version,
+            "jobs": self.options.jobs,
+            "deps": deps,
+            "site_packages": str(site_packages(plan.install_dir)),
+        }
+
+    def _format(self, text: str, plan: PackagePlan) -> str:
+        try:
+            return text.format(**self._context(plan))
+        except (KeyError, AttributeError, IndexError) as exc:
+            raise BuildError(f"{plan.recipe.path}: cannot fill in '{text}': {exc}") from None
+
+    def _args(self, plan: PackagePlan) -> list[str]:
+        variants = plan.package.variants
+        return [
+            self._format(arg.arg, plan)
+            for arg in plan.recipe.build.args
+            if arg.when is None or arg.when.matches(plan.package.version, variants)
+        ]
+
+    def _commands(self, plan: PackagePlan, source_root: Path) -> list[list[str]]:
+        system, args, jobs = plan.recipe.build.system, self._args(plan), str(self.options.jobs)
+        target = str(plan.install_dir)
+        if system == "autotools":
+            commands = (
+                []
+                if (source_root / "configure").exists() or self.options.dry_run
+                else [["autoreconf", "-fi"]]
+            )
+            return [
+                *commands,
+                ["./configure", f"--prefix={target}", *args],
+                ["make", f"-j{jobs}"],
+                ["make", "install"],
+            ]
+        if system == "cmake":
+            build = str(plan.stage / "build")
+            return [
+                [
+                    "cmake",
+                    "-S",
+                    ".",
+                    "-B",
+                    build,
+                    f"-DCMAKE_INSTALL_PREFIX={target}",
+                    "-DCMAKE_BUILD_TYPE=Release",
+                    *args,
+                ],
+                ["cmake", "--build", build, "--parallel", jobs],
+                ["cmake", "--install", build],
+            ]
+        if system == "make":
+            return [
+                ["make", f"-j{jobs}", f"PREFIX={target}", *args],
+                ["make", "install", f"PREFIX={target}", *args],
+            ]
+        if system == "pip":
+            sources = self.recipes[plan.package.name].version(plan.package.version).sources
+            what = "<fetched archive>" if sources else self._format(plan.recipe.build.requirement, plan)
+            command = [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--prefix",
+                target,
+                "--no-warn-script-location",
+            ]
+            if self.options.mirror and "://" not in self.options.mirror:
+                command += ["--find-links", str(Path(self.options.mirror).resolve())]
+            return [[*command, *args, what]]
+        return [["copy", "<unpacked sources>", target]]
+
+    def _closure(self, package: LockedPackage) -> list[str]:
+        seen: list[str] = []
+        stack = list(package.depends_on)
+        while stack:
+            name = stack.pop()
+            if name not in seen:
+                seen.append(name)
+                stack += self.lock.package(name).depends_on
+        return seen
+
+    # -- building --------------------------------------------------------------------------------------------
+    def run(self) -> BuildReport:
+        plans = self.plan()
+        report = BuildReport(plans=plans)
+        total = len(plans)
+        for index, plan in enumerate(plans, 1):
+            head = f"[{index}/{total}] {plan.package.label()} ({plan.package.hash})"
+            if plan.state == "installed":
+                self.progress(f"{head}: already installed in {plan.install_dir}")
+                report.skipped.append(plan.package.name)
+                continue
+            if self.options.dry_run:
+                self._describe(head, plan)
+                continue
+            self._build(head, plan)
+            report.built.append(plan.package.name)
+        return report
+
+    def _describe(self, head: str, plan: PackagePlan) -> None:
+        self.progress(f"{head}: would build with {plan.recipe.build.system} into {plan.install_dir}")
+        for source in self.recipes[plan.package.name].version(plan.package.version).sources:
+            self.progress(f"    fetch {source.filename} (sha256 {source.sha256[:16]}...) from {source.url}")
+        for command in plan.commands:
+            self.progress(f"    $ {shlex.join(command)}")
+
+    def _build(self, head: str, plan: PackagePlan) -> None:
+        if plan.install_dir.exists():  # our own unfinished attempt, or --force
+            shutil.rmtree(plan.install_dir)
+        shutil.rmtree(plan.stage, ignore_errors=True)
+        (plan.install_dir / MARKER_DIR).mkdir(parents=True)
+        (plan.install_dir / MARKER_DIR / BUILDING).write_text(plan.package.label() + "\n")
+        plan.log.parent.mkdir(parents=True, exist_ok=True)
+        with plan.log.open("w") as log:
+            log.write(f"# {plan.package.label()} ({plan.package.hash}) into {plan.install_dir}\n")
+            roots = self._fetch_and_unpack(head, plan, log)
+            source_root = roots[0] if roots else plan.stage
+            source_root.mkdir(parents=True, exist_ok=True)
+            plan.commands = self._commands(plan, source_root)
+            if plan.recipe.build.system == "binary":
+                self.progress(f"{head}: installing")
+                for root in roots:
+                    shutil.copytree(root, plan.install_dir, dirs_exist_ok=True, symlinks=True)
+            else:
+                env = self._environment(plan)
+                for command in plan.commands:
+                    if command[-1] == "<fetched archive>":
+                        command = [*command[:-1], str(self._archives[0])]
+                    self.progress(f"{head}: {shlex.join(command[:3])} ...")
+                    self._run(command, source_root, env, log, plan)
+        (plan.install_dir / MARKER_DIR / BUILDING).unlink()
+        record = {
+            "name": plan.package.name,
+            "version": plan.package.version,
+            "hash": plan.package.hash,
+            "variants": plan.package.variants,
+            "depends_on": plan.package.depends_on,
+        }
+        (plan.install_dir / MARKER_DIR / INSTALLED).write_text(json.dumps(record, indent=2) + "\n")
+        shutil.rmtree(plan.stage, ignore_errors=True)
+        self.progress(f"{head}: installed in {plan.install_dir} (log {plan.log})")
+
+    def _fetch_and_unpack(self, head: str, plan: PackagePlan, log) -> list[Path]:
+        self._archives: list[Path] = []
+        roots = []
+        sources = self.recipes[plan.package.name].version(plan.package.version).sources
+        for number, source in enumerate(sources):
+            self.progress(f"{head}: fetching {source.filename}")
+            archive = fetch(
+                source,
+                plan.package.name,
+                self.prefix / MARKER_DIR / "cache",
+                self.options.mirror,
+                self.options.verify,
+            )
+            log.write(f"# fetched {archive} (sha256 verified: {self.options.verify})\n")
+            self._archives.append(archive)
+            if plan.recipe.build.system != "pip":
+                roots.append(unpack(archive, plan.stage / f"src{number}", source.strip))
+        return roots
+
+    def _environment(self, plan: PackagePlan) -> dict[str, str]:
+        env = dict(os.environ)
+        for name in reversed(self._closure(plan.package)):
+            root = install_dir(self.prefix, self.lock.package(name))
+            for var, sub in (
+                ("PATH", "bin"),
+                ("LD_LIBRARY_PATH", "lib"),
+                ("LIBRARY_PATH", "lib"),
+                ("CPATH", "include"),
+                ("PKG_CONFIG_PATH", "lib/pkgconfig"),
+                ("CMAKE_PREFIX_PATH", ""),
+            ):
+                path = root / sub if sub else root
+                if path.exists():
+                    env[var] = os.pathsep.join(p for p in (str(path), env.get(var, "")) if p)
+            site = site_packages(root)
+            if site.is_dir():
+                env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p)
+        for name, value in plan.recipe.build.env:
+            env[name] = self._format(value, plan)
+        return env
+
+    def _run(self, command: list[str], cwd: Path, env: dict[str, str], log, plan: PackagePlan) -> None:
+        log.write(f"\n$ {shlex.join(command)}\n")
+        log.flush()
+        try:
+            done = subprocess.run(
+                command,
+                cwd=cwd,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                timeout=self.options.step_timeout,
+                check=False,
+            )
+            code = done.returncode
+        except FileNotFoundError:
+            code = 127
+            log.write(f"{command[0]}: command not found\n")
+        except subprocess.TimeoutExpired:
+            code = -1
+            log.write(f"timed out after {self.options.step_timeout:.0f}s\n")
+        if code == 0:
+            return
+        log.flush()
+        tail = plan.log.read_text(errors="replace").splitlines()[-20:]
+        raise BuildError(
+            f"{plan.package.label()} failed at `{shlex.join(command)}` (exit {code}).\n"
+            f"log: {plan.log}\nsources kept in: {plan.stage}\n--- last lines of the log ---\n"
+            + "\n".join(tail)
+            + "\n--- fix the cause and run the same build again: finished packages are kept ---"
+        )
