@@ -8,7 +8,7 @@ import typer
 
 from hpcdl.common.exceptions import HpcdlError
 from hpcdl.schedulers import Scheduler, get_scheduler
-from hpcdl.schedulers.submission import job_log_files, job_status, scheduler_of, tail
+from hpcdl.schedulers.submission import job_log_files, scheduler_of, tail
 
 jobs_app = typer.Typer(help="Follow batch jobs: status, cancel, logs.", no_args_is_help=True)
 
@@ -31,7 +31,7 @@ def status_command(
 ) -> None:
     """Print the job's state (one line per array task)."""
     try:
-        states = job_status(_backend(job_id, scheduler), job_id)
+        states = _backend(job_id, scheduler).status(job_id)
     except HpcdlError as exc:
         raise _fail("status", exc) from None
     for state in states:

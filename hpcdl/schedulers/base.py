@@ -108,8 +108,6 @@ class Scheduler(ABC):
     """One batch system: detect it, render a script for it, and drive its commands."""
 
     name: ClassVar[str]
-    directive_prefix: ClassVar[str]
-    commands: ClassVar[tuple[str, ...]]  # what must be on PATH to submit
     local_rank_variable: ClassVar[str] = ""
     array_variable: ClassVar[Optional[str]] = None
     array_base: ClassVar[int] = 0
@@ -149,13 +147,12 @@ class Scheduler(ABC):
         return quote([*self.first_node_prefix(), job.python, "-c", _RENDEZVOUS_PROBE])
 
     def workdir_command(self) -> Optional[str]:
+        """Shell that enters the submission directory, where the scheduler does not start there."""
         return None
 
+    @abstractmethod
     def output_path(self, pattern: str, job: JobSpec) -> str:
         """Translate hpcdl placeholders ({name}, {job_id}, {array_index}) to this scheduler's own."""
-        raise JobSpecError(
-            f"{self.name} cannot put the job id or name into output paths; give a fixed --output path"
-        )
 
     def default_output(self, job: JobSpec) -> Optional[str]:
         suffix = "_{array_index}" if (job.array or job.sweep) else ""

@@ -27,8 +27,6 @@ _STATES = {
 
 class Cobalt(Scheduler):
     name = "cobalt"
-    directive_prefix = "#COBALT"
-    commands = ("qsub", "cqstat")
     array_variable = None  # Cobalt has no job arrays
 
     def local_rank(self, job: JobSpec) -> str:

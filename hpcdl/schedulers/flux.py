@@ -27,8 +27,6 @@ def flux_duration(seconds: int) -> str:
 
 class Flux(Scheduler):
     name = "flux"
-    directive_prefix = "# flux:"
-    commands = ("flux",)
     local_rank_variable = "${FLUX_TASK_LOCAL_ID:?not started by flux run}"
     array_variable = "FLUX_JOB_CC"
 

@@ -33,8 +33,6 @@ def lsf_time(seconds: int) -> str:
 
 class Lsf(Scheduler):
     name = "lsf"
-    directive_prefix = "#BSUB"
-    commands = ("bsub",)
     local_rank_variable = "${JSM_NAMESPACE_LOCAL_RANK:?not started by jsrun}"
     array_variable = "LSB_JOBINDEX"
     array_base = 1

@@ -30,8 +30,6 @@ _STATES = {
 
 class Pbs(Scheduler):
     name = "pbs"
-    directive_prefix = "#PBS"
-    commands = ("qsub", "qstat")
     local_rank_variable = "${PALS_LOCAL_RANKID:-${PMI_LOCAL_RANK:?not started by mpiexec}}"
     array_variable = "PBS_ARRAY_INDEX"
 

@@ -47,8 +47,6 @@ def slurm_time(seconds: int) -> str:
 
 class Slurm(Scheduler):
     name = "slurm"
-    directive_prefix = "#SBATCH"
-    commands = ("sbatch",)
     local_rank_variable = "${SLURM_LOCALID:?not started by srun}"
     array_variable = "SLURM_ARRAY_TASK_ID"
 
@@ -75,8 +73,7 @@ class Slurm(Scheduler):
             lines.append(f"--output={self.output_path(output, job)}")
         if job.error:
             lines.append(f"--error={self.output_path(job.error, job)}")
-        indices = self.array_indices(job)
-        if indices is not None:
+        if job.array or job.sweep:
             lines.append(f"--array={self._array(job)}")
         if job.signal:
             lines.append(f"--signal=B:{job.signal.name}@{job.signal.seconds}")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from hpcdl.schedulers.base import JobState, Scheduler
+from hpcdl.schedulers.base import Scheduler
 from hpcdl.schedulers.errors import SchedulerError
 from hpcdl.schedulers.job import JobSpec
 from hpcdl.schedulers.records import JobRecord, load_record, records_dir
@@ -71,10 +71,6 @@ def scheduler_of(job_id: str, requested: str) -> str:
     if record is not None and requested == "auto":
         return record.scheduler
     return requested
-
-
-def job_status(scheduler: Scheduler, job_id: str) -> list[JobState]:
-    return scheduler.status(job_id)
 
 
 def job_log_files(scheduler: Scheduler, job_id: str) -> list[Path]:

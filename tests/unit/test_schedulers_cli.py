@@ -123,3 +123,13 @@ def test_no_scheduler_on_path_says_what_to_do(tmp_path: Path, monkeypatch: pytes
         detect_scheduler()
     code, _, err = invoke("submit", "--dry-run", "x.py")
     assert code == 2 and "no batch scheduler found on PATH" in err
+
+
+def test_the_readme_site_example_is_a_valid_site_file(tmp_path: Path) -> None:
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    example = readme.split("### Site configuration", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    site = tmp_path / "site.yaml"
+    site.write_text(example)
+    code, out, err = invoke("submit", "--site", str(site), "--dry-run", "-N", "2", "train.py")
+    assert code == 0, err
+    assert "#PBS -l select=2:ncpus=64:ngpus=4:mpiprocs=4:ompthreads=16:system=polaris" in out
