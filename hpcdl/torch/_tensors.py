@@ -45,7 +45,9 @@ def buffer_of(tensor: torch.Tensor) -> Buffer:
         raise ValueError(f"internal: buffer_of expects a CPU tensor, got one on {tensor.device}")
     if not tensor.is_contiguous():
         raise ValueError("internal: buffer_of expects a contiguous tensor")
-    return Buffer(ptr=tensor.data_ptr(), dtype=runtime_dtype(tensor), shape=tuple(tensor.shape))
+    # A 0-d tensor travels as one element.
+    shape = tuple(tensor.shape) or (1,)
+    return Buffer(ptr=tensor.data_ptr(), dtype=runtime_dtype(tensor), shape=shape)
 
 
 def tensor_from_bytes(data: np.ndarray, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:

@@ -111,6 +111,14 @@ def _initialize_state(optimizer: torch.optim.Optimizer, model: Any) -> None:
         step()
     else:
         optimizer.step()
+    # Unlike Horovod, the initializing step does not count: Adam's bias correction (and any other
+    # step-counting optimizer) then behaves exactly as if training started from a fresh optimizer.
+    for state in optimizer.state.values():
+        count = state.get("step")
+        if torch.is_tensor(count):
+            count.zero_()
+        elif isinstance(count, (int, float)):
+            state["step"] = type(count)(0)
 
 
 def broadcast_object(

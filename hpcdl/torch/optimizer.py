@@ -451,7 +451,7 @@ def DistributedOptimizer(
     base = optimizer.__class__
     if op != Adasum or size() == 1:
         cls = type(base.__name__, (_DistributedOptimizer, base), {})
-        return cls(
+        wrapped = cls(
             optimizer.param_groups,
             named_parameters,
             compression,
@@ -462,6 +462,9 @@ def DistributedOptimizer(
             sparse_as_dense,
             process_set,
         )
+        # Unlike Horovod, keep state the wrapped optimizer already has (e.g. loaded from a checkpoint).
+        wrapped.state.update(optimizer.state)
+        return wrapped
     if process_set is not global_process_set:
         raise NotImplementedError("Adasum does not support non-global process sets yet.")
     _adasum.check_supported(process_set)
