@@ -1,12 +1,61 @@
 // The background engine: named asynchronous operations negotiated across ranks (see c_api.h).
 // Owned by the Runtime; created at the end of Runtime::init, stopped at the start of Runtime::shutdown.
+//
+// How a cycle works. Callers enqueue operations from any thread; one engine thread per process runs
+// cycles. In a cycle every rank packs the operations submitted since its last cycle into a control message
+// (an operation seen before travels as a 4-byte response-cache id), and the messages are all-gathered over
+// the world's engine-control communicator. Every rank then holds the same information and computes the
+// same decisions in the same order (a replicated coordinator): which names every member of their process
+// set has submitted, whether the submissions agree, how ready allreduces are packed into fusion buffers,
+// and in which order batches run on the engine-data communicators. Decisions that are not a pure function
+// of the submissions (autotuned knobs, stall cancellations) are made by world rank 0 and travel in its
+// message.
+//
+// Event-driven, no cycle-time floor. When a cycle brought nothing new, the ranks agree to go idle: each
+// clears its doorbell, then all pass a barrier. An idle engine thread sleeps in wait_notify(). A caller
+// that enqueues while its engine is idle rings its own doorbell; that engine rings every peer's and starts
+// the next cycle. Because doorbells are cleared before the idle barrier, and rung only after it, a rank
+// never wakes for a cycle its peers will not run. The cycle time only bounds how long a rank in the middle
+// of a burst of submissions waits for more tensors before packing, and only when fusion is happening.
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
 #include "comm.h"
+#include "engine/autotune.h"
+#include "engine/request.h"
+#include "engine/timeline.h"
+#include "runtime.h"
 
 namespace hpcdl {
 
 class Runtime;
+
+// One submitted operation: what the caller's handle refers to.
+struct EngineOp {
+  int64_t id = 0;
+  OpRequest request;
+  const void* input = nullptr;
+  void* output = nullptr;
+  Clock::time_point submitted;
+  std::atomic<int> status{HPCDL_PENDING};
+  // Written by the engine thread before `status` leaves PENDING; read-only afterwards.
+  std::string error;
+  std::vector<uint8_t> owned_output;
+  std::vector<int64_t> output_shape;
+  std::vector<int64_t> received_splits;
+  int join_result = -1;
+  std::vector<int> waiting_for;  // ranks that have not submitted it yet (under Engine::mutex_)
+};
 
 class Engine {
  public:
@@ -18,8 +67,137 @@ class Engine {
   Status start();
   void stop();
 
+  // The engine section of c_api.h. Errors come back as a Status; handles are > 0.
+  Status enqueue(const hpcdl_request& request, int64_t* handle);
+  Status poll(int64_t handle);  // code HPCDL_PENDING while running
+  Status wait(int64_t handle, double timeout_s);
+  Status output(int64_t handle, void** data, int64_t* nbytes, int64_t* shape);
+  Status received_splits(int64_t handle, int64_t* splits, int capacity, int* count);
+  Status join_result(int64_t handle, int* rank);
+  Status release(int64_t handle);
+  Status start_timeline(const std::string& path, bool mark_cycles);
+  Status stop_timeline();
+  bool knob(const std::string& name, double* value) const;
+
  private:
+  using Key = std::pair<int, std::string>;  // (process set, name)
+
+  // Everything the ranks have said about one name that has not run yet; identical on every rank.
+  struct Pending {
+    uint64_t sequence = 0;  // creation order: the order ready operations run in
+    std::vector<std::unique_ptr<OpRequest>> by_member;
+    std::vector<int> arrived;  // world ranks in the order their submissions arrived
+    Clock::time_point first_seen, last_arrival, decided;
+    std::shared_ptr<EngineOp> local;  // this rank's own submission
+    bool held = false;                // ready, waiting for the rest of its group
+    const OpRequest* any() const;
+    Clock::time_point last_stall_warning;
+  };
+  struct CacheSlot {
+    Key key;
+    std::vector<OpRequest> by_member;
+    uint64_t last_used = 0;
+    bool used = false;
+  };
+  struct SetInfo {
+    ProcessSet set;
+    std::shared_ptr<Comm> data;  // nullptr when this rank is not a member
+    int member_of(int world_rank) const;
+  };
+  struct Abort {
+    int process_set = 0;
+    std::string name, message;
+  };
+  struct Ready {
+    Key key;
+    Pending* entry;
+  };
+  struct CycleResult {
+    bool activity = false;
+    bool all_shutdown = false;
+  };
+
+  void loop();
+  bool wait_while_idle();
+  void wait_for_batch();
+  Status go_idle();
+  Status run_cycle(CycleResult* result);
+  void pack(std::vector<uint8_t>* message);
+  Status exchange(const std::vector<uint8_t>& mine, std::vector<std::vector<uint8_t>>* all);
+  bool decode(int rank, const std::vector<uint8_t>& message, bool* shutdown, std::vector<Abort>* aborts,
+              std::set<Key>* touched, std::set<int>* join_changed);
+  void decide_and_run(const std::set<Key>& work);
+  bool is_ready(const Key& key, const Pending& entry);
+  std::string join_conflict(const Pending& entry, const SetInfo& info);
+  void run_batch(const std::vector<Ready>& batch, bool fused);
+  Status run_one(Pending& entry, const SetInfo& info, const std::string& what);
+  Status run_fused(const std::vector<Ready>& batch, const SetInfo& info, const std::string& what);
+  void finish(Pending& entry, int code, const std::string& message);
+  void remember(const Key& key, const Pending& entry);
+  void stall_check(Clock::time_point now);
+  void fail_everything(const Status& status);
+  SetInfo* set_info(int process_set);
+  std::shared_ptr<EngineOp> find(int64_t handle) const;
+  void record_timeline(const Pending& entry, const char* phase, Clock::time_point begin, Clock::time_point end,
+                       const std::string& args = "");
+  int64_t entry_bytes(const Pending& entry) const;
+
   Runtime& runtime_;
+  int rank_ = 0, size_ = 1;
+  Comm* control_ = nullptr;
+  double timeout_s_ = 60;
+  Deadline deadline() const;
+
+  // Knobs (engine thread; knob() reads them through atomics-free copies under mutex_).
+  mutable std::mutex knob_mutex_;
+  Knobs knobs_;
+  int cache_capacity_ = 1024;
+  bool stall_check_enabled_ = true;
+  double stall_check_s_ = 60, stall_shutdown_s_ = 0;
+  std::unique_ptr<Autotuner> autotuner_;  // world rank 0 only
+  bool knobs_to_send_ = false;
+  Knobs knobs_next_;
+
+  // Shared with callers, under mutex_.
+  mutable std::mutex mutex_;
+  std::condition_variable done_cv_;   // an operation finished
+  std::condition_variable queue_cv_;  // an operation was queued (batching wait)
+  std::vector<std::shared_ptr<EngineOp>> queue_;
+  int64_t queue_bytes_ = 0;
+  std::map<int64_t, std::shared_ptr<EngineOp>> handles_;
+  std::set<Key> pending_names_;
+  std::map<std::pair<int, int>, int64_t> unnamed_counter_;
+  int64_t next_handle_ = 1;
+  bool waiting_ = false;  // the engine thread sleeps in wait_notify; enqueue rings the doorbell
+  bool shutdown_requested_ = false;
+  bool running_ = false;
+  Status failed_;  // once set, the engine accepts no more work
+
+  // Engine thread only.
+  std::thread thread_;
+  bool shutdown_sent_ = false;
+  Clock::time_point shutdown_since_;
+  std::vector<std::shared_ptr<EngineOp>> packed_;
+  std::map<Key, Pending> table_;
+  uint64_t sequence_ = 0;
+  std::map<int, SetInfo> sets_;
+  std::map<int, std::set<int>> joined_;  // process set -> world ranks that joined
+  std::map<int, int> last_joined_;
+  std::map<std::pair<int, int>, std::vector<Key>> groups_;  // (set, group id) -> ready members held back
+  std::map<std::pair<int, int>, std::string> failed_groups_;
+  std::vector<CacheSlot> cache_;
+  std::map<Key, int> cache_index_;
+  uint64_t cache_clock_ = 0;
+  std::vector<Abort> aborts_to_send_;
+  std::vector<uint8_t> fusion_buffer_, scratch_;
+  Clock::time_point next_stall_check_;
+  bool fused_last_cycle_ = false;
+  Clock::time_point last_cycle_start_;
+  // Autotune accounting of the current burst.
+  Clock::time_point burst_start_;
+  int64_t burst_bytes_ = 0;
+
+  Timeline timeline_;  // written on world rank 0 only
 };
 
 }  // namespace hpcdl

@@ -1,0 +1,185 @@
+#include "engine/request.h"
+
+#include <map>
+#include <sstream>
+
+#include "hpcdl/c_api.h"
+
+namespace hpcdl {
+
+int64_t OpRequest::num_elements() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+int64_t OpRequest::row_elements() const {
+  int64_t n = 1;
+  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
+  return n;
+}
+
+bool OpRequest::same_as(const OpRequest& o) const {
+  return name == o.name && op_type == o.op_type && process_set == o.process_set && dtype == o.dtype &&
+         reduce_op == o.reduce_op && root == o.root && group_id == o.group_id && group_size == o.group_size &&
+         prescale == o.prescale && postscale == o.postscale && shape == o.shape && splits == o.splits;
+}
+
+void OpRequest::encode(ByteWriter& out) const {
+  out.put_string(name);
+  out.put(op_type);
+  out.put(process_set);
+  out.put(dtype);
+  out.put(reduce_op);
+  out.put(root);
+  out.put(group_id);
+  out.put(group_size);
+  out.put(prescale);
+  out.put(postscale);
+  out.put_i64s(shape);
+  out.put_i64s(splits);
+}
+
+bool OpRequest::decode(ByteReader& in) {
+  return in.get_string(&name) && in.get(&op_type) && in.get(&process_set) && in.get(&dtype) &&
+         in.get(&reduce_op) && in.get(&root) && in.get(&group_id) && in.get(&group_size) && in.get(&prescale) &&
+         in.get(&postscale) && in.get_i64s(&shape) && in.get_i64s(&splits);
+}
+
+int dtype_size(int dtype) {
+  switch (dtype) {
+    case HPCDL_UINT8:
+    case HPCDL_INT8:
+    case HPCDL_BOOL:
+      return 1;
+    case HPCDL_INT16:
+    case HPCDL_FLOAT16:
+    case HPCDL_BFLOAT16:
+      return 2;
+    case HPCDL_INT32:
+    case HPCDL_FLOAT32:
+      return 4;
+    case HPCDL_INT64:
+    case HPCDL_FLOAT64:
+      return 8;
+    default:
+      return 0;
+  }
+}
+
+const char* dtype_name(int dtype) {
+  static const char* names[] = {"uint8",   "int8",     "int16",   "int32",   "int64",
+                                "float16", "bfloat16", "float32", "float64", "bool"};
+  return dtype >= 0 && dtype <= 9 ? names[dtype] : "unknown dtype";
+}
+
+const char* op_type_name(int op_type) {
+  static const char* names[] = {"allreduce", "allgather", "broadcast", "alltoall",
+                                "reducescatter", "barrier", "join"};
+  return op_type >= 0 && op_type <= 6 ? names[op_type] : "unknown op";
+}
+
+const char* op_type_upper(int op_type) {
+  static const char* names[] = {"ALLREDUCE", "ALLGATHER", "BROADCAST", "ALLTOALL",
+                                "REDUCESCATTER", "BARRIER", "JOIN"};
+  return op_type >= 0 && op_type <= 6 ? names[op_type] : "UNKNOWN";
+}
+
+const char* reduce_op_name(int reduce_op) {
+  static const char* names[] = {"sum", "average", "min", "max", "product"};
+  return reduce_op >= 0 && reduce_op <= 4 ? names[reduce_op] : "unknown reduction";
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::ostringstream s;
+  s << '[';
+  for (size_t i = 0; i < shape.size(); ++i) s << (i ? ", " : "") << shape[i];
+  s << ']';
+  return s.str();
+}
+
+std::string ranks_text(const std::vector<int>& ranks) {
+  std::ostringstream s;
+  s << (ranks.size() == 1 ? "rank " : "ranks ");
+  for (size_t i = 0; i < ranks.size(); ++i) s << (i ? ", " : "") << ranks[i];
+  return s.str();
+}
+
+std::string describe(const OpRequest& r) {
+  std::string text = std::string(op_type_name(r.op_type)) + " '" + r.name + "'";
+  if (r.process_set != 0) text += " (process set " + std::to_string(r.process_set) + ")";
+  return text;
+}
+
+namespace {
+
+// Groups members by the text of one property; returns "ranks 0, 2 have X; rank 1 has Y" when they differ.
+template <typename Text>
+bool differs(const std::vector<const OpRequest*>& requests, const std::vector<int>& world_ranks, Text text,
+             std::string* detail) {
+  std::map<std::string, std::vector<int>> by_value;
+  std::vector<std::string> order;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (requests[i] == nullptr) continue;
+    std::string value = text(*requests[i]);
+    if (by_value.find(value) == by_value.end()) order.push_back(value);
+    by_value[value].push_back(world_ranks[i]);
+  }
+  if (order.size() <= 1) return false;
+  std::ostringstream s;
+  for (size_t i = 0; i < order.size(); ++i) {
+    const auto& ranks = by_value[order[i]];
+    s << (i ? "; " : "") << ranks_text(ranks) << (ranks.size() == 1 ? " has " : " have ") << order[i];
+  }
+  *detail = s.str();
+  return true;
+}
+
+std::string tail_shape(const OpRequest& r) {
+  std::vector<int64_t> tail(r.shape.begin() + (r.shape.empty() ? 0 : 1), r.shape.end());
+  return "rank " + std::to_string(r.shape.size()) + " with trailing dimensions " + shape_text(tail);
+}
+
+std::string scale_text(const OpRequest& r) {
+  std::ostringstream s;
+  s << "prescale " << r.prescale << ", postscale " << r.postscale;
+  return s.str();
+}
+
+}  // namespace
+
+bool validate_requests(const std::vector<const OpRequest*>& requests, const std::vector<int>& world_ranks,
+                       std::string* message) {
+  const OpRequest* first = nullptr;
+  for (const OpRequest* r : requests)
+    if (r != nullptr && first == nullptr) first = r;
+  if (first == nullptr) return true;
+  std::string what, detail;
+  auto check = [&](const char* property, auto text) {
+    if (!what.empty()) return;
+    if (differs(requests, world_ranks, text, &detail)) what = property;
+  };
+  check("operation", [](const OpRequest& r) { return std::string(op_type_name(r.op_type)); });
+  check("dtype", [](const OpRequest& r) { return std::string(dtype_name(r.dtype)); });
+  const int op = first->op_type;
+  if (op == HPCDL_OP_ALLREDUCE || op == HPCDL_OP_BROADCAST || op == HPCDL_OP_REDUCESCATTER)
+    check("shape", [](const OpRequest& r) { return shape_text(r.shape); });
+  if (op == HPCDL_OP_ALLGATHER || op == HPCDL_OP_ALLTOALL) check("shape", tail_shape);
+  if (op == HPCDL_OP_ALLREDUCE || op == HPCDL_OP_REDUCESCATTER) {
+    check("reduction", [](const OpRequest& r) { return std::string(reduce_op_name(r.reduce_op)); });
+    check("scaling", scale_text);
+  }
+  if (op == HPCDL_OP_BROADCAST)
+    check("root", [](const OpRequest& r) { return "root rank " + std::to_string(r.root); });
+  check("group", [](const OpRequest& r) {
+    return r.group_id == 0 ? std::string("no group")
+                           : "group " + std::to_string(r.group_id) + " of " + std::to_string(r.group_size);
+  });
+  if (what.empty()) return true;
+  *message = "mismatched " + what + " for " + describe(*first) + ": " + detail +
+             ". Every rank must submit the same " + what +
+             " under one name; use distinct names for different tensors.";
+  return false;
+}
+
+}  // namespace hpcdl

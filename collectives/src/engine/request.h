@@ -1,0 +1,53 @@
+// One rank's submission of a named operation, as every rank of the job sees it after negotiation, and
+// the cross-rank validation of submissions that share a name.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/wire.h"
+
+namespace hpcdl {
+
+struct OpRequest {
+  std::string name;
+  int32_t op_type = 0;
+  int32_t process_set = 0;
+  int32_t dtype = 0;
+  int32_t reduce_op = 0;
+  int32_t root = 0;  // world rank (broadcast)
+  int32_t group_id = 0;
+  int32_t group_size = 0;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> splits;  // alltoall rows per set member; empty = even
+
+  int64_t num_elements() const;
+  int64_t row_elements() const;  // elements per row of dim 0 (1 for scalars)
+  int64_t rows() const { return shape.empty() ? 1 : shape[0]; }
+  bool same_as(const OpRequest& other) const;  // identical submission (response-cache hit)
+
+  void encode(ByteWriter& out) const;
+  bool decode(ByteReader& in);
+};
+
+// Size in bytes of one element of an hpcdl_dtype, 0 when unknown.
+int dtype_size(int dtype);
+const char* dtype_name(int dtype);
+const char* op_type_name(int op_type);      // "allreduce", ...
+const char* op_type_upper(int op_type);     // "ALLREDUCE", ... (timeline activity names)
+const char* reduce_op_name(int reduce_op);  // "sum", ...
+std::string shape_text(const std::vector<int64_t>& shape);
+std::string ranks_text(const std::vector<int>& ranks);  // "rank 3" / "ranks 0, 2"
+// "allreduce 'grad.w'" (with the process set when it is not the global one).
+std::string describe(const OpRequest& request);
+
+// Checks that the submissions of one name agree. `requests[i]` is set member i's submission (nullptr
+// when that member did not submit: it joined). On disagreement returns false and sets `message` to a
+// text naming the tensor, the ranks and the difference; `world_ranks[i]` maps member i to a world rank.
+bool validate_requests(const std::vector<const OpRequest*>& requests, const std::vector<int>& world_ranks,
+                       std::string* message);
+
+}  // namespace hpcdl

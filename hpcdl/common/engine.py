@@ -1,0 +1,506 @@
+"""Asynchronous, named operations through the runtime's background engine.
+
+Every operation is identified by a name (unnamed ones get deterministic names like
+``allreduce.noname.3``). Ranks may submit names in any order and from several threads; the engine runs a
+name once every member of the process set has submitted it, fuses small allreduces into one buffer, and
+fails every rank's handle with the same message when the submissions disagree.
+
+``enqueue`` is the low-level entry point (``hpcdl.torch`` builds on it with raw ``Buffer`` views); the
+``*_async`` helpers wrap NumPy arrays. A buffer handed to the engine must stay alive and untouched until its
+handle completes: the helpers keep references on the :class:`Handle` for that reason.
+
+The NumPy helpers default to ``ReduceOp.AVERAGE`` like Horovod's ``allreduce_async``/``reducescatter``;
+the blocking direct functions of :mod:`hpcdl.common` default to ``SUM``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import itertools
+import threading
+from collections.abc import Sequence
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from hpcdl.common.exceptions import HpcdlError, error_for
+from hpcdl.common.library import load
+from hpcdl.common.types import Buffer, DType, OpType, ReduceOp, dtype_of
+
+__all__ = [
+    "Handle",
+    "allgather_async",
+    "allreduce_async",
+    "alltoall_async",
+    "barrier_async",
+    "broadcast_async",
+    "engine_knob",
+    "enqueue",
+    "grouped_allreduce_async",
+    "join",
+    "new_group_id",
+    "poll",
+    "reducescatter_async",
+    "start_timeline",
+    "stop_timeline",
+    "synchronize",
+]
+
+_OK = 0
+_ERR_TIMEOUT = 3
+_PENDING = 10
+
+
+class _Request(ctypes.Structure):
+    """Mirror of ``hpcdl_request`` in c_api.h."""
+
+    _fields_ = [
+        ("op_type", ctypes.c_int32),
+        ("name", ctypes.c_char_p),
+        ("process_set", ctypes.c_int32),
+        ("dtype", ctypes.c_int32),
+        ("ndim", ctypes.c_int32),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("input", ctypes.c_void_p),
+        ("output", ctypes.c_void_p),
+        ("reduce_op", ctypes.c_int32),
+        ("prescale", ctypes.c_double),
+        ("postscale", ctypes.c_double),
+        ("root", ctypes.c_int32),
+        ("splits", ctypes.POINTER(ctypes.c_int64)),
+        ("nsplits", ctypes.c_int32),
+        ("group_id", ctypes.c_int32),
+        ("group_size", ctypes.c_int32),
+    ]
+
+
+_declared = False
+_declare_lock = threading.Lock()
+
+
+def _lib() -> ctypes.CDLL:
+    global _declared
+    lib = load()
+    if not _declared:
+        with _declare_lock:
+            i64, p = ctypes.c_int64, ctypes.POINTER
+            lib.hpcdl_enqueue.argtypes = [p(_Request)]
+            lib.hpcdl_enqueue.restype = i64
+            lib.hpcdl_poll.argtypes = [i64]
+            lib.hpcdl_wait.argtypes = [i64, ctypes.c_double]
+            lib.hpcdl_output.argtypes = [i64, p(ctypes.c_void_p), p(i64), p(i64)]
+            lib.hpcdl_received_splits.argtypes = [i64, p(i64), ctypes.c_int]
+            lib.hpcdl_join_result.argtypes = [i64]
+            lib.hpcdl_release.argtypes = [i64]
+            lib.hpcdl_start_timeline.argtypes = [ctypes.c_char_p, ctypes.c_int]
+            lib.hpcdl_get_knob.argtypes = [ctypes.c_char_p]
+            lib.hpcdl_get_knob.restype = ctypes.c_double
+            lib.hpcdl_last_error.restype = ctypes.c_char_p
+            lib.hpcdl_process_set_size.argtypes = [ctypes.c_int]
+            lib.hpcdl_process_set_rank.argtypes = [ctypes.c_int]
+            _declared = True
+    return lib
+
+
+def _raise(status: int) -> None:
+    """Raise the hpcdl exception for a failed C call, with the runtime's message."""
+    raise error_for(status, (_lib().hpcdl_last_error() or b"").decode(errors="replace"))
+
+
+# Handles dropped while their operation still runs: their buffers must outlive the operation.
+_orphans: list[Handle] = []
+_orphans_lock = threading.Lock()
+
+
+def _reap_orphans() -> None:
+    with _orphans_lock:
+        still_running = []
+        for handle in _orphans:
+            if _lib().hpcdl_poll(handle.id) == _PENDING:
+                still_running.append(handle)
+            else:
+                _lib().hpcdl_release(handle.id)
+        _orphans[:] = still_running
+
+
+class Handle:
+    """One submitted operation. Keeps the buffers it refers to alive until it is released."""
+
+    def __init__(
+        self,
+        handle_id: int,
+        op_type: OpType,
+        ndim: int,
+        keep: tuple[Any, ...] = (),
+        result: Optional[Callable[[Handle], Any]] = None,
+    ) -> None:
+        self.id = handle_id
+        self.op_type = op_type
+        self._ndim = max(ndim, 1)
+        self._keep = keep
+        self._result = result
+        self._released = False
+        self._finished = False
+
+    def poll(self) -> bool:
+        """True when the operation finished; raises if it failed."""
+        self._check_live()
+        status = _lib().hpcdl_poll(self.id)
+        if status == _PENDING:
+            return False
+        if status != _OK:
+            self._finished = True
+            _raise(status)
+        self._finished = True
+        return True
+
+    def wait(self, timeout: Optional[float] = None) -> None:
+        """Block until the operation finished (``timeout`` seconds; None: the runtime's timeout)."""
+        self._check_live()
+        status = _lib().hpcdl_wait(self.id, -1.0 if timeout is None else float(timeout))
+        if status != _ERR_TIMEOUT:
+            self._finished = True
+        if status != _OK:
+            _raise(status)
+
+    def output(self) -> np.ndarray:
+        """The bytes of an engine-allocated output (allgather, alltoall), copied into a uint8 array."""
+        data, nbytes = self._output_view()
+        out = np.empty(nbytes, dtype=np.uint8)
+        if nbytes:
+            ctypes.memmove(out.ctypes.data, data, nbytes)
+        return out
+
+    def output_shape(self) -> tuple[int, ...]:
+        shape = (ctypes.c_int64 * self._ndim)()
+        self._call_output(shape)
+        return tuple(int(d) for d in shape)
+
+    def received_splits(self) -> list[int]:
+        """alltoall: rows received from each member of the process set."""
+        self._check_live()
+        capacity = 4096
+        splits = (ctypes.c_int64 * capacity)()
+        count = _lib().hpcdl_received_splits(self.id, splits, capacity)
+        if count < 0:
+            _raise(-count)
+        return [int(splits[i]) for i in range(min(count, capacity))]
+
+    def join_result(self) -> int:
+        """join: the last rank to join."""
+        self._check_live()
+        result = _lib().hpcdl_join_result(self.id)
+        if result < 0:
+            _raise(-result)
+        return int(result)
+
+    def result(self) -> Any:
+        """What the NumPy helper that created this handle promises (after :meth:`wait`)."""
+        return self._result(self) if self._result is not None else None
+
+    def release(self) -> None:
+        """Free the handle and any engine-owned output. Idempotent."""
+        if self._released:
+            return
+        self._released = True
+        if not self._finished and _lib().hpcdl_poll(self.id) == _PENDING:
+            with _orphans_lock:
+                _orphans.append(self)  # released once the engine is done with its buffers
+            return
+        _lib().hpcdl_release(self.id)
+        self._keep = ()
+
+    def __del__(self) -> None:
+        # At interpreter exit the runtime may already be gone: nothing is left to free then.
+        with contextlib.suppress(Exception):
+            self.release()
+
+    def _check_live(self) -> None:
+        if self._released:
+            raise HpcdlError(f"handle {self.id} was already released")
+
+    def _call_output(self, shape: Any) -> tuple[int, int]:
+        self._check_live()
+        data = ctypes.c_void_p()
+        nbytes = ctypes.c_int64()
+        status = _lib().hpcdl_output(self.id, ctypes.byref(data), ctypes.byref(nbytes), shape)
+        if status != _OK:
+            _raise(status)
+        return data.value or 0, nbytes.value
+
+    def _output_view(self) -> tuple[int, int]:
+        return self._call_output((ctypes.c_int64 * self._ndim)())
+
+
+def enqueue(
+    op_type: OpType,
+    input: Optional[Buffer],
+    output: Optional[Buffer] = None,
+    *,
+    name: Optional[str] = None,
+    process_set: int = 0,
+    reduce_op: ReduceOp = ReduceOp.SUM,
+    prescale: float = 1.0,
+    postscale: float = 1.0,
+    root: int = 0,
+    splits: Optional[Sequence[int]] = None,
+    group_id: int = 0,
+    group_size: int = 0,
+    keep: tuple[Any, ...] = (),
+    result: Optional[Callable[[Handle], Any]] = None,
+) -> Handle:
+    """Submit one operation to the engine and return its handle.
+
+    ``input`` (and ``output`` for allreduce/broadcast/reducescatter; it may be the same buffer) must stay
+    valid until the handle completes; pass the objects owning them in ``keep``. ``root`` is a world rank.
+    """
+    _reap_orphans()
+    shape = tuple(input.shape) if input is not None else ()
+    shape_array = (ctypes.c_int64 * max(len(shape), 1))(*shape)
+    splits_array = (ctypes.c_int64 * len(splits))(*splits) if splits else None
+    request = _Request(
+        op_type=int(op_type),
+        name=name.encode() if name else None,
+        process_set=process_set,
+        dtype=int(input.dtype) if input is not None else int(DType.UINT8),
+        ndim=len(shape),
+        shape=shape_array,
+        input=input.ptr if input is not None else None,
+        output=output.ptr if output is not None else None,
+        reduce_op=int(reduce_op),
+        prescale=prescale,
+        postscale=postscale,
+        root=root,
+        splits=splits_array,
+        nsplits=len(splits) if splits else 0,
+        group_id=group_id,
+        group_size=group_size,
+    )
+    handle_id = _lib().hpcdl_enqueue(ctypes.byref(request))
+    if handle_id <= 0:
+        _raise(int(-handle_id))
+    return Handle(int(handle_id), OpType(op_type), len(shape), keep, result)
+
+
+_group_ids = itertools.count(1)
+_group_lock = threading.Lock()
+
+
+def new_group_id() -> int:
+    """A fresh id for a group of operations that must run together. Ranks must allocate group ids in the
+    same order (like unnamed operations get the same names)."""
+    with _group_lock:
+        return next(_group_ids)
+
+
+# ---- NumPy helpers --------------------------------------------------------------------------------------
+
+
+def _contiguous(a: np.ndarray) -> np.ndarray:
+    if not isinstance(a, np.ndarray):
+        raise HpcdlError(f"expected a numpy.ndarray, got {type(a).__name__}")
+    return np.ascontiguousarray(a)
+
+
+def _engine_output(handle: Handle, dtype: np.dtype) -> np.ndarray:
+    return handle.output().view(dtype).reshape(handle.output_shape())
+
+
+def allreduce_async(
+    a: np.ndarray,
+    name: Optional[str] = None,
+    op: ReduceOp = ReduceOp.AVERAGE,
+    prescale: float = 1.0,
+    postscale: float = 1.0,
+    out: Optional[np.ndarray] = None,
+    process_set: int = 0,
+) -> Handle:
+    """Allreduce ``a`` into ``out`` (a new array when None; ``out=a`` reduces in place)."""
+    a = _contiguous(a)
+    if out is None:
+        out = np.empty_like(a)
+    elif out.shape != a.shape or out.dtype != a.dtype or not out.flags.c_contiguous:
+        raise HpcdlError("out must be a C-contiguous array with the input's shape and dtype")
+    dtype = dtype_of(a)
+    return enqueue(
+        OpType.ALLREDUCE,
+        Buffer.from_numpy(a, dtype),
+        Buffer.from_numpy(out, dtype),
+        name=name,
+        process_set=process_set,
+        reduce_op=op,
+        prescale=prescale,
+        postscale=postscale,
+        keep=(a, out),
+        result=lambda _h, out=out: out,
+    )
+
+
+def grouped_allreduce_async(
+    arrays: Sequence[np.ndarray],
+    names: Optional[Sequence[str]] = None,
+    op: ReduceOp = ReduceOp.AVERAGE,
+    prescale: float = 1.0,
+    postscale: float = 1.0,
+    process_set: int = 0,
+) -> list[Handle]:
+    """Allreduce several arrays as one group: none of them runs before all of them are ready everywhere."""
+    if names is not None and len(names) != len(arrays):
+        raise HpcdlError(f"got {len(arrays)} arrays but {len(names)} names")
+    group = new_group_id()
+    handles = []
+    for i, a in enumerate(arrays):
+        a = _contiguous(a)
+        out = np.empty_like(a)
+        dtype = dtype_of(a)
+        handles.append(
+            enqueue(
+                OpType.ALLREDUCE,
+                Buffer.from_numpy(a, dtype),
+                Buffer.from_numpy(out, dtype),
+                name=names[i] if names is not None else None,
+                process_set=process_set,
+                reduce_op=op,
+                prescale=prescale,
+                postscale=postscale,
+                group_id=group,
+                group_size=len(arrays),
+                keep=(a, out),
+                result=lambda _h, out=out: out,
+            )
+        )
+    return handles
+
+
+def allgather_async(a: np.ndarray, name: Optional[str] = None, process_set: int = 0) -> Handle:
+    """Concatenate every rank's ``a`` along dimension 0 (first dimensions may differ per rank)."""
+    a = _contiguous(a)
+    if a.ndim == 0:
+        a = a.reshape(1)
+    return enqueue(
+        OpType.ALLGATHER,
+        Buffer.from_numpy(a, dtype_of(a)),
+        name=name,
+        process_set=process_set,
+        keep=(a,),
+        result=lambda h, dt=a.dtype: _engine_output(h, dt),
+    )
+
+
+def broadcast_async(a: np.ndarray, root: int = 0, name: Optional[str] = None, process_set: int = 0) -> Handle:
+    """Broadcast ``a`` from world rank ``root`` in place."""
+    if not isinstance(a, np.ndarray) or not a.flags.c_contiguous:
+        raise HpcdlError("broadcast_async works in place and needs a C-contiguous numpy.ndarray")
+    buffer = Buffer.from_numpy(a, dtype_of(a))
+    return enqueue(
+        OpType.BROADCAST,
+        buffer,
+        buffer,
+        name=name,
+        process_set=process_set,
+        root=root,
+        keep=(a,),
+        result=lambda _h, a=a: a,
+    )
+
+
+def alltoall_async(
+    a: np.ndarray, splits: Optional[Sequence[int]] = None, name: Optional[str] = None, process_set: int = 0
+) -> Handle:
+    """Send ``splits[i]`` rows of ``a`` to member i (even split when None); ``handle.received_splits()``
+    tells how many rows came from each member."""
+    a = _contiguous(a)
+    return enqueue(
+        OpType.ALLTOALL,
+        Buffer.from_numpy(a, dtype_of(a)),
+        name=name,
+        process_set=process_set,
+        splits=list(splits) if splits is not None else None,
+        keep=(a,),
+        result=lambda h, dt=a.dtype: _engine_output(h, dt),
+    )
+
+
+def reducescatter_async(
+    a: np.ndarray,
+    name: Optional[str] = None,
+    op: ReduceOp = ReduceOp.AVERAGE,
+    prescale: float = 1.0,
+    postscale: float = 1.0,
+    process_set: int = 0,
+) -> Handle:
+    """Reduce ``a`` and give each member its block of dim 0 (the first ``rows % size`` members get one
+    extra row, as in Horovod)."""
+    a = _contiguous(a)
+    if a.ndim == 0:
+        raise HpcdlError("reducescatter needs an array with at least one dimension")
+    lib = _lib()
+    size = lib.hpcdl_process_set_size(process_set)
+    me = lib.hpcdl_process_set_rank(process_set)
+    if size <= 0 or me < 0:
+        raise HpcdlError(f"this rank is not a member of process set {process_set}")
+    rows = a.shape[0] // size + (1 if me < a.shape[0] % size else 0)
+    out = np.empty((rows, *a.shape[1:]), dtype=a.dtype)
+    dtype = dtype_of(a)
+    return enqueue(
+        OpType.REDUCESCATTER,
+        Buffer.from_numpy(a, dtype),
+        Buffer.from_numpy(out, dtype),
+        name=name,
+        process_set=process_set,
+        reduce_op=op,
+        prescale=prescale,
+        postscale=postscale,
+        keep=(a, out),
+        result=lambda _h, out=out: out,
+    )
+
+
+def barrier_async(name: Optional[str] = None, process_set: int = 0) -> Handle:
+    return enqueue(OpType.BARRIER, None, name=name, process_set=process_set)
+
+
+def synchronize(handle: Handle, timeout: Optional[float] = None) -> Any:
+    """Wait for ``handle`` and return its result (the output array of the helper that created it)."""
+    handle.wait(timeout)
+    return handle.result()
+
+
+def poll(handle: Handle) -> bool:
+    return handle.poll()
+
+
+def join(process_set: int = 0, timeout: Optional[float] = None) -> int:
+    """Declare that this rank has no more data. Until every rank joined, the others' allreduces get zeros
+    from this rank and their allgathers nothing. Returns the last rank to join."""
+    handle = enqueue(OpType.JOIN, None, process_set=process_set)
+    handle.wait(timeout)
+    result = handle.join_result()
+    handle.release()
+    return result
+
+
+def start_timeline(path: str, mark_cycles: bool = False) -> None:
+    """Start writing the engine's Chrome-trace timeline to ``path`` (world rank 0 writes it)."""
+    status = _lib().hpcdl_start_timeline(str(path).encode(), 1 if mark_cycles else 0)
+    if status != _OK:
+        _raise(status)
+
+
+def stop_timeline() -> None:
+    status = _lib().hpcdl_stop_timeline()
+    if status != _OK:
+        _raise(status)
+
+
+def engine_knob(name: str) -> float:
+    """Current value of an engine knob: fusion_threshold, cycle_time_ms, small_message_bytes,
+    cache_capacity (changes over time under autotune)."""
+    value = _lib().hpcdl_get_knob(name.encode())
+    if value != value:  # NaN: unknown knob or not initialised
+        raise HpcdlError(
+            f"unknown engine knob {name!r} (or hpcdl is not initialised); "
+            "known: fusion_threshold, cycle_time_ms, small_message_bytes, cache_capacity"
+        )
+    return float(value)
