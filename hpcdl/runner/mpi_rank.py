@@ -1,35 +1,53 @@
 """Wraps one rank under ``hpcdl run --mpi``: ``python -m hpcdl.runner.mpi_rank TOKEN COMMAND...``.
 
-mpirun runs this on every rank; it starts COMMAND (inheriting the MPI launcher's environment and
-descriptors, so MPI_Init and PMI work as without it), forwards signals to it and, when it ends, writes
-``TOKEN exit RETURNCODE`` on stderr. The launcher reads that line to learn which rank failed first and
-how: MPICH's mpiexec does not stop the job when a rank exits non-zero, and neither MPI names the rank
-in its exit status.
+mpirun runs this on every rank. It starts COMMAND (inheriting the MPI launcher's environment and
+descriptors, so MPI_Init and PMI work as without it), forwards signals to it, and passes its output
+on one whole line per write: MPI launchers tag each chunk they read, so a program writing a line in
+pieces (unbuffered Python) would otherwise come out split. When COMMAND ends it writes
+``TOKEN exit RETURNCODE`` on stderr; the launcher reads that line to learn which rank failed first
+and how (MPICH's mpiexec does not stop the job when a rank exits non-zero, and neither MPI names the
+rank in its own exit status).
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
+import threading
+from typing import BinaryIO
+
+
+def _relay_lines(pipe: BinaryIO, fd: int) -> None:
+    with pipe:
+        for line in iter(pipe.readline, b""):
+            os.write(fd, line if line.endswith(b"\n") else line + b"\n")
 
 
 def main(argv: list[str]) -> int:
     token, command = argv[0], argv[1:]
     try:
-        child = subprocess.Popen(command, close_fds=False)
+        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, close_fds=False)
     except OSError as exc:
-        sys.stderr.write(f"hpcdl run: cannot start {command[0]}: {exc.strerror}\n")
+        os.write(2, f"hpcdl run: cannot start {command[0]}: {exc.strerror}\n".encode())
         returncode = 127
     else:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, lambda received, _frame: child.send_signal(received))
+        relays = [
+            threading.Thread(target=_relay_lines, args=(pipe, fd), daemon=True)
+            for pipe, fd in ((child.stdout, 1), (child.stderr, 2))
+        ]
+        for relay in relays:
+            relay.start()
         returncode = child.wait()
-    sys.stderr.flush()
-    sys.stderr.write(f"{token} exit {returncode}\n")
-    sys.stderr.flush()
+        for relay in relays:
+            relay.join(timeout=2.0)  # bounded: a grandchild may still hold the pipe
+    os.write(2, f"{token} exit {returncode}\n".encode())
     return returncode if returncode >= 0 else 128 - returncode
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    # os._exit: a relay thread may still block in a read that interpreter shutdown would wait for.
+    os._exit(main(sys.argv[1:]))
