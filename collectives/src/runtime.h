@@ -16,6 +16,8 @@ namespace hpcdl {
 class Engine;
 class Endpoint;
 class TcpComm;
+class ShmComm;
+class RendezvousServer;
 
 // Where a world rank lives and how to reach it, learned at rendezvous.
 struct PeerInfo {
@@ -77,6 +79,15 @@ class Runtime {
 
   Engine* engine() { return engine_.get(); }
 
+  // Communicator factories (collective over `ranks`; my = this rank's index in them). Used for process
+  // sets and by composite communicators (hierarchical allreduce).
+  Status make_shm_comm(const std::vector<int>& ranks, int my, const std::string& key, Channel channel,
+                       Deadline deadline, std::shared_ptr<ShmComm>* out);
+  Status make_tcp_comm(const std::vector<int>& ranks, int my, const std::string& key, Deadline deadline,
+                       std::shared_ptr<TcpComm>* out);
+  // Serialises the direct (caller's thread) collectives of c_api.h: one at a time per process.
+  std::mutex& direct_mutex() { return direct_mutex_; }
+
  private:
   Runtime();
   Status start(const Options& options);
@@ -98,6 +109,9 @@ class Runtime {
   std::vector<ProcessSet> sets_;
   int next_set_id_ = 1;
   std::mutex admin_mutex_;  // serialises collective set-up calls on world_boot_
+  std::mutex direct_mutex_;
+  std::unique_ptr<RendezvousServer> rendezvous_;  // world rank 0 with rendezvous_serve=1 or bootstrap=mpi
+  bool mpi_initialized_here_ = false;
 
   std::unique_ptr<Engine> engine_;
 };

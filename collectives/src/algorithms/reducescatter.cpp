@@ -1,0 +1,31 @@
+#include <cstring>
+#include <vector>
+
+#include "algorithms/p2p.h"
+#include "kernels/reduce.h"
+
+namespace hpcdl {
+
+Status p2p_reducescatter(P2P& p, const void* send, void* recv, const std::vector<int64_t>& recv_counts, int dtype,
+                         int op, double prescale, double postscale, Deadline deadline, const std::string& what) {
+  const int n = p.p2p_size(), r = p.p2p_rank();
+  std::vector<int64_t> vec(recv_counts);
+  vec.resize(size_t(2 * n), 0);
+  int64_t total = 0;
+  for (int64_t c : recv_counts) total += c;
+  Status st = p2p_agree(p, make_desc(HPCDL_OP_REDUCESCATTER, dtype, op, total, vec), deadline, what);
+  if (!st.is_ok()) return st;
+  const size_t es = dtype_bytes(dtype);
+  std::vector<size_t> offsets(size_t(n) + 1, 0);
+  for (int i = 0; i < n; ++i) offsets[size_t(i) + 1] = offsets[size_t(i)] + size_t(recv_counts[size_t(i)]) * es;
+  std::vector<char> work(offsets.back());
+  const void* self[1] = {send};
+  reduce(work.data(), self, 1, total, dtype, HPCDL_SUM, prescale, 1.0, 1);
+  st = ring_reduce_scatter(p, work.data(), offsets, dtype, op, deadline, what);
+  if (!st.is_ok()) return st;
+  const void* mine[1] = {work.data() + offsets[size_t(r)]};
+  reduce(recv, mine, 1, recv_counts[size_t(r)], dtype, op == HPCDL_AVERAGE ? op : HPCDL_SUM, 1.0, postscale, n);
+  return Status::ok();
+}
+
+}  // namespace hpcdl

@@ -1,0 +1,340 @@
+// The C ABI of c_api.h (engine functions live in c_api_engine.cpp): argument checks, then the runtime.
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "bootstrap/rendezvous.h"
+#include "error.h"
+#include "hpcdl/c_api.h"
+#include "kernels/reduce.h"
+#include "runtime.h"
+
+using namespace hpcdl;
+
+namespace hpcdl {
+
+namespace {
+thread_local std::string t_last_error;
+}
+
+int set_error(const Status& status) {
+  t_last_error = status.is_ok() ? "" : status.message;
+  return status.code;
+}
+
+int set_error(int code, const std::string& message) {
+  t_last_error = message;
+  return code;
+}
+
+}  // namespace hpcdl
+
+namespace {
+
+std::mutex g_servers_mutex;
+std::map<int64_t, std::unique_ptr<RendezvousServer>> g_servers;
+int64_t g_next_server = 1;
+
+const char* const kNotInit = "hpcdl is not initialised: call hpcdl.init() (or hvd.init()) first";
+
+Runtime* need_runtime(int* code) {
+  Runtime* rt = current_runtime();
+  if (!rt) *code = set_error(HPCDL_ERR_NOT_INITIALIZED, kNotInit);
+  return rt;
+}
+
+// Resolves the direct-channel communicator of a process set, or sets the error.
+Comm* direct_comm(Runtime* rt, int process_set, const char* op, int* code) {
+  Comm* c = rt->find_comm(process_set, Channel::kDirect);
+  if (c) return c;
+  ProcessSet set;
+  if (!rt->process_set(process_set, &set))
+    *code = set_error(HPCDL_ERR_INVALID, std::string(op) + ": no process set with id " + std::to_string(process_set) +
+                                             " (add it with add_process_set first)");
+  else
+    *code = set_error(HPCDL_ERR_INVALID, std::string(op) + ": rank " + std::to_string(rt->rank()) +
+                                             " is not a member of process set " + std::to_string(process_set));
+  return nullptr;
+}
+
+int check_dtype(int dtype, const char* op) {
+  if (valid_dtype(dtype)) return HPCDL_OK;
+  return set_error(HPCDL_ERR_INVALID, std::string(op) + ": unknown dtype " + std::to_string(dtype));
+}
+
+int check_reduce(int dtype, int reduce_op, const char* op) {
+  if (!valid_reduce_op(reduce_op))
+    return set_error(HPCDL_ERR_INVALID, std::string(op) + ": unknown reduce op " + std::to_string(reduce_op));
+  if (dtype == HPCDL_BOOL && reduce_op == HPCDL_AVERAGE)
+    return set_error(HPCDL_ERR_INVALID, std::string(op) + ": AVERAGE is not defined for bool; use SUM (or) or MIN (and)");
+  return HPCDL_OK;
+}
+
+std::string label(const char* op, int process_set) {
+  return std::string(op) + " (direct, process set " + std::to_string(process_set) + ")";
+}
+
+bool counts_ok(const int64_t* counts, int n) {
+  if (!counts) return false;
+  for (int i = 0; i < n; ++i)
+    if (counts[i] < 0) return false;
+  return true;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* hpcdl_last_error(void) { return t_last_error.c_str(); }
+
+int hpcdl_init(const char* options) {
+  return set_error(Runtime::init(Options::parse(options)));
+}
+
+int hpcdl_shutdown(void) { return set_error(Runtime::shutdown()); }
+
+int hpcdl_is_initialized(void) { return current_runtime() != nullptr; }
+
+#define HPCDL_TOPOLOGY(fn, expr)   \
+  int fn(void) {                   \
+    Runtime* rt = current_runtime(); \
+    if (!rt) {                     \
+      set_error(HPCDL_ERR_NOT_INITIALIZED, kNotInit); \
+      return -1;                   \
+    }                              \
+    return expr;                   \
+  }
+HPCDL_TOPOLOGY(hpcdl_rank, rt->rank())
+HPCDL_TOPOLOGY(hpcdl_size, rt->size())
+HPCDL_TOPOLOGY(hpcdl_local_rank, rt->local_rank())
+HPCDL_TOPOLOGY(hpcdl_local_size, rt->local_size())
+HPCDL_TOPOLOGY(hpcdl_cross_rank, rt->cross_rank())
+HPCDL_TOPOLOGY(hpcdl_cross_size, rt->cross_size())
+HPCDL_TOPOLOGY(hpcdl_is_homogeneous, rt->homogeneous() ? 1 : 0)
+HPCDL_TOPOLOGY(hpcdl_mpi_threads_supported, rt->mpi_threads_supported() ? 1 : 0)
+
+int hpcdl_mpi_enabled(void) {
+  Runtime* rt = current_runtime();
+  if (rt) return rt->mpi_enabled() ? 1 : 0;
+#ifdef HPCDL_HAVE_MPI
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+const char* hpcdl_transport_name(int local) {
+  static thread_local std::string name;
+  Runtime* rt = current_runtime();
+  if (!rt) {
+    set_error(HPCDL_ERR_NOT_INITIALIZED, kNotInit);
+    return "";
+  }
+  name = rt->transport_name(local != 0);
+  return name.c_str();
+}
+
+// ---- rendezvous server ---------------------------------------------------------------------------
+int64_t hpcdl_rendezvous_server_start(const char* host, int port, const char* secret, int size) {
+  std::unique_ptr<RendezvousServer> server(new RendezvousServer());
+  Status st = server->start(host ? host : "0.0.0.0", port, secret ? secret : "", size);
+  if (!st.is_ok()) return -int64_t(set_error(st));
+  std::lock_guard<std::mutex> lock(g_servers_mutex);
+  int64_t id = g_next_server++;
+  g_servers[id] = std::move(server);
+  return id;
+}
+
+int hpcdl_rendezvous_server_port(int64_t server) {
+  std::lock_guard<std::mutex> lock(g_servers_mutex);
+  auto it = g_servers.find(server);
+  if (it == g_servers.end()) return -set_error(HPCDL_ERR_INVALID, "unknown rendezvous server id");
+  return it->second->port();
+}
+
+int hpcdl_rendezvous_server_arrived(int64_t server, int32_t* ranks, int capacity) {
+  std::lock_guard<std::mutex> lock(g_servers_mutex);
+  auto it = g_servers.find(server);
+  if (it == g_servers.end()) return -set_error(HPCDL_ERR_INVALID, "unknown rendezvous server id");
+  std::vector<int> arrived = it->second->arrived();
+  int n = 0;
+  for (int r : arrived) {
+    if (n >= capacity) break;
+    ranks[n++] = r;
+  }
+  return int(arrived.size()) < capacity ? int(arrived.size()) : n;
+}
+
+int hpcdl_rendezvous_server_stop(int64_t server) {
+  std::unique_ptr<RendezvousServer> victim;
+  {
+    std::lock_guard<std::mutex> lock(g_servers_mutex);
+    auto it = g_servers.find(server);
+    if (it == g_servers.end()) return set_error(HPCDL_ERR_INVALID, "unknown rendezvous server id");
+    victim = std::move(it->second);
+    g_servers.erase(it);
+  }
+  victim->stop();
+  return HPCDL_OK;
+}
+
+// ---- direct collectives -------------------------------------------------------------------------
+int hpcdl_allreduce(const void* send, void* recv, int64_t count, int dtype, int op, double prescale,
+                    double postscale, int process_set) {
+  int code = HPCDL_OK;
+  Runtime* rt = need_runtime(&code);
+  if (!rt) return code;
+  if ((code = check_dtype(dtype, "allreduce")) || (code = check_reduce(dtype, op, "allreduce"))) return code;
+  if (count < 0 || (count > 0 && (!send || !recv)))
+    return set_error(HPCDL_ERR_INVALID, "allreduce: count must be >= 0 with non-null buffers");
+  Comm* c = direct_comm(rt, process_set, "allreduce", &code);
+  if (!c) return code;
+  std::lock_guard<std::mutex> lock(rt->direct_mutex());
+  return set_error(c->allreduce(send, recv, count, dtype, op, prescale, postscale, rt->deadline(),
+                                label("allreduce", process_set)));
+}
+
+int hpcdl_allgather(const void* send, int64_t count, void* recv, const int64_t* recv_counts, int dtype,
+                    int process_set) {
+  int code = HPCDL_OK;
+  Runtime* rt = need_runtime(&code);
+  if (!rt) return code;
+  if ((code = check_dtype(dtype, "allgather"))) return code;
+  Comm* c = direct_comm(rt, process_set, "allgather", &code);
+  if (!c) return code;
+  std::vector<int64_t> counts(size_t(c->size()), count);
+  if (recv_counts) counts.assign(recv_counts, recv_counts + c->size());
+  if (count < 0 || !counts_ok(counts.data(), c->size()) || counts[size_t(c->rank())] != count)
+    return set_error(HPCDL_ERR_INVALID, "allgather: counts must be >= 0 and recv_counts[my rank] must equal count");
+  std::lock_guard<std::mutex> lock(rt->direct_mutex());
+  return set_error(c->allgatherv(send, recv, counts, dtype, rt->deadline(), label("allgather", process_set)));
+}
+
+int hpcdl_broadcast(void* buf, int64_t count, int dtype, int root, int process_set) {
+  int code = HPCDL_OK;
+  Runtime* rt = need_runtime(&code);
+  if (!rt) return code;
+  if ((code = check_dtype(dtype, "broadcast"))) return code;
+  Comm* c = direct_comm(rt, process_set, "broadcast", &code);
+  if (!c) return code;
+  if (root < 0 || root >= c->size())
+    return set_error(HPCDL_ERR_INVALID, "broadcast: root " + std::to_string(root) + " is not a rank of process set " +
+                                            std::to_string(process_set) + " (size " + std::to_string(c->size()) + ")");
+  if (count < 0) return set_error(HPCDL_ERR_INVALID, "broadcast: count must be >= 0");
+  std::lock_guard<std::mutex> lock(rt->direct_mutex());
+  return set_error(c->broadcast(buf, count, dtype, root, rt->deadline(), label("broadcast", process_set)));
+}
+
+int hpcdl_alltoall(const void* send, const int64_t* send_counts, void* recv, const int64_t* recv_counts, int dtype,
+                   int process_set) {
+  int code = HPCDL_OK;
+  Runtime* rt = need_runtime(&code);
+  if (!rt) return code;
+  if ((code = check_dtype(dtype, "alltoall"))) return code;
+  Comm* c = direct_comm(rt, process_set, "alltoall", &code);
+  if (!c) return code;
+  if (!counts_ok(send_counts, c->size()) || !counts_ok(recv_counts, c->size()))
+    return set_error(HPCDL_ERR_INVALID, "alltoall: send_counts and recv_counts need one count >= 0 per rank");
+  std::vector<int64_t> sc(send_counts, send_counts + c->size()), rc(recv_counts, recv_counts + c->size());
+  std::lock_guard<std::mutex> lock(rt->direct_mutex());
+  return set_error(c->alltoallv(send, sc, recv, rc, dtype, rt->deadline(), label("alltoall", process_set)));
+}
+
+int hpcdl_reducescatter(const void* send, void* recv, const int64_t* recv_counts, int dtype, int op,
+                        double prescale, double postscale, int process_set) {
+  int code = HPCDL_OK;
+  Runtime* rt = need_runtime(&code);
+  if (!rt) return code;
+  if ((code = check_dtype(dtype, "reducescatter")) || (code = check_reduce(dtype, op, "reducescatter"))) return code;
+  Comm* c = direct_comm(rt, process_set, "reducescatter", &code);
+  if (!c) return code;
+  if (!counts_ok(recv_counts, c->size()))
+    return set_error(HPCDL_ERR_INVALID, "reducescatter: recv_counts needs one count >= 0 per rank");
+  std::vector<int64_t> rc(recv_counts, recv_counts + c->size());
+  std::lock_guard<std::mutex> lock(rt->direct_mutex());
+  return set_error(c->reducescatter(send, recv, rc, dtype, op, prescale, postscale, rt->deadline(),
+                                    label("reducescatter", process_set)));
+}
+
+int hpcdl_barrier(int process_set) {
+  int code = HPCDL_OK;
+  Runtime* rt = need_runtime(&code);
+  if (!rt) return code;
+  Comm* c = direct_comm(rt, process_set, "barrier", &code);
+  if (!c) return code;
+  std::lock_guard<std::mutex> lock(rt->direct_mutex());
+  return set_error(c->barrier(rt->deadline(), label("barrier", process_set)));
+}
+
+// ---- process sets --------------------------------------------------------------------------------
+int hpcdl_add_process_set(const int32_t* ranks, int n) {
+  int code = HPCDL_OK;
+  Runtime* rt = need_runtime(&code);
+  if (!rt) return -code;
+  if (!ranks || n <= 0) return -set_error(HPCDL_ERR_INVALID, "add_process_set: give at least one rank");
+  int id = 0;
+  Status st = rt->add_process_set(std::vector<int>(ranks, ranks + n), &id);
+  if (!st.is_ok()) return -set_error(st);
+  return id;
+}
+
+int hpcdl_remove_process_set(int process_set) {
+  int code = HPCDL_OK;
+  Runtime* rt = need_runtime(&code);
+  if (!rt) return code;
+  return set_error(rt->remove_process_set(process_set));
+}
+
+int hpcdl_process_set_rank(int process_set) {
+  int code = HPCDL_OK;
+  Runtime* rt = need_runtime(&code);
+  if (!rt) return -1;
+  ProcessSet set;
+  set_error(HPCDL_OK, "");
+  if (!rt->process_set(process_set, &set)) {
+    set_error(HPCDL_ERR_INVALID, "no process set with id " + std::to_string(process_set));
+    return -1;
+  }
+  return set.my_rank;
+}
+
+int hpcdl_process_set_size(int process_set) {
+  int code = HPCDL_OK;
+  Runtime* rt = need_runtime(&code);
+  if (!rt) return -1;
+  ProcessSet set;
+  set_error(HPCDL_OK, "");
+  if (!rt->process_set(process_set, &set)) {
+    set_error(HPCDL_ERR_INVALID, "no process set with id " + std::to_string(process_set));
+    return -1;
+  }
+  return int(set.ranks.size());
+}
+
+int hpcdl_process_set_ranks(int process_set, int32_t* ranks, int capacity) {
+  int code = HPCDL_OK;
+  Runtime* rt = need_runtime(&code);
+  if (!rt) return -1;
+  ProcessSet set;
+  set_error(HPCDL_OK, "");
+  if (!rt->process_set(process_set, &set)) {
+    set_error(HPCDL_ERR_INVALID, "no process set with id " + std::to_string(process_set));
+    return -1;
+  }
+  for (int i = 0; i < capacity && i < int(set.ranks.size()); ++i) ranks[i] = set.ranks[size_t(i)];
+  return int(set.ranks.size());
+}
+
+int hpcdl_process_set_ids(int32_t* ids, int capacity) {
+  int code = HPCDL_OK;
+  Runtime* rt = need_runtime(&code);
+  if (!rt) return -1;
+  std::vector<int> all = rt->process_set_ids();
+  for (int i = 0; i < capacity && i < int(all.size()); ++i) ids[i] = all[size_t(i)];
+  return int(all.size());
+}
+
+}  // extern "C"

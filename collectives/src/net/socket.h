@@ -1,0 +1,34 @@
+// TCP sockets with deadlines: every call that can block takes a Deadline and says what it waited for.
+#pragma once
+
+#include <string>
+
+#include "comm.h"
+
+namespace hpcdl {
+
+std::string errno_text(int err);
+
+// Non-blocking listening socket on host:port (port 0: any free port). Returns the fd or -1 with *error.
+int listen_tcp(const std::string& host, int port, int* bound_port, std::string* error);
+// Connects to host:port, retrying refused connections until the deadline (the peer may not listen yet).
+Status connect_tcp(const std::string& host, int port, Deadline deadline, const std::string& what, int* fd);
+void configure_data_socket(int fd);  // non-blocking, TCP_NODELAY, large buffers
+std::string socket_local_address(int fd);
+// IPv4 address of a network interface name ("eth0"), or the argument itself when it already is one.
+Status interface_address(const std::string& iface, std::string* address);
+
+// Blocking-with-deadline transfers on non-blocking sockets. `peer` names the other side in errors.
+Status send_all(int fd, const void* data, size_t size, Deadline deadline, const std::string& peer,
+                const std::string& what);
+Status recv_all(int fd, void* data, size_t size, Deadline deadline, const std::string& peer,
+                const std::string& what);
+// Sends to one socket while receiving from another (possibly the same), so that rings cannot deadlock.
+Status send_recv(int send_fd, const void* send_data, size_t send_size, const std::string& send_peer, int recv_fd,
+                 void* recv_data, size_t recv_size, const std::string& recv_peer, Deadline deadline,
+                 const std::string& what);
+
+// Milliseconds left until the deadline for poll(), clamped to [0, INT_MAX].
+int poll_timeout_ms(Deadline deadline);
+
+}  // namespace hpcdl

@@ -1,0 +1,431 @@
+#include "runtime.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+
+#include "bootstrap/rendezvous.h"
+#include "crypto/sha256.h"
+#include "engine/engine.h"
+#include "net/endpoint.h"
+#include "net/socket.h"
+#include "transport/shm_comm.h"
+#include "transport/tcp_comm.h"
+#include "transport/hierarchical_comm.h"
+
+#ifdef HPCDL_HAVE_MPI
+#include "mpi/mpi_bootstrap.h"
+#endif
+
+namespace hpcdl {
+namespace {
+
+std::atomic<Runtime*> g_runtime{nullptr};
+std::mutex g_lifecycle;
+
+// The address a peer on another host can use to reach us: the one routing towards `target`.
+std::string route_address(const std::string& target, int port) {
+  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return "127.0.0.1";
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(uint16_t(port ? port : 9));
+  std::string out = "127.0.0.1";
+  if (inet_pton(AF_INET, target.c_str(), &addr.sin_addr) == 1 &&
+      connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0)
+    out = socket_local_address(fd);
+  close(fd);
+  if (out == "0.0.0.0") out = "127.0.0.1";
+  return out;
+}
+
+std::vector<std::vector<int>> parse_process_sets(const std::string& text) {
+  std::vector<std::vector<int>> sets;
+  std::istringstream in(text);
+  std::string one;
+  while (std::getline(in, one, ';')) {
+    std::vector<int> ranks;
+    std::istringstream ranks_in(one);
+    std::string r;
+    while (std::getline(ranks_in, r, ','))
+      if (!r.empty()) ranks.push_back(std::atoi(r.c_str()));
+    if (!ranks.empty()) sets.push_back(ranks);
+  }
+  return sets;
+}
+
+}  // namespace
+
+Runtime* current_runtime() { return g_runtime.load(std::memory_order_acquire); }
+
+Runtime::Runtime() = default;
+
+Runtime::~Runtime() {
+  if (engine_) engine_->stop();
+  engine_.reset();
+  {
+    std::lock_guard<std::mutex> lock(sets_mutex_);
+    sets_.clear();
+  }
+  world_boot_.reset();
+  endpoint_.reset();
+  rendezvous_.reset();
+#ifdef HPCDL_HAVE_MPI
+  mpi_finalize_if_initialized_here(mpi_initialized_here_);
+#endif
+}
+
+Deadline Runtime::deadline() const {
+  return Clock::now() + std::chrono::microseconds(int64_t(timeout_s_ * 1e6));
+}
+
+Status Runtime::init(const Options& options) {
+  std::lock_guard<std::mutex> lock(g_lifecycle);
+  if (g_runtime.load())
+    return Status::error(HPCDL_ERR_INVALID, "hpcdl is already initialised in this process; call shutdown() first");
+  std::unique_ptr<Runtime> rt(new Runtime());
+  Status st = rt->start(options);
+  if (!st.is_ok()) return st;
+  Runtime* raw = rt.release();
+  g_runtime.store(raw, std::memory_order_release);
+  raw->engine_.reset(new Engine(*raw));
+  st = raw->engine_->start();
+  if (!st.is_ok()) {
+    g_runtime.store(nullptr);
+    delete raw;
+    return st;
+  }
+  return Status::ok();
+}
+
+Status Runtime::shutdown() {
+  std::lock_guard<std::mutex> lock(g_lifecycle);
+  Runtime* rt = g_runtime.load();
+  if (!rt) return Status::ok();
+  if (rt->engine_) rt->engine_->stop();
+  g_runtime.store(nullptr, std::memory_order_release);
+  delete rt;
+  return Status::ok();
+}
+
+Status Runtime::start(const Options& options) {
+  options_ = options;
+  timeout_s_ = options.get_double("timeout_s", 60.0);
+  if (!(timeout_s_ > 0)) return Status::error(HPCDL_ERR_INVALID, "timeout_s must be a positive number of seconds");
+  transport_ = options.get("transport", "auto");
+  if (transport_ != "auto" && transport_ != "shm" && transport_ != "tcp" && transport_ != "mpi")
+    return Status::error(HPCDL_ERR_INVALID,
+                         "transport='" + transport_ + "' is not one of auto, shm, tcp, mpi (HPCDL_TRANSPORT)");
+  const std::string bootstrap = options.get("bootstrap", "tcp");
+  std::string secret = options.get("secret");
+  const Deadline deadline = this->deadline();
+
+  if (bootstrap == "mpi" || transport_ == "mpi") {
+#ifdef HPCDL_HAVE_MPI
+    int mpi_rank = 0, mpi_size = 1;
+    Status st = mpi_bootstrap_init(&mpi_initialized_here_, &mpi_threads_supported_, &mpi_rank, &mpi_size);
+    if (!st.is_ok()) return st;
+    mpi_enabled_ = true;
+    if (bootstrap == "mpi") {
+      if (options.has("rank") && (options.get_int("rank", -1) != mpi_rank || options.get_int("size", -1) != mpi_size))
+        return Status::error(HPCDL_ERR_INVALID, "bootstrap=mpi: MPI says rank " + std::to_string(mpi_rank) + " of " +
+                                                    std::to_string(mpi_size) + " but the environment says rank " +
+                                                    options.get("rank") + " of " + options.get("size"));
+      options_.set("rank", std::to_string(mpi_rank));
+      options_.set("size", std::to_string(mpi_size));
+    }
+#else
+    return Status::error(HPCDL_ERR_UNSUPPORTED, std::string(bootstrap == "mpi" ? "bootstrap" : "transport") +
+                                                    "=mpi: this build of hpcdl has no MPI support (" +
+                                                    HPCDL_MPI_REASON + ")");
+#endif
+  }
+
+  rank_ = int(options_.get_int("rank", -1));
+  size_ = int(options_.get_int("size", -1));
+  if (size_ < 1 || rank_ < 0 || rank_ >= size_)
+    return Status::error(HPCDL_ERR_INVALID, "rank=" + options_.get("rank") + " size=" + options_.get("size") +
+                                                " is not a valid rank/size pair (need 0 <= rank < size)");
+  std::string host = options_.get("host");
+  if (host.empty()) return Status::error(HPCDL_ERR_INVALID, "the host identity (option 'host') is required");
+  for (char c : host)
+    if (c == '\t' || c == '\n') return Status::error(HPCDL_ERR_INVALID, "host identity may not contain tabs or newlines");
+
+  std::string iface_addr;
+  if (!options_.get("iface").empty()) {
+    Status st = interface_address(options_.get("iface"), &iface_addr);
+    if (!st.is_ok()) return st;
+  }
+
+  std::string rv_addr = options_.get("rendezvous_addr");
+  int rv_port = int(options_.get_int("rendezvous_port", 0));
+  const bool serve = options_.get_bool("rendezvous_serve", false) || bootstrap == "mpi";
+  if (serve && rank_ == 0 && size_ > 1) {
+    if (bootstrap == "mpi" && secret.empty()) {
+      uint8_t raw[32];
+      random_bytes(raw, sizeof(raw));
+      static const char* hex = "0123456789abcdef";
+      for (uint8_t b : raw) secret += std::string{hex[b >> 4], hex[b & 15]};
+    }
+    rendezvous_.reset(new RendezvousServer());
+    Status st = rendezvous_->start(iface_addr.empty() ? "0.0.0.0" : iface_addr, bootstrap == "mpi" ? 0 : rv_port,
+                                   secret, size_);
+    if (!st.is_ok()) return Status::error(st.code, "rank 0 cannot host the rendezvous: " + st.message);
+    rv_port = rendezvous_->port();
+    if (bootstrap == "mpi") rv_addr = iface_addr.empty() ? route_address("8.8.8.8", 53) : iface_addr;
+  }
+#ifdef HPCDL_HAVE_MPI
+  if (bootstrap == "mpi" && size_ > 1) {
+    std::string where = rv_addr + "\n" + std::to_string(rv_port) + "\n" + secret;
+    Status st = mpi_broadcast_string(&where, 0);
+    if (!st.is_ok()) return st;
+    std::istringstream in(where);
+    std::string port_text;
+    std::getline(in, rv_addr);
+    std::getline(in, port_text);
+    std::getline(in, secret);
+    rv_port = std::atoi(port_text.c_str());
+  }
+#endif
+
+  peers_.assign(size_t(size_), PeerInfo{});
+  if (size_ == 1) {
+    peers_[0] = PeerInfo{0, host, "127.0.0.1", 0, int(getpid())};
+  } else {
+    if (rv_addr.empty() || rv_port <= 0)
+      return Status::error(HPCDL_ERR_INVALID, "no rendezvous address: launch with 'hpcdl run', set MASTER_ADDR and "
+                                              "MASTER_PORT, or use bootstrap=mpi under mpirun");
+    endpoint_.reset(new Endpoint());
+    Status st = endpoint_->start(iface_addr.empty() ? "0.0.0.0" : iface_addr, secret, rank_);
+    if (!st.is_ok()) return st;
+    PeerInfo self{rank_, host, iface_addr.empty() ? route_address(rv_addr == "localhost" ? "127.0.0.1" : rv_addr, rv_port)
+                                                  : iface_addr,
+                  endpoint_->port(), int(getpid())};
+    st = rendezvous_register(rv_addr, rv_port, secret, size_, self, deadline, &peers_);
+    if (!st.is_ok()) return st;
+  }
+
+  // Topology: local = same host identity; cross = ranks with the same local rank.
+  std::map<std::string, int> per_host;
+  std::vector<int> local_rank_of(static_cast<size_t>(size_));
+  for (const auto& p : peers_) local_rank_of[size_t(p.rank)] = per_host[p.host]++;
+  local_rank_ = local_rank_of[size_t(rank_)];
+  local_size_ = per_host[host];
+  cross_rank_ = 0;
+  cross_size_ = 0;
+  for (const auto& p : peers_) {
+    if (local_rank_of[size_t(p.rank)] != local_rank_) continue;
+    if (p.rank < rank_) ++cross_rank_;
+    ++cross_size_;
+  }
+  homogeneous_ = true;
+  for (auto& entry : per_host) homogeneous_ = homogeneous_ && entry.second == local_size_;
+  const bool spans = per_host.size() > 1;
+  if (transport_ == "shm" && spans)
+    return Status::error(HPCDL_ERR_INVALID, "transport=shm needs every rank on one host, but ranks span " +
+                                                std::to_string(per_host.size()) + " hosts; use auto or tcp");
+  if (transport_ == "mpi") {
+    local_transport_ = cross_transport_ = "mpi";
+  } else {
+    local_transport_ = size_ == 1 || local_size_ == 1 ? "self" : (transport_ == "tcp" || spans ? "tcp" : "shm");
+    if (spans && transport_ != "tcp" && options_.get_bool("hierarchical", false) && local_size_ > 1) local_transport_ = "shm";
+    cross_transport_ = spans ? "tcp" : "self";
+  }
+
+  if (size_ > 1) {
+    std::vector<int> all(static_cast<size_t>(size_));
+    for (int i = 0; i < size_; ++i) all[size_t(i)] = i;
+    Status st = TcpComm::create(*endpoint_, peers_, all, rank_, "boot", 0, deadline, &world_boot_);
+    if (!st.is_ok()) return st;
+  }
+  std::vector<int> world(static_cast<size_t>(size_));
+  for (int i = 0; i < size_; ++i) world[size_t(i)] = i;
+  Status st = build_process_set(0, world);
+  if (!st.is_ok()) return st;
+  for (const auto& ranks : parse_process_sets(options_.get("process_sets"))) {
+    int id = 0;
+    st = add_process_set(ranks, &id);
+    if (!st.is_ok()) return st;
+  }
+  return Status::ok();
+}
+
+Status Runtime::make_tcp_comm(const std::vector<int>& ranks, int my, const std::string& key, Deadline deadline,
+                              std::shared_ptr<TcpComm>* out) {
+  const size_t small = size_t(options_.get_int("small_message_bytes", 65536));
+  return TcpComm::create(*endpoint_, peers_, ranks, my, key, small, deadline, out);
+}
+
+std::string Runtime::transport_name(bool local) const { return local ? local_transport_ : cross_transport_; }
+
+Status Runtime::make_comm(const std::vector<int>& ranks, int set_id, Channel channel, std::shared_ptr<Comm>* out) {
+  int my = int(std::find(ranks.begin(), ranks.end(), rank_) - ranks.begin());
+  const Deadline deadline = this->deadline();
+  const std::string key = "set" + std::to_string(set_id) + "/ch" + std::to_string(int(channel));
+  if (transport_ == "mpi") {
+#ifdef HPCDL_HAVE_MPI
+    return make_mpi_comm(ranks, my, out);
+#endif
+  }
+  bool one_host = true;
+  for (int r : ranks) one_host = one_host && peers_[size_t(r)].host == peers_[size_t(rank_)].host;
+  if (ranks.size() == 1 || transport_ == "tcp" || !one_host) {
+    std::shared_ptr<TcpComm> tcp;
+    Status st = make_tcp_comm(ranks, my, key, deadline, &tcp);
+    if (!st.is_ok()) return st;
+    if (!one_host && transport_ != "tcp" && options_.get_bool("hierarchical", false)) {
+      std::shared_ptr<Comm> hier;
+      st = HierarchicalComm::create(*this, ranks, my, key, tcp, deadline, &hier);
+      if (!st.is_ok()) return st;
+      *out = hier;
+      return Status::ok();
+    }
+    *out = tcp;
+    return Status::ok();
+  }
+  std::shared_ptr<ShmComm> shm;
+  Status st = make_shm_comm(ranks, my, key, channel, deadline, &shm);
+  if (!st.is_ok()) return st;
+  *out = shm;
+  return Status::ok();
+}
+
+Status Runtime::make_shm_comm(const std::vector<int>& ranks, int my, const std::string& key, Channel channel,
+                              Deadline deadline, std::shared_ptr<ShmComm>* out) {
+  ShmParams params;
+  params.small_message_bytes = size_t(options_.get_int("small_message_bytes", 65536));
+  params.chunk_bytes = size_t(options_.get_int("shm_chunk_bytes", 1 << 20));
+  if (channel == Channel::kEngineControl) params.chunk_bytes = 64 << 10;
+  std::vector<int> pids;
+  for (int r : ranks) pids.push_back(peers_[size_t(r)].pid);
+  TcpComm* boot = world_boot_.get();
+  auto send = [boot, &deadline, &key](int to, const std::string& name) -> Status {
+    uint32_t len = uint32_t(name.size());
+    Status st = boot->sendrecv(to, &len, 4, -1, nullptr, 0, deadline, "sending shared memory name for " + key);
+    if (st.is_ok()) st = boot->sendrecv(to, name.data(), len, -1, nullptr, 0, deadline, "sending shm name");
+    return st;
+  };
+  auto recv = [boot, &deadline, &key](int from, std::string* name) -> Status {
+    uint32_t len = 0;
+    Status st = boot->sendrecv(-1, nullptr, 0, from, &len, 4, deadline, "receiving shared memory name for " + key);
+    if (!st.is_ok()) return st;
+    if (len > 255) return Status::error(HPCDL_ERR_INTERNAL, "bad shared memory name length");
+    name->assign(len, '\0');
+    return boot->sendrecv(-1, nullptr, 0, from, &(*name)[0], len, deadline, "receiving shm name");
+  };
+  return ShmComm::create(ranks, my, pids, params, key, deadline, send, recv, out);
+}
+
+Status Runtime::build_process_set(int id, const std::vector<int>& ranks) {
+  ProcessSet set;
+  set.id = id;
+  set.ranks = ranks;
+  auto it = std::find(ranks.begin(), ranks.end(), rank_);
+  set.my_rank = it == ranks.end() ? -1 : int(it - ranks.begin());
+  if (set.my_rank >= 0) {
+    for (Channel ch : {Channel::kDirect, Channel::kEngineData, Channel::kEngineControl}) {
+      Status st = make_comm(ranks, id, ch, &set.comms[int(ch)]);
+      if (!st.is_ok()) return st;
+    }
+  }
+  std::lock_guard<std::mutex> lock(sets_mutex_);
+  sets_.push_back(std::move(set));
+  return Status::ok();
+}
+
+Comm& Runtime::comm(int process_set, Channel channel) {
+  Comm* c = find_comm(process_set, channel);
+  if (!c) throw std::out_of_range("process set " + std::to_string(process_set) + " is unknown or excludes this rank");
+  return *c;
+}
+
+Comm* Runtime::find_comm(int process_set, Channel channel) { return find_comm_shared(process_set, channel).get(); }
+
+std::shared_ptr<Comm> Runtime::find_comm_shared(int process_set, Channel channel) {
+  std::lock_guard<std::mutex> lock(sets_mutex_);
+  for (auto& s : sets_)
+    if (s.id == process_set) return s.comms[int(channel)];
+  return nullptr;
+}
+
+std::vector<int> Runtime::process_set_ids() const {
+  std::lock_guard<std::mutex> lock(sets_mutex_);
+  std::vector<int> ids;
+  for (auto& s : sets_) ids.push_back(s.id);
+  return ids;
+}
+
+bool Runtime::process_set(int id, ProcessSet* out) const {
+  std::lock_guard<std::mutex> lock(sets_mutex_);
+  for (auto& s : sets_) {
+    if (s.id != id) continue;
+    out->id = s.id;
+    out->ranks = s.ranks;
+    out->my_rank = s.my_rank;
+    for (int c = 0; c < 3; ++c) out->comms[c] = s.comms[c];
+    return true;
+  }
+  return false;
+}
+
+Status Runtime::add_process_set(const std::vector<int>& ranks_in, int* id) {
+  std::lock_guard<std::mutex> admin(admin_mutex_);
+  std::vector<int> ranks(ranks_in);
+  std::sort(ranks.begin(), ranks.end());
+  if (ranks.empty() || std::adjacent_find(ranks.begin(), ranks.end()) != ranks.end() || ranks.front() < 0 ||
+      ranks.back() >= size_)
+    return Status::error(HPCDL_ERR_INVALID, "a process set needs distinct world ranks in [0, " +
+                                                std::to_string(size_) + ")");
+  {
+    std::lock_guard<std::mutex> lock(sets_mutex_);
+    for (auto& s : sets_)
+      if (s.ranks == ranks)
+        return Status::error(HPCDL_ERR_INVALID, "a process set with these ranks already exists (id " +
+                                                    std::to_string(s.id) + ")");
+  }
+  // Every rank must add the same set at the same time: compare a digest of the list across the world.
+  if (world_boot_) {
+    std::string text;
+    for (int r : ranks) text += std::to_string(r) + ",";
+    Digest d = sha256(text.data(), text.size());
+    int64_t mine[2];
+    std::memcpy(&mine[0], d.data(), 8);
+    mine[1] = next_set_id_;
+    int64_t lo[2], hi[2];
+    Deadline deadline = this->deadline();
+    Status st = world_boot_->allreduce(mine, lo, 2, HPCDL_INT64, HPCDL_MIN, 1.0, 1.0, deadline, "add_process_set");
+    if (st.is_ok()) st = world_boot_->allreduce(mine, hi, 2, HPCDL_INT64, HPCDL_MAX, 1.0, 1.0, deadline, "add_process_set");
+    if (!st.is_ok()) return st;
+    if (lo[0] != hi[0] || lo[1] != hi[1])
+      return Status::error(HPCDL_ERR_MISMATCH, "add_process_set: ranks passed different rank lists; every rank "
+                                               "must call add_process_set with the same ranks in the same order");
+  }
+  int new_id = next_set_id_++;
+  Status st = build_process_set(new_id, ranks);
+  if (!st.is_ok()) return st;
+  *id = new_id;
+  return Status::ok();
+}
+
+Status Runtime::remove_process_set(int id) {
+  std::lock_guard<std::mutex> admin(admin_mutex_);
+  if (id == 0) return Status::error(HPCDL_ERR_INVALID, "the global process set (id 0) cannot be removed");
+  std::lock_guard<std::mutex> lock(sets_mutex_);
+  for (auto it = sets_.begin(); it != sets_.end(); ++it) {
+    if (it->id == id) {
+      sets_.erase(it);
+      return Status::ok();
+    }
+  }
+  return Status::error(HPCDL_ERR_INVALID, "no process set with id " + std::to_string(id));
+}
+
+}  // namespace hpcdl

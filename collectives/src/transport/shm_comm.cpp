@@ -1,0 +1,490 @@
+#include "transport/shm_comm.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "crypto/sha256.h"
+#include "kernels/reduce.h"
+#include "net/socket.h"
+
+namespace hpcdl {
+
+struct ShmComm::Header {
+  uint64_t magic;
+  int32_t nranks;
+  std::atomic<int32_t> attached;
+  alignas(128) std::atomic<uint32_t> wake_seq;
+  std::atomic<int32_t> sleepers;
+};
+
+struct ShmComm::RankCtl {
+  alignas(128) std::atomic<uint32_t> step;
+  int32_t pid;
+  alignas(128) std::atomic<uint32_t> bell;
+  std::atomic<int32_t> bell_sleeping;
+};
+
+namespace {
+constexpr uint64_t kMagic = 0x687063646c73686dULL;  // "hpcdlshm"
+size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+inline bool reached(uint32_t value, uint32_t target) { return int32_t(value - target) >= 0; }
+}  // namespace
+
+ShmComm::RankCtl& ShmComm::ctl(int r) const {
+  return *reinterpret_cast<RankCtl*>(static_cast<char*>(base_) + ctl_off_ + size_t(r) * sizeof(RankCtl));
+}
+char* ShmComm::slot(int r, uint32_t step) const {
+  return static_cast<char*>(base_) + slot_off_ + (size_t(r) * 2 + (step & 1)) * params_.chunk_bytes;
+}
+char* ShmComm::desc_area(int r, uint32_t step) const {
+  return static_cast<char*>(base_) + desc_off_ + (size_t(r) * 2 + (step & 1)) * desc_bytes_;
+}
+
+Status ShmComm::create(const std::vector<int>& world_ranks, int my_rank, const std::vector<int>& pids,
+                       const ShmParams& params, const std::string& label, Deadline deadline, const SendName& send,
+                       const RecvName& recv, std::shared_ptr<ShmComm>* out) {
+  std::shared_ptr<ShmComm> c(new ShmComm());
+  c->rank_ = my_rank;
+  c->size_ = int(world_ranks.size());
+  c->world_ = world_ranks;
+  c->pids_ = pids;
+  c->params_ = params;
+  c->params_.chunk_bytes = round_up(std::max<size_t>(params.chunk_bytes, 4096), 4096);
+  c->label_ = label;
+  const int n = c->size_;
+  c->ctl_off_ = 4096;
+  c->desc_bytes_ = round_up(OpDesc::wire_size(n), 64);
+  c->desc_off_ = round_up(c->ctl_off_ + size_t(n) * sizeof(RankCtl), 4096);
+  c->slot_off_ = round_up(c->desc_off_ + size_t(n) * 2 * c->desc_bytes_, 4096);
+  c->total_ = c->slot_off_ + size_t(n) * 2 * c->params_.chunk_bytes;
+
+  std::string name;
+  int fd = -1;
+  if (my_rank == 0) {
+    uint8_t rnd[8];
+    random_bytes(rnd, sizeof(rnd));
+    char buf[96];
+    std::snprintf(buf, sizeof(buf), "/hpcdl-%d-%02x%02x%02x%02x%02x%02x", int(getpid()), rnd[0], rnd[1], rnd[2],
+                  rnd[3], rnd[4], rnd[5]);
+    name = buf;
+    fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0)
+      return Status::error(HPCDL_ERR_INTERNAL, "cannot create shared memory " + name + ": " + errno_text(errno) +
+                                                   "; is /dev/shm mounted and writable?");
+    if (ftruncate(fd, off_t(c->total_)) != 0) {
+      int err = errno;
+      close(fd);
+      shm_unlink(name.c_str());
+      return Status::error(HPCDL_ERR_INTERNAL, "cannot size shared memory segment to " + std::to_string(c->total_) +
+                                                   " bytes: " + errno_text(err) + "; /dev/shm may be too small");
+    }
+  } else {
+    Status st = recv(world_ranks[0], &name);
+    if (!st.is_ok()) return st;
+    fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0)
+      return Status::error(HPCDL_ERR_INTERNAL, "cannot open shared memory " + name + " made by rank " +
+                                                   std::to_string(world_ranks[0]) + ": " + errno_text(errno) +
+                                                   "; ranks with the same HPCDL_HOSTNAME must share /dev/shm");
+  }
+  void* base = mmap(nullptr, c->total_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (base == MAP_FAILED) {
+    if (my_rank == 0) shm_unlink(name.c_str());
+    return Status::error(HPCDL_ERR_INTERNAL, "mmap of shared memory failed: " + errno_text(errno));
+  }
+  c->base_ = base;
+  auto* hdr = static_cast<Header*>(base);
+  if (my_rank == 0) {
+    hdr->magic = kMagic;
+    hdr->nranks = n;
+    hdr->attached.store(1);
+    for (int r = 0; r < n; ++r) {
+      c->ctl(r).step.store(0);
+      c->ctl(r).bell.store(0);
+      c->ctl(r).bell_sleeping.store(0);
+    }
+    c->ctl(0).pid = int(getpid());
+    for (int r = 1; r < n; ++r) {
+      Status st = send(world_ranks[r], name);
+      if (!st.is_ok()) {
+        shm_unlink(name.c_str());
+        return st;
+      }
+    }
+    // Unlink once everybody mapped it: from then on the kernel frees it when the last rank exits.
+    Status st = c->wait_until([&]() -> int { return hdr->attached.load() >= n ? -1 : 1; }, deadline,
+                              "setting up shared memory for " + label);
+    shm_unlink(name.c_str());
+    if (!st.is_ok()) return st;
+  } else {
+    c->ctl(my_rank).pid = int(getpid());
+    hdr->attached.fetch_add(1);
+  }
+  *out = std::move(c);
+  return Status::ok();
+}
+
+ShmComm::~ShmComm() {
+  if (base_) munmap(base_, total_);
+}
+
+Status ShmComm::check_usable() const {
+  if (broken_.is_ok()) return Status::ok();
+  return Status::error(broken_.code, "this communicator failed earlier and cannot be used any more (" +
+                                         broken_.message + "); shut hpcdl down and restart the job");
+}
+
+Status ShmComm::fail(Status status) {
+  if (status.code == HPCDL_ERR_TIMEOUT || status.code == HPCDL_ERR_PEER_LOST) broken_ = status;
+  return status;
+}
+
+void ShmComm::publish() {
+  ++step_;
+  ctl(rank_).step.store(step_, std::memory_order_seq_cst);
+  auto* hdr = static_cast<Header*>(base_);
+  if (hdr->sleepers.load(std::memory_order_seq_cst) > 0) {
+    hdr->wake_seq.fetch_add(1);
+    futex_wake_shared(&hdr->wake_seq);
+  }
+}
+
+template <class Missing>
+Status ShmComm::wait_until(Missing missing, Deadline deadline, const std::string& what) {
+  int m = missing();
+  if (m < 0) return Status::ok();
+  auto* hdr = static_cast<Header*>(base_);
+  const auto start = Clock::now();
+  for (unsigned i = 1;; ++i) {
+    cpu_relax();
+    if ((m = missing()) < 0) return Status::ok();
+    if ((i & 127) == 0 && Clock::now() - start > policy_.spin) break;
+  }
+  while (Clock::now() - start < policy_.yield) {
+    sched_yield();
+    if ((m = missing()) < 0) return Status::ok();
+  }
+  auto last_check = Clock::now();
+  while (true) {
+    hdr->sleepers.fetch_add(1, std::memory_order_seq_cst);
+    uint32_t seq = hdr->wake_seq.load(std::memory_order_seq_cst);
+    m = missing();
+    auto now = Clock::now();
+    if (m >= 0 && now < deadline) {
+      int64_t left = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - now).count();
+      futex_wait_shared(&hdr->wake_seq, seq, std::min<int64_t>(left, 10'000'000));
+      m = missing();
+    }
+    hdr->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    if (m < 0) return Status::ok();
+    now = Clock::now();
+    const std::string who = "rank " + std::to_string(world_[size_t(m)]) + " (pid " +
+                            std::to_string(pids_.empty() ? 0 : pids_[size_t(m)]) + ")";
+    if (now - last_check > std::chrono::milliseconds(50)) {
+      last_check = now;
+      int pid = m == 0 || pids_.empty() ? ctl(m).pid : pids_[size_t(m)];
+      if (!process_alive(pid))
+        return Status::error(HPCDL_ERR_PEER_LOST,
+                             what + ": " + who + " died (its process is gone) before finishing this collective");
+    }
+    if (now >= deadline)
+      return Status::error(HPCDL_ERR_TIMEOUT, what + ": timed out waiting for " + who +
+                                                  " (HPCDL_TIMEOUT); it is hung, dead or not calling the same "
+                                                  "collective");
+  }
+}
+
+Status ShmComm::wait_all(Deadline deadline, const std::string& what) {
+  const uint32_t target = step_;
+  Status st = wait_until(
+      [&]() -> int {
+        for (int r = 0; r < size_; ++r)
+          if (r != rank_ && !reached(ctl(r).step.load(std::memory_order_acquire), target)) return r;
+        return -1;
+      },
+      deadline, what);
+  return st.is_ok() ? st : fail(st);
+}
+
+Status ShmComm::wait_rank(int r, Deadline deadline, const std::string& what) {
+  const uint32_t target = step_;
+  Status st = wait_until(
+      [&]() -> int { return reached(ctl(r).step.load(std::memory_order_acquire), target) ? -1 : r; }, deadline,
+      what);
+  return st.is_ok() ? st : fail(st);
+}
+
+Status ShmComm::agree(const OpDesc& desc, Deadline deadline, const std::string& what, std::vector<OpDesc>* all) {
+  Status st = check_usable();
+  if (!st.is_ok()) return st;
+  desc.serialize(desc_area(rank_, step_ + 1), size_);
+  publish();
+  st = wait_all(deadline, what);
+  if (!st.is_ok()) return st;
+  std::vector<OpDesc> descs;
+  for (int r = 0; r < size_; ++r) descs.push_back(OpDesc::deserialize(desc_area(r, step_), size_));
+  st = check_descs(descs, world_, what);
+  if (all) *all = std::move(descs);
+  return st;
+}
+
+// ---- allreduce ---------------------------------------------------------------------------------------
+Status ShmComm::allreduce(const void* send, void* recv, int64_t count, int dtype, int op, double prescale,
+                          double postscale, Deadline deadline, const std::string& what) {
+  Status st = check_usable();
+  if (!st.is_ok()) return st;
+  const size_t es = dtype_bytes(dtype);
+  const size_t bytes = size_t(count) * es;
+  const OpDesc desc = make_desc(HPCDL_OP_ALLREDUCE, dtype, op, count);
+  const auto* in = static_cast<const char*>(send);
+  auto* out = static_cast<char*>(recv);
+  std::vector<const void*> srcs(size_t(size_), nullptr);
+
+  if (bytes <= params_.small_message_bytes && bytes <= params_.chunk_bytes) {
+    // One step: everybody stages its input, then reduces all inputs in rank order (bitwise identical).
+    desc.serialize(desc_area(rank_, step_ + 1), size_);
+    std::memcpy(slot(rank_, step_ + 1), in, bytes);
+    publish();
+    st = wait_all(deadline, what);
+    if (!st.is_ok()) return st;
+    std::vector<OpDesc> descs;
+    for (int r = 0; r < size_; ++r) descs.push_back(OpDesc::deserialize(desc_area(r, step_), size_));
+    st = check_descs(descs, world_, what);
+    if (!st.is_ok()) return st;
+    for (int r = 0; r < size_; ++r) srcs[size_t(r)] = r == rank_ ? static_cast<const void*>(in) : slot(r, step_);
+    reduce(out, srcs.data(), size_, count, dtype, op, prescale, postscale, size_);
+    return Status::ok();
+  }
+
+  st = agree(desc, deadline, what);
+  if (!st.is_ok()) return st;
+  // Chunks: each rank reduces its 1/n part of the chunk from everyone's staged copy, then copies the
+  // other parts' results. A rank never stages its own part (only it reads that part).
+  const size_t align = std::max<size_t>(1, 64 / es);
+  const int64_t chunk_elems = int64_t(params_.chunk_bytes / es);
+  for (int64_t off = 0; off < count; off += chunk_elems) {
+    const int64_t ce = std::min(chunk_elems, count - off);
+    int64_t part = (ce + size_ - 1) / size_;
+    part = int64_t((size_t(part) + align - 1) / align * align);
+    auto part_begin = [&](int p) { return std::min<int64_t>(int64_t(p) * part, ce); };
+    auto part_len = [&](int p) { return part_begin(p + 1) - part_begin(p); };
+    char* stage = slot(rank_, step_ + 1);
+    for (int p = 0; p < size_; ++p)
+      if (p != rank_ && part_len(p) > 0)
+        std::memcpy(stage + size_t(part_begin(p)) * es, in + size_t(off + part_begin(p)) * es,
+                    size_t(part_len(p)) * es);
+    publish();
+    st = wait_all(deadline, what);
+    if (!st.is_ok()) return st;
+    const uint32_t staged = step_;
+    const int64_t mine = part_len(rank_), mine_at = part_begin(rank_);
+    char* result = slot(rank_, step_ + 1) + size_t(mine_at) * es;
+    if (mine > 0) {
+      for (int r = 0; r < size_; ++r)
+        srcs[size_t(r)] = r == rank_ ? static_cast<const void*>(in + size_t(off + mine_at) * es)
+                                     : slot(r, staged) + size_t(mine_at) * es;
+      reduce(result, srcs.data(), size_, mine, dtype, op, prescale, postscale, size_);
+      std::memcpy(out + size_t(off + mine_at) * es, result, size_t(mine) * es);
+    }
+    publish();
+    st = wait_all(deadline, what);
+    if (!st.is_ok()) return st;
+    for (int p = 0; p < size_; ++p)
+      if (p != rank_ && part_len(p) > 0)
+        std::memcpy(out + size_t(off + part_begin(p)) * es, slot(p, step_) + size_t(part_begin(p)) * es,
+                    size_t(part_len(p)) * es);
+  }
+  return Status::ok();
+}
+
+// ---- allgatherv --------------------------------------------------------------------------------------
+Status ShmComm::allgatherv(const void* send, void* recv, const std::vector<int64_t>& counts, int dtype,
+                           Deadline deadline, const std::string& what) {
+  std::vector<int64_t> vec(counts);
+  vec.resize(size_t(2 * size_), 0);
+  Status st = agree(make_desc(HPCDL_OP_ALLGATHER, dtype, 0, counts[size_t(rank_)], vec), deadline, what);
+  if (!st.is_ok()) return st;
+  const size_t es = dtype_bytes(dtype);
+  std::vector<size_t> offset(size_t(size_) + 1, 0);
+  int64_t largest = 0;
+  for (int r = 0; r < size_; ++r) {
+    offset[size_t(r) + 1] = offset[size_t(r)] + size_t(counts[size_t(r)]) * es;
+    largest = std::max(largest, counts[size_t(r)]);
+  }
+  auto* out = static_cast<char*>(recv);
+  const auto* in = static_cast<const char*>(send);
+  const size_t mine = size_t(counts[size_t(rank_)]) * es;
+  if (mine && out + offset[size_t(rank_)] != in) std::memmove(out + offset[size_t(rank_)], in, mine);
+  const size_t chunk = params_.chunk_bytes;
+  for (size_t at = 0; at < size_t(largest) * es; at += chunk) {
+    if (at < mine) std::memcpy(slot(rank_, step_ + 1), in + at, std::min(chunk, mine - at));
+    publish();
+    st = wait_all(deadline, what);
+    if (!st.is_ok()) return st;
+    for (int r = 0; r < size_; ++r) {
+      size_t theirs = size_t(counts[size_t(r)]) * es;
+      if (r != rank_ && at < theirs)
+        std::memcpy(out + offset[size_t(r)] + at, slot(r, step_), std::min(chunk, theirs - at));
+    }
+  }
+  return Status::ok();
+}
+
+// ---- broadcast ---------------------------------------------------------------------------------------
+Status ShmComm::broadcast(void* buf, int64_t count, int dtype, int root, Deadline deadline,
+                          const std::string& what) {
+  Status st = agree(make_desc(HPCDL_OP_BROADCAST, dtype, root, count), deadline, what);
+  if (!st.is_ok()) return st;
+  const size_t bytes = size_t(count) * dtype_bytes(dtype);
+  auto* data = static_cast<char*>(buf);
+  for (size_t at = 0; at < bytes; at += params_.chunk_bytes) {
+    size_t n = std::min(params_.chunk_bytes, bytes - at);
+    if (rank_ == root) std::memcpy(slot(rank_, step_ + 1), data + at, n);
+    publish();
+    st = wait_all(deadline, what);
+    if (!st.is_ok()) return st;
+    if (rank_ != root) std::memcpy(data + at, slot(root, step_), n);
+  }
+  return Status::ok();
+}
+
+// ---- alltoallv ---------------------------------------------------------------------------------------
+Status ShmComm::alltoallv(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                          const std::vector<int64_t>& recv_counts, int dtype, Deadline deadline,
+                          const std::string& what) {
+  std::vector<int64_t> vec(send_counts);
+  vec.insert(vec.end(), recv_counts.begin(), recv_counts.end());
+  std::vector<OpDesc> all;
+  Status st = agree(make_desc(HPCDL_OP_ALLTOALL, dtype, 0, 0, vec), deadline, what, &all);
+  if (!st.is_ok()) return st;
+  const size_t es = dtype_bytes(dtype);
+  const size_t n = size_t(size_);
+  std::vector<size_t> soff(n + 1, 0), roff(n + 1, 0);
+  for (size_t r = 0; r < n; ++r) {
+    soff[r + 1] = soff[r] + size_t(send_counts[r]) * es;
+    roff[r + 1] = roff[r] + size_t(recv_counts[r]) * es;
+  }
+  size_t largest = 0;
+  for (size_t i = 0; i < n; ++i)
+    for (size_t j = 0; j < n; ++j)
+      if (i != j) largest = std::max(largest, size_t(all[i].vec[j]) * es);
+  const auto* in = static_cast<const char*>(send);
+  auto* out = static_cast<char*>(recv);
+  const size_t me = size_t(rank_);
+  if (recv_counts[me]) std::memmove(out + roff[me], in + soff[me], size_t(recv_counts[me]) * es);
+  const size_t sub = std::max<size_t>(64, params_.chunk_bytes / n / 64 * 64);
+  for (size_t at = 0; at < largest; at += sub) {
+    char* stage = slot(rank_, step_ + 1);
+    for (size_t j = 0; j < n; ++j) {
+      size_t len = size_t(send_counts[j]) * es;
+      if (j != me && at < len) std::memcpy(stage + j * sub, in + soff[j] + at, std::min(sub, len - at));
+    }
+    publish();
+    st = wait_all(deadline, what);
+    if (!st.is_ok()) return st;
+    for (size_t i = 0; i < n; ++i) {
+      size_t len = size_t(recv_counts[i]) * es;
+      if (i != me && at < len) std::memcpy(out + roff[i] + at, slot(int(i), step_) + me * sub, std::min(sub, len - at));
+    }
+  }
+  return Status::ok();
+}
+
+// ---- reducescatter -----------------------------------------------------------------------------------
+Status ShmComm::reducescatter(const void* send, void* recv, const std::vector<int64_t>& recv_counts, int dtype,
+                              int op, double prescale, double postscale, Deadline deadline,
+                              const std::string& what) {
+  std::vector<int64_t> vec(recv_counts);
+  vec.resize(size_t(2 * size_), 0);
+  int64_t total = 0;
+  for (int64_t c : recv_counts) total += c;
+  Status st = agree(make_desc(HPCDL_OP_REDUCESCATTER, dtype, op, total, vec), deadline, what);
+  if (!st.is_ok()) return st;
+  const size_t es = dtype_bytes(dtype);
+  const size_t n = size_t(size_), me = size_t(rank_);
+  std::vector<int64_t> seg(n + 1, 0);
+  int64_t largest = 0;
+  for (size_t r = 0; r < n; ++r) {
+    seg[r + 1] = seg[r] + recv_counts[r];
+    largest = std::max(largest, recv_counts[r]);
+  }
+  const auto* in = static_cast<const char*>(send);
+  auto* out = static_cast<char*>(recv);
+  const int64_t sub = int64_t(std::max<size_t>(64, params_.chunk_bytes / n / 64 * 64) / es);
+  std::vector<const void*> srcs(n);
+  for (int64_t at = 0; at < largest; at += sub) {
+    char* stage = slot(rank_, step_ + 1);
+    for (size_t j = 0; j < n; ++j)
+      if (j != me && at < recv_counts[j])
+        std::memcpy(stage + j * size_t(sub) * es, in + size_t(seg[j] + at) * es,
+                    size_t(std::min(sub, recv_counts[j] - at)) * es);
+    publish();
+    st = wait_all(deadline, what);
+    if (!st.is_ok()) return st;
+    if (at < recv_counts[me]) {
+      for (size_t r = 0; r < n; ++r)
+        srcs[r] = r == me ? static_cast<const void*>(in + size_t(seg[me] + at) * es)
+                          : slot(int(r), step_) + me * size_t(sub) * es;
+      reduce(out + size_t(at) * es, srcs.data(), size_, std::min(sub, recv_counts[me] - at), dtype, op, prescale,
+             postscale, size_);
+    }
+  }
+  return Status::ok();
+}
+
+Status ShmComm::barrier(Deadline deadline, const std::string& what) {
+  return agree(make_desc(HPCDL_OP_BARRIER, 0, 0, 0), deadline, what);
+}
+
+// ---- doorbell ----------------------------------------------------------------------------------------
+void ShmComm::notify_peers() {
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    ctl(r).bell.fetch_add(1, std::memory_order_seq_cst);
+    if (ctl(r).bell_sleeping.load(std::memory_order_seq_cst)) futex_wake_shared(&ctl(r).bell);
+  }
+}
+
+void ShmComm::notify_self() {
+  ctl(rank_).bell.fetch_add(1, std::memory_order_seq_cst);
+  if (ctl(rank_).bell_sleeping.load(std::memory_order_seq_cst)) futex_wake_shared(&ctl(rank_).bell);
+}
+
+bool ShmComm::wait_notify(Deadline until) {
+  RankCtl& me = ctl(rank_);
+  const auto start = Clock::now();
+  for (unsigned i = 1;; ++i) {
+    uint32_t v = me.bell.load(std::memory_order_acquire);
+    if (v != bell_seen_) {
+      bell_seen_ = v;
+      return true;
+    }
+    if ((i & 63) == 0 && Clock::now() - start > std::chrono::microseconds(5)) break;
+    cpu_relax();
+  }
+  while (true) {
+    me.bell_sleeping.store(1, std::memory_order_seq_cst);
+    uint32_t v = me.bell.load(std::memory_order_seq_cst);
+    if (v != bell_seen_) {
+      me.bell_sleeping.store(0);
+      bell_seen_ = v;
+      return true;
+    }
+    auto now = Clock::now();
+    if (now >= until) {
+      me.bell_sleeping.store(0);
+      return false;
+    }
+    int64_t left = std::chrono::duration_cast<std::chrono::nanoseconds>(until - now).count();
+    futex_wait_shared(&me.bell, v, std::min<int64_t>(left, 100'000'000));
+    me.bell_sleeping.store(0);
+  }
+}
+
+}  // namespace hpcdl

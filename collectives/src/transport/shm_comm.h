@@ -1,0 +1,90 @@
+// Shared-memory communicator for ranks on one host. One segment per (process set, channel): a control
+// block per rank (progress counter, doorbell) and two staging buffers per rank. The segment is unlinked
+// as soon as every member has mapped it, so nothing is left in /dev/shm even when ranks are SIGKILLed.
+//
+// Progress protocol: each collective is a sequence of steps; in each step a rank writes into its staging
+// buffer (step & 1), publishes the step number, and waits until every member published it. A rank reads
+// what peers published at step s only before it publishes s + 1, so double buffering needs no extra sync.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "algorithms/op_desc.h"
+#include "comm.h"
+#include "transport/wait.h"
+
+namespace hpcdl {
+
+struct ShmParams {
+  size_t chunk_bytes = 1 << 20;       // staging buffer size per rank and step
+  size_t small_message_bytes = 65536;  // allreduce below this: one step, everybody reduces everything
+};
+
+class ShmComm : public Comm {
+ public:
+  // Sends the segment name from the leader (comm rank 0) to member `to` / receives it (world ranks).
+  using SendName = std::function<Status(int to_world, const std::string& name)>;
+  using RecvName = std::function<Status(int from_world, std::string* name)>;
+
+  static Status create(const std::vector<int>& world_ranks, int my_rank, const std::vector<int>& pids,
+                       const ShmParams& params, const std::string& label, Deadline deadline, const SendName& send,
+                       const RecvName& recv, std::shared_ptr<ShmComm>* out);
+  ~ShmComm() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::vector<int>& world_ranks() const override { return world_; }
+
+  Status allreduce(const void* send, void* recv, int64_t count, int dtype, int op, double prescale, double postscale,
+                   Deadline deadline, const std::string& what) override;
+  Status allgatherv(const void* send, void* recv, const std::vector<int64_t>& counts, int dtype, Deadline deadline,
+                    const std::string& what) override;
+  Status broadcast(void* buf, int64_t count, int dtype, int root, Deadline deadline, const std::string& what) override;
+  Status alltoallv(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                   const std::vector<int64_t>& recv_counts, int dtype, Deadline deadline,
+                   const std::string& what) override;
+  Status reducescatter(const void* send, void* recv, const std::vector<int64_t>& recv_counts, int dtype, int op,
+                       double prescale, double postscale, Deadline deadline, const std::string& what) override;
+  Status barrier(Deadline deadline, const std::string& what) override;
+
+  void notify_peers() override;
+  void notify_self() override;
+  bool wait_notify(Deadline until) override;
+
+ private:
+  ShmComm() = default;
+  struct Header;
+  struct RankCtl;
+
+  RankCtl& ctl(int r) const;
+  char* slot(int r, uint32_t step) const;  // staging buffer rank r uses for `step`
+  char* desc_area(int r, uint32_t step) const;
+  void publish();
+  Status wait_all(Deadline deadline, const std::string& what);
+  Status wait_rank(int r, Deadline deadline, const std::string& what);
+  template <class Missing>
+  Status wait_until(Missing missing, Deadline deadline, const std::string& what);
+  // Publishes `desc` as its own step, waits for everyone, checks agreement; fills *all when non-null.
+  Status agree(const OpDesc& desc, Deadline deadline, const std::string& what, std::vector<OpDesc>* all = nullptr);
+  Status check_usable() const;
+  Status fail(Status status);
+
+  int rank_ = 0, size_ = 1;
+  std::vector<int> world_;
+  std::vector<int> pids_;
+  ShmParams params_;
+  std::string label_;
+  void* base_ = nullptr;
+  size_t total_ = 0;
+  size_t ctl_off_ = 0, desc_off_ = 0, slot_off_ = 0, desc_bytes_ = 0;
+  uint32_t step_ = 0;
+  uint32_t bell_seen_ = 0;
+  Status broken_;
+  WaitPolicy policy_;
+};
+
+}  // namespace hpcdl

@@ -1,0 +1,145 @@
+#include "transport/tcp_comm.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "net/endpoint.h"
+#include "net/socket.h"
+
+namespace hpcdl {
+
+Status TcpComm::create(Endpoint& endpoint, const std::vector<PeerInfo>& world, const std::vector<int>& world_ranks,
+                       int my_rank, const std::string& key, size_t small_message_bytes, Deadline deadline,
+                       std::shared_ptr<TcpComm>* out) {
+  std::shared_ptr<TcpComm> c(new TcpComm());
+  c->rank_ = my_rank;
+  c->size_ = int(world_ranks.size());
+  c->world_ = world_ranks;
+  c->small_message_bytes_ = small_message_bytes;
+  c->fds_.assign(world_ranks.size(), -1);
+  c->bell_fds_.assign(world_ranks.size(), -1);
+  for (int w : world_ranks) c->hosts_.push_back(world[size_t(w)].host);
+  c->self_bell_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  // The higher comm rank connects, the lower accepts (the listener thread queues early arrivals).
+  for (int j = 0; j < my_rank; ++j) {
+    const PeerInfo& peer = world[size_t(world_ranks[size_t(j)])];
+    Status st = endpoint.connect(peer, key + "/data", deadline, &c->fds_[size_t(j)]);
+    if (st.is_ok()) st = endpoint.connect(peer, key + "/bell", deadline, &c->bell_fds_[size_t(j)]);
+    if (!st.is_ok()) return st;
+  }
+  for (int j = my_rank + 1; j < c->size_; ++j) {
+    const PeerInfo& peer = world[size_t(world_ranks[size_t(j)])];
+    Status st = endpoint.accept(peer, key + "/data", deadline, &c->fds_[size_t(j)]);
+    if (st.is_ok()) st = endpoint.accept(peer, key + "/bell", deadline, &c->bell_fds_[size_t(j)]);
+    if (!st.is_ok()) return st;
+  }
+  *out = std::move(c);
+  return Status::ok();
+}
+
+TcpComm::~TcpComm() {
+  for (int fd : fds_)
+    if (fd >= 0) close(fd);
+  for (int fd : bell_fds_)
+    if (fd >= 0) close(fd);
+  if (self_bell_ >= 0) close(self_bell_);
+}
+
+std::string TcpComm::peer_name(int r) const {
+  return "rank " + std::to_string(world_[size_t(r)]) + " (host " + hosts_[size_t(r)] + ")";
+}
+
+Status TcpComm::check_usable() const {
+  if (broken_.is_ok()) return Status::ok();
+  return Status::error(broken_.code, "this communicator failed earlier and cannot be used any more (" +
+                                         broken_.message + "); shut hpcdl down and restart the job");
+}
+
+Status TcpComm::guard(Status status) {
+  if (status.code == HPCDL_ERR_TIMEOUT || status.code == HPCDL_ERR_PEER_LOST) broken_ = status;
+  return status;
+}
+
+Status TcpComm::sendrecv(int to, const void* send, size_t send_bytes, int from, void* recv, size_t recv_bytes,
+                         Deadline deadline, const std::string& what) {
+  int sfd = to >= 0 ? fds_[size_t(to)] : -1;
+  int rfd = from >= 0 ? fds_[size_t(from)] : -1;
+  return send_recv(sfd, send, send_bytes, to >= 0 ? peer_name(to) : "", rfd, recv, recv_bytes,
+                   from >= 0 ? peer_name(from) : "", deadline, what);
+}
+
+#define HPCDL_TCP_OP(call)                  \
+  do {                                      \
+    Status usable = check_usable();         \
+    if (!usable.is_ok()) return usable;     \
+    return guard(call);                     \
+  } while (0)
+
+Status TcpComm::allreduce(const void* send, void* recv, int64_t count, int dtype, int op, double prescale,
+                          double postscale, Deadline deadline, const std::string& what) {
+  HPCDL_TCP_OP(p2p_allreduce(*this, send, recv, count, dtype, op, prescale, postscale, small_message_bytes_,
+                             deadline, what));
+}
+Status TcpComm::allgatherv(const void* send, void* recv, const std::vector<int64_t>& counts, int dtype,
+                           Deadline deadline, const std::string& what) {
+  HPCDL_TCP_OP(p2p_allgatherv(*this, send, recv, counts, dtype, deadline, what));
+}
+Status TcpComm::broadcast(void* buf, int64_t count, int dtype, int root, Deadline deadline,
+                          const std::string& what) {
+  HPCDL_TCP_OP(p2p_broadcast(*this, buf, count, dtype, root, deadline, what));
+}
+Status TcpComm::alltoallv(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                          const std::vector<int64_t>& recv_counts, int dtype, Deadline deadline,
+                          const std::string& what) {
+  HPCDL_TCP_OP(p2p_alltoallv(*this, send, send_counts, recv, recv_counts, dtype, deadline, what));
+}
+Status TcpComm::reducescatter(const void* send, void* recv, const std::vector<int64_t>& recv_counts, int dtype,
+                              int op, double prescale, double postscale, Deadline deadline,
+                              const std::string& what) {
+  HPCDL_TCP_OP(p2p_reducescatter(*this, send, recv, recv_counts, dtype, op, prescale, postscale, deadline, what));
+}
+Status TcpComm::barrier(Deadline deadline, const std::string& what) {
+  HPCDL_TCP_OP(p2p_barrier(*this, deadline, what));
+}
+
+void TcpComm::notify_peers() {
+  const char byte = 1;
+  for (int fd : bell_fds_)
+    if (fd >= 0) (void)!send(fd, &byte, 1, MSG_NOSIGNAL | MSG_DONTWAIT);  // a full pipe already rings
+}
+
+void TcpComm::notify_self() {
+  uint64_t one = 1;
+  (void)!write(self_bell_, &one, sizeof(one));
+}
+
+bool TcpComm::wait_notify(Deadline until) {
+  std::vector<pollfd> fds;
+  fds.push_back({self_bell_, POLLIN, 0});
+  for (int fd : bell_fds_)
+    if (fd >= 0) fds.push_back({fd, POLLIN, 0});
+  while (true) {
+    int rc = poll(fds.data(), nfds_t(fds.size()), poll_timeout_ms(until));
+    if (rc > 0) {
+      bool rung = false;
+      char buf[256];
+      for (auto& p : fds) {
+        if (!(p.revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        rung = true;
+        if (p.fd == self_bell_) {
+          uint64_t v;
+          (void)!read(self_bell_, &v, sizeof(v));
+        } else {
+          ssize_t n = recv(p.fd, buf, sizeof(buf), MSG_DONTWAIT);
+          if (n == 0) p.fd = -p.fd - 1;  // peer gone: stop polling it; data ops will report the loss
+        }
+      }
+      if (rung) return true;
+    }
+    if (Clock::now() >= until) return false;
+  }
+}
+
+}  // namespace hpcdl

@@ -1,0 +1,67 @@
+// TCP communicator: a full mesh of authenticated connections between the members (one per pair for
+// data, one per pair for the engine's doorbell), with the ring/exchange algorithms of algorithms/.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "algorithms/p2p.h"
+#include "comm.h"
+#include "runtime.h"
+
+namespace hpcdl {
+
+class Endpoint;
+
+class TcpComm : public Comm, public P2P {
+ public:
+  // Collective over the members: `key` must be the same on all of them and unique per communicator.
+  static Status create(Endpoint& endpoint, const std::vector<PeerInfo>& world, const std::vector<int>& world_ranks,
+                       int my_rank, const std::string& key, size_t small_message_bytes, Deadline deadline,
+                       std::shared_ptr<TcpComm>* out);
+  ~TcpComm() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::vector<int>& world_ranks() const override { return world_; }
+
+  Status allreduce(const void* send, void* recv, int64_t count, int dtype, int op, double prescale, double postscale,
+                   Deadline deadline, const std::string& what) override;
+  Status allgatherv(const void* send, void* recv, const std::vector<int64_t>& counts, int dtype, Deadline deadline,
+                    const std::string& what) override;
+  Status broadcast(void* buf, int64_t count, int dtype, int root, Deadline deadline, const std::string& what) override;
+  Status alltoallv(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                   const std::vector<int64_t>& recv_counts, int dtype, Deadline deadline,
+                   const std::string& what) override;
+  Status reducescatter(const void* send, void* recv, const std::vector<int64_t>& recv_counts, int dtype, int op,
+                       double prescale, double postscale, Deadline deadline, const std::string& what) override;
+  Status barrier(Deadline deadline, const std::string& what) override;
+
+  void notify_peers() override;
+  void notify_self() override;
+  bool wait_notify(Deadline until) override;
+
+  // P2P
+  int p2p_rank() const override { return rank_; }
+  int p2p_size() const override { return size_; }
+  const std::vector<int>& p2p_world() const override { return world_; }
+  Status sendrecv(int to, const void* send, size_t send_bytes, int from, void* recv, size_t recv_bytes,
+                  Deadline deadline, const std::string& what) override;
+
+ private:
+  TcpComm() = default;
+  Status check_usable() const;
+  Status guard(Status status);
+  std::string peer_name(int r) const;
+
+  int rank_ = 0, size_ = 1;
+  std::vector<int> world_;
+  std::vector<std::string> hosts_;
+  std::vector<int> fds_, bell_fds_;
+  int self_bell_ = -1;
+  size_t small_message_bytes_ = 65536;
+  Status broken_;
+};
+
+}  // namespace hpcdl

@@ -1,0 +1,179 @@
+"""Lifecycle and topology of the runtime: init, shutdown, ranks, process sets."""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import threading
+from collections.abc import Sequence
+from typing import Any, Union
+
+from hpcdl.common import config, discovery, library
+from hpcdl.common.exceptions import HpcdlConfigError, HpcdlNotInitializedError
+
+_lock = threading.Lock()
+_atexit_registered = False
+
+
+def _process_sets_option(process_sets: Union[Sequence[Sequence[int]], str, None]) -> tuple[str, bool]:
+    """(static sets text, dynamic flag) from init's process_sets argument."""
+    if process_sets is None:
+        return "", False
+    if isinstance(process_sets, str):
+        if process_sets != "dynamic":
+            raise HpcdlConfigError(f"process_sets={process_sets!r}: pass a list of rank lists or 'dynamic'")
+        return "", True
+    parts = []
+    for ranks in process_sets:
+        ranks = list(ranks)
+        if not ranks or not all(isinstance(r, int) and r >= 0 for r in ranks):
+            raise HpcdlConfigError(f"process set {ranks!r} must be a non-empty list of world ranks")
+        parts.append(",".join(str(r) for r in ranks))
+    return ";".join(parts), False
+
+
+def init(process_sets: Union[Sequence[Sequence[int]], str, None] = None, **settings: Any) -> None:
+    """Start the runtime: find the other ranks, connect, start the engine. A second call is a no-op.
+
+    ``settings`` override the environment (e.g. ``timeout=5.0``, ``transport="tcp"``); see
+    :mod:`hpcdl.common.config` for the names.
+    """
+    global _atexit_registered
+    with _lock:
+        lib = library.load()
+        if lib.hpcdl_is_initialized():
+            return
+        resolved = config.resolve(settings)
+        info = discovery.discover()
+        vendor = library.build_info().get("mpi_vendor", "") if library.build_info().get("mpi") else ""
+        meet = discovery.meeting(info, mpi_vendor=vendor)
+        static_sets, dynamic = _process_sets_option(process_sets)
+        options: dict[str, Any] = dict(resolved.values)
+        options.update(
+            rank=info.rank,
+            size=info.size,
+            host=info.host,
+            bootstrap=meet.bootstrap,
+            rendezvous_addr=meet.addr,
+            rendezvous_port=meet.port,
+            rendezvous_serve=meet.serve,
+            secret=meet.secret,
+            process_sets=static_sets,
+            autotune_fixed=config.autotune_fixed(resolved),
+        )
+        if dynamic:
+            options["dynamic_process_sets"] = True
+        library.check(lib.hpcdl_init(config.options_text(options).encode()))
+        if not _atexit_registered:
+            atexit.register(shutdown)
+            _atexit_registered = True
+
+
+def shutdown() -> None:
+    """Stop the engine and release connections and shared memory (safe to call twice)."""
+    library.check(library.load().hpcdl_shutdown())
+
+
+def is_initialized() -> bool:
+    return bool(library.load().hpcdl_is_initialized())
+
+
+def _topology(fn: str) -> int:
+    lib = library.load()
+    value = getattr(lib, fn)()
+    if value < 0:
+        raise HpcdlNotInitializedError(library.last_error())
+    return int(value)
+
+
+def rank() -> int:
+    return _topology("hpcdl_rank")
+
+
+def size() -> int:
+    return _topology("hpcdl_size")
+
+
+def local_rank() -> int:
+    return _topology("hpcdl_local_rank")
+
+
+def local_size() -> int:
+    return _topology("hpcdl_local_size")
+
+
+def cross_rank() -> int:
+    return _topology("hpcdl_cross_rank")
+
+
+def cross_size() -> int:
+    return _topology("hpcdl_cross_size")
+
+
+def is_homogeneous() -> bool:
+    return bool(_topology("hpcdl_is_homogeneous"))
+
+
+def mpi_enabled() -> bool:
+    """Whether MPI is in use by this job (before init: whether this build has MPI)."""
+    return bool(library.load().hpcdl_mpi_enabled())
+
+
+def mpi_threads_supported() -> bool:
+    return bool(_topology("hpcdl_mpi_threads_supported"))
+
+
+def transport_name(local: bool) -> str:
+    """ "shm", "tcp", "mpi" or "self": what reaches peers on this host (local) or on other hosts."""
+    name = library.load().hpcdl_transport_name(1 if local else 0)
+    if not is_initialized():
+        raise HpcdlNotInitializedError(library.last_error())
+    return name.decode()
+
+
+# ---- process sets ----------------------------------------------------------------------------------
+def add_process_set(ranks: Sequence[int]) -> int:
+    """Create a process set of these world ranks (collective: every rank calls it with the same ranks)."""
+    ranks = [int(r) for r in ranks]
+    arr = (ctypes.c_int32 * len(ranks))(*ranks)
+    result = library.load().hpcdl_add_process_set(arr, len(ranks))
+    if result < 0:
+        library.check(-result)
+    return int(result)
+
+
+def remove_process_set(process_set_id: int) -> None:
+    library.check(library.load().hpcdl_remove_process_set(int(process_set_id)))
+
+
+def _set_query(fn: str, process_set_id: int) -> int:
+    value = getattr(library.load(), fn)(int(process_set_id))
+    if value < 0 and library.last_error():
+        raise HpcdlConfigError(library.last_error())
+    return int(value)
+
+
+def process_set_rank(process_set_id: int) -> int:
+    """This rank's index in the set (-1 if it is not a member)."""
+    return _set_query("hpcdl_process_set_rank", process_set_id)
+
+
+def process_set_size(process_set_id: int) -> int:
+    return _set_query("hpcdl_process_set_size", process_set_id)
+
+
+def process_set_ranks(process_set_id: int) -> list[int]:
+    n = process_set_size(process_set_id)
+    buf = (ctypes.c_int32 * max(n, 1))()
+    library.load().hpcdl_process_set_ranks(int(process_set_id), buf, n)
+    return [int(buf[i]) for i in range(n)]
+
+
+def process_set_ids() -> list[int]:
+    lib = library.load()
+    n = lib.hpcdl_process_set_ids(None, 0)
+    if n < 0:
+        raise HpcdlNotInitializedError(library.last_error())
+    buf = (ctypes.c_int32 * max(n, 1))()
+    lib.hpcdl_process_set_ids(buf, n)
+    return [int(buf[i]) for i in range(n)]

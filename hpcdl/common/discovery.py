@@ -1,0 +1,170 @@
+"""Who this rank is and where the job meets, read from whichever launcher started the process.
+
+Rank and size come from the first launcher whose variables are present: ``hpcdl run`` (HPCDL_*), Horovod
+(HOROVOD_*), OpenMPI, MPICH/Hydra and Intel MPI (PMI_*), Slurm ``srun``, Cray ALPS ``aprun``, PALS, LSF
+``jsrun``, Flux and torchrun. A process started by none of them is a job of one. Local and cross ranks
+are computed by the runtime from the host identity (HPCDL_HOSTNAME, else the hostname), so they are
+right whatever the launcher.
+
+Where the ranks meet: ``HPCDL_RENDEZVOUS_ADDR``/``_PORT`` (set by ``hpcdl run``), else ``MASTER_ADDR``/
+``MASTER_PORT`` (rank 0 hosts the rendezvous), else under Slurm the first host of the allocation and a
+port derived from the job id (rank 0 hosts), else under OpenMPI's ``mpirun`` (which this build links)
+MPI itself (``bootstrap=mpi``).
+
+The job secret is ``HPCDL_SECRET``. Without it (a launcher other than ``hpcdl run``), ranks derive one
+from what they share (job id, rendezvous address, user id) and warn: that keeps stray jobs apart but is
+guessable by other users of the machine, so set HPCDL_SECRET yourself (the same random hex on every
+rank, e.g. ``export HPCDL_SECRET=$(python -c "import secrets; print(secrets.token_hex(32))")`` before
+srun/mpirun) or launch with ``hpcdl run``. Under ``bootstrap=mpi`` rank 0 makes a random secret and
+sends it over MPI, so no warning is needed there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import socket
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Optional
+
+from hpcdl.common.exceptions import HpcdlConfigError
+
+# (launcher, rank var, size var, local rank var, local size var)
+_LAUNCHERS: tuple[tuple[str, str, str, Optional[str], Optional[str]], ...] = (
+    ("hpcdl run", "HPCDL_RANK", "HPCDL_SIZE", "HPCDL_LOCAL_RANK", "HPCDL_LOCAL_SIZE"),
+    ("horovodrun", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE"),
+    (
+        "OpenMPI mpirun",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+    ),
+    (
+        "LSF jsrun",
+        "JSM_NAMESPACE_RANK",
+        "JSM_NAMESPACE_SIZE",
+        "JSM_NAMESPACE_LOCAL_RANK",
+        "JSM_NAMESPACE_LOCAL_SIZE",
+    ),
+    ("PALS", "PALS_RANKID", "PMI_SIZE", "PALS_LOCAL_RANKID", None),
+    ("MPICH/PMI mpiexec", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+    ("Slurm srun", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", None),
+    ("Cray aprun", "ALPS_APP_PE", "PMI_SIZE", None, None),
+    ("Flux", "FLUX_TASK_RANK", "FLUX_JOB_SIZE", "FLUX_TASK_LOCAL_ID", None),
+    ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
+)
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    rank: int
+    size: int
+    host: str  # host identity: ranks with the same value share memory
+    launcher: str  # which launcher's variables were used ("none" for a single process)
+    local_rank: Optional[int] = None  # as the launcher reports it (the runtime recomputes it)
+
+
+@dataclass(frozen=True)
+class Meeting:
+    """How the ranks meet: a TCP rendezvous (served by rank 0 when ``serve``) or MPI."""
+
+    bootstrap: str  # "tcp" or "mpi"
+    addr: str = ""
+    port: int = 0
+    serve: bool = False
+    secret: str = ""
+    secret_derived: bool = False
+
+
+def _int(env: Mapping[str, str], var: str) -> int:
+    raw = env[var]
+    try:
+        return int(raw)
+    except ValueError:
+        raise HpcdlConfigError(f"{var}={raw!r} is not an integer; check how the job was launched") from None
+
+
+def discover(env: Mapping[str, str] | None = None) -> RankInfo:
+    """This process's rank, the job size and the host identity."""
+    env = os.environ if env is None else env
+    host = env.get("HPCDL_HOSTNAME") or env.get("HOROVOD_HOSTNAME") or socket.gethostname()
+    for launcher, rank_var, size_var, local_var, _ in _LAUNCHERS:
+        if rank_var not in env:
+            continue
+        if size_var not in env:
+            raise HpcdlConfigError(
+                f"{rank_var} is set ({launcher}) but {size_var} is not, so the job size is unknown; set "
+                f"HPCDL_RANK and HPCDL_SIZE, or launch with 'hpcdl run -np N'"
+            )
+        rank, size = _int(env, rank_var), _int(env, size_var)
+        if size < 1 or not 0 <= rank < size:
+            raise HpcdlConfigError(f"{rank_var}={rank} and {size_var}={size} do not describe a rank of a job")
+        local = _int(env, local_var) if local_var and local_var in env else None
+        return RankInfo(rank, size, host, launcher, local)
+    return RankInfo(0, 1, host, "none", 0)
+
+
+def _first_slurm_host(nodelist: str) -> str:
+    """First host of a Slurm nodelist such as ``node[03-05,9],gpu1``."""
+    match = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
+    if not match:
+        raise HpcdlConfigError(f"cannot read SLURM_JOB_NODELIST={nodelist!r}")
+    prefix, ranges = match.group(1), match.group(2)
+    if not ranges:
+        return prefix
+    first = ranges.split(",")[0].split("-")[0]
+    return prefix + first
+
+
+def _derived_secret(parts: list[str]) -> str:
+    material = "|".join([*parts, str(os.getuid())])
+    return hashlib.sha256(material.encode()).hexdigest()
+
+
+def meeting(info: RankInfo, env: Mapping[str, str] | None = None, mpi_vendor: str = "") -> Meeting:
+    """Where and how the ranks of this job meet, and the secret they prove."""
+    env = os.environ if env is None else env
+    secret = env.get("HPCDL_SECRET", "")
+    if info.size == 1:
+        return Meeting("tcp", secret=secret)
+
+    def tcp(addr: str, port: int, serve: bool, what: str) -> Meeting:
+        if secret:
+            return Meeting("tcp", addr, port, serve, secret)
+        warnings.warn(
+            f"HPCDL_SECRET is not set ({info.launcher} launch, rendezvous from {what}); ranks authenticate "
+            "with a secret derived from the job's identity, which other users of these hosts could guess. "
+            "Launch with 'hpcdl run', or export the same random HPCDL_SECRET to every rank.",
+            stacklevel=3,
+        )
+        derived = _derived_secret([env.get("SLURM_JOB_ID", ""), addr, str(port), str(info.size)])
+        return Meeting("tcp", addr, port, serve, derived, secret_derived=True)
+
+    if env.get("HPCDL_RENDEZVOUS_ADDR"):
+        if not env.get("HPCDL_RENDEZVOUS_PORT"):
+            raise HpcdlConfigError("HPCDL_RENDEZVOUS_ADDR is set but HPCDL_RENDEZVOUS_PORT is not")
+        port = _int(env, "HPCDL_RENDEZVOUS_PORT")
+        return tcp(env["HPCDL_RENDEZVOUS_ADDR"], port, False, "HPCDL_RENDEZVOUS_ADDR")
+    if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
+        return tcp(env["MASTER_ADDR"], _int(env, "MASTER_PORT"), True, "MASTER_ADDR/MASTER_PORT")
+    if info.launcher == "Slurm srun" and env.get("SLURM_JOB_NODELIST") and env.get("SLURM_JOB_ID"):
+        port = 20000 + _int(env, "SLURM_JOB_ID") % 20000
+        return tcp(_first_slurm_host(env["SLURM_JOB_NODELIST"]), port, True, "the Slurm allocation")
+    if info.launcher == "OpenMPI mpirun" and mpi_vendor == "Open MPI":
+        return Meeting("mpi", secret=secret)
+    hint = ""
+    if info.launcher.startswith("MPICH") or info.launcher == "OpenMPI mpirun":
+        hint = (
+            f" (this hpcdl is built with {mpi_vendor or 'no MPI'}, so it cannot meet through "
+            f"{info.launcher}'s MPI)"
+        )
+    raise HpcdlConfigError(
+        f"rank {info.rank} of {info.size} ({info.launcher}) does not know where to meet the other "
+        f"ranks{hint}. "
+        "Launch with 'hpcdl run -np N', or set MASTER_ADDR and MASTER_PORT (rank 0's host and a free port) "
+        "for every rank, or set HPCDL_RENDEZVOUS_ADDR/HPCDL_RENDEZVOUS_PORT to a running rendezvous server."
+    )
