@@ -24,6 +24,9 @@ from hpcdl.stack.lockfile import Lock, LockedPackage
 from hpcdl.stack.recipe import Recipe
 
 
+TREES = {"lua": "lmod", "tcl": "tcl"}  # ROOT/<tree> per modulefile format
+
+
 @dataclass(frozen=True)
 class Compiler:
     name: str
@@ -137,7 +140,7 @@ def write_stack_modules(
     cc = compiler or system_compiler()
     written = []
     for fmt in formats:
-        tree = root / fmt
+        tree = root / TREES[fmt]
         needs_compiler = any(recipes[p.name].module.level != "core" for p in lock.packages)
         if needs_compiler:
             text = render(
