@@ -18,7 +18,9 @@ from hpcdl.runner.rank_env import parse_extra_env
 from hpcdl.runner.tunables import TUNABLES, check_value, load_config_file
 
 _TUNING = "Runtime tunables (set the HPCDL_* variable of each rank)"
-_HELP = {t.key: f"{t.help} [{t.env}]" for t in TUNABLES}
+_HELP = {
+    t.key: f"{t.help}{' (' + '|'.join(t.choices) + ')' if t.choices else ''} [{t.env}]" for t in TUNABLES
+}
 
 
 def _tunable(key: str, *names: str) -> Any:

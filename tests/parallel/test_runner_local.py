@@ -248,3 +248,26 @@ def test_start_timeout_names_the_missing_rank(tmp_path: Path) -> None:
         f"rank(s) 1 (on {socket.gethostname()}) did not reach the rendezvous within --start-timeout 3 s"
         in done.stderr
     )
+
+
+ALLREDUCE = r"""
+import numpy as np
+import hpcdl.common as hc
+hc.init()
+total = hc.allreduce(np.array([hc.rank() + 1.0]))
+print(hc.rank(), hc.size(), hc.local_rank(), float(total[0]), flush=True)
+hc.shutdown()
+"""
+
+
+@pytest.mark.parametrize("num_proc", [1, 3])
+def test_hpcdl_ranks_meet_through_the_launchers_rendezvous(tmp_path: Path, num_proc: int) -> None:
+    pytest.importorskip("hpcdl.common.rendezvous", reason="the runtime's rendezvous module is not built yet")
+    script = tmp_path / "allreduce.py"
+    script.write_text(ALLREDUCE)
+    done, _ = hpcdl_run("-np", str(num_proc), "--timeout", "30", sys.executable, str(script))
+    assert done.returncode == 0, done.stderr
+    total = float(sum(range(1, num_proc + 1)))
+    assert sorted(done.stdout.splitlines()) == [
+        f"[{r}]<stdout>:{r} {num_proc} {r} {total}" for r in range(num_proc)
+    ]
