@@ -21,7 +21,8 @@ from hpcdl.schedulers.site import SiteConfig
 COMMAND_TIMEOUT_S = 60.0
 PLACEHOLDERS = ("name", "job_id", "array_index")
 
-# Prints "HOST PORT": this host's name and a port free on it, where rank 0 will serve the rendezvous.
+# Prints "HOST PORT": this host's name and a port free on it, where rank 0 will serve the rendezvous
+# (hpcdl.common reads them as MASTER_ADDR/MASTER_PORT: rank 0 serves there, the others connect).
 _RENDEZVOUS_PROBE = (
     'import socket; s = socket.socket(); s.bind(("", 0)); print(socket.gethostname(), s.getsockname()[1])'
 )

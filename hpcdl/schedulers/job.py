@@ -205,7 +205,7 @@ class JobSpec:
                 f"{ranks} ranks per node cannot share {gpus} GPUs evenly; use a divisor or a multiple of "
                 f"{gpus} for --ranks-per-node"
             )
-        self.walltime_seconds  # noqa: B018 - raises on a malformed walltime
+        parse_walltime(self.walltime)
         if not _JOB_NAME.match(self.job_name):
             raise JobSpecError(
                 f"job name {self.job_name!r}: use 1-64 letters, digits, '_', '.', '-' starting with a letter"
@@ -217,6 +217,10 @@ class JobSpec:
             raise JobSpecError(
                 f"signal {self.signal.seconds}s before the end is not inside the walltime "
                 f"({self.walltime_seconds}s); choose a shorter lead time or a longer walltime"
+            )
+        if self.requeue and not self.signal:
+            raise JobSpecError(
+                "--requeue needs --signal SIG@SECONDS: the job requeues after it has been signalled"
             )
         if self.array and self.sweep:
             raise JobSpecError("give either --array or --sweep, not both (a sweep makes its own array)")

@@ -86,6 +86,7 @@ def test_defaults_one_rank_per_gpu_else_per_node() -> None:
         (dict(signal=SignalSpec("USR2", 600), walltime="5m"), "not inside the walltime"),
         (dict(array=ArraySpec.parse("0-1"), sweep=Sweep.parse(["A=1,2"])), "either --array or --sweep"),
         (dict(env={"BAD-NAME": "1"}), "environment variable name"),
+        (dict(requeue=True), "--requeue needs --signal"),
     ],
 )
 def test_impossible_jobs_are_refused(settings: dict, message: str) -> None:
