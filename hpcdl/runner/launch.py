@@ -16,7 +16,7 @@ from hpcdl.runner.hosts import HostSlots, RankSlot, assign_ranks
 from hpcdl.runner.mpi import MpiRun, build_mpi_command, detect_flavor, new_token
 from hpcdl.runner.network import address_towards, interface_address, is_local_host
 from hpcdl.runner.output import OutputOptions, OutputRouter
-from hpcdl.runner.procs import LocalRank, RemoteRank, SshOptions
+from hpcdl.runner.procs import AgentRank, SshOptions
 from hpcdl.runner.rank_env import Rendezvous, forwarded_environment, rank_variables
 from hpcdl.runner.rendezvous_host import host_rendezvous
 from hpcdl.runner.supervisor import JobProcess, Supervisor
@@ -164,11 +164,11 @@ def _start_rank(job: _Job, slot: RankSlot, router: OutputRouter) -> JobProcess:
     output = router.for_rank(slot.rank)
     identity = rank_variables(slot, job.rendezvous)
     if slot.host in job.local_hosts:
-        return LocalRank(slot, job.spec.command, {**job.environ, **job.common_env, **identity}, output)
+        return AgentRank(slot, job.spec.command, {**job.environ, **job.common_env, **identity}, output)
     if job.spec.verbose:
         print(f"hpcdl run: rank {slot.rank}: {' '.join(job.ssh.argv(slot.host))} <agent>", file=sys.stderr)
     env = {**forwarded_environment(job.environ), **job.common_env, **identity}
-    return RemoteRank(slot, job.spec.command, env, output, job.ssh)
+    return AgentRank(slot, job.spec.command, env, output, job.ssh)
 
 
 def _start_mpirun(job: _Job, flavor: str, router: OutputRouter) -> JobProcess:

@@ -1,4 +1,4 @@
-"""One running rank: a local process group, or a remote one behind ssh and the remote agent."""
+"""One running rank: its own process group behind the rank agent, on this host or over ssh."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 import os
 import secrets
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from hpcdl.runner.hosts import RankSlot
 from hpcdl.runner.output import RankOutput, pump_lines
 
 DRAIN_SECONDS = 2.0
-_AGENT_SOURCE = (Path(__file__).parent / "remote_agent.py").read_text()
+_AGENT_SOURCE = (Path(__file__).parent / "rank_agent.py").read_text()
 
 
 @dataclass(frozen=True)
@@ -101,54 +102,12 @@ def _spawn_error(argv: list[str], exc: OSError) -> LaunchError:
     return LaunchError(f"cannot start {argv[0]}: {exc.strerror}")
 
 
-class LocalRank(_RankEnding):
-    """A rank started directly, as the leader of its own process group."""
+class AgentRank(_RankEnding):
+    """A rank behind the rank agent (``python -c <rank_agent.py>``), started here or through ssh.
 
-    def __init__(self, slot: RankSlot, argv: list[str], env: dict[str, str], output: RankOutput):
-        self.slot = slot
-        self.output = output
-        try:
-            self._popen = subprocess.Popen(
-                argv,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            raise _spawn_error(argv, exc) from None
-        assert self._popen.stdout is not None and self._popen.stderr is not None
-        self.threads = [
-            threading.Thread(target=pump_lines, args=(pipe, _line_sink(output, stream)), daemon=True)
-            for pipe, stream in ((self._popen.stdout, "stdout"), (self._popen.stderr, "stderr"))
-        ]
-        for thread in self.threads:
-            thread.start()
-
-    @property
-    def pid(self) -> int:
-        return self._popen.pid
-
-    def poll(self) -> Outcome | None:
-        returncode = self._popen.poll()
-        if returncode is not None and self._outcome is None:
-            self._outcome = Outcome.from_returncode(returncode)
-        return self._outcome
-
-    def send_signal(self, signum: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self._popen.pid, signum)
-
-    def finish(self) -> None:
-        """Kill what is left of the rank's process group (children it left behind)."""
-        self.send_signal(signal.SIGKILL)
-        self._popen.wait()
-        _drain(self.threads, self.output)
-
-
-class RemoteRank(_RankEnding):
-    """A rank on another host: ``ssh host python -c <agent>``, its spec and signals sent on stdin."""
+    The agent gets the rank's command, environment (with the job secret) and working directory on
+    stdin, and later the signals to forward; when stdin closes it stops the rank's process group.
+    """
 
     def __init__(
         self,
@@ -156,28 +115,34 @@ class RemoteRank(_RankEnding):
         argv: list[str],
         env: dict[str, str],
         output: RankOutput,
-        ssh: SshOptions,
+        ssh: SshOptions | None = None,
         python: str = sys.executable,
     ):
         self.slot = slot
         self.output = output
+        self._ssh = ssh
         self._token = "hpcdl-agent-" + secrets.token_hex(8)
         self._status: int | None = None
-        remote_command = (
-            f'exe={shlex.quote(python)}; [ -x "$exe" ] || exe=python3; '
-            f'exec "$exe" -c {shlex.quote(_AGENT_SOURCE)}'
-        )
-        ssh_argv = [*ssh.argv(slot.host), remote_command]
+        if ssh is None:
+            if shutil.which(argv[0], path=env.get("PATH")) is None:
+                raise LaunchError(f"command not found: {argv[0]}; check the command or your PATH")
+            agent_argv = [python, "-c", _AGENT_SOURCE]
+        else:
+            remote_command = (
+                f'exe={shlex.quote(python)}; [ -x "$exe" ] || exe=python3; '
+                f'exec "$exe" -c {shlex.quote(_AGENT_SOURCE)}'
+            )
+            agent_argv = [*ssh.argv(slot.host), remote_command]
         try:
             self._popen = subprocess.Popen(
-                ssh_argv,
+                agent_argv,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
             )
         except OSError as exc:
-            raise _spawn_error(ssh_argv, exc) from None
+            raise _spawn_error(agent_argv, exc) from None
         assert self._popen.stdin and self._popen.stdout and self._popen.stderr
         spec = {"argv": argv, "env": env, "cwd": os.getcwd(), "token": self._token}
         self._control(json.dumps(spec))
@@ -209,10 +174,6 @@ class RemoteRank(_RankEnding):
         if len(words) == 3 and words[1] == b"exit":
             self._status = int(words[2])
 
-    @property
-    def pid(self) -> int:
-        return self._popen.pid
-
     def poll(self) -> Outcome | None:
         returncode = self._popen.poll()
         if returncode is None or self._outcome is not None:
@@ -220,7 +181,7 @@ class RemoteRank(_RankEnding):
         self.threads[1].join(timeout=DRAIN_SECONDS)  # the status line comes on stderr
         if self._status is not None:
             self._outcome = Outcome.from_returncode(self._status)
-        elif returncode == 255:
+        elif returncode == 255 and self._ssh is not None:
             self._outcome = Outcome(exit_code=255, note=f"ssh to {self.slot.host} failed; see its stderr")
         else:
             self._outcome = Outcome(

@@ -271,3 +271,31 @@ def test_hpcdl_ranks_meet_through_the_launchers_rendezvous(tmp_path: Path, num_p
     assert sorted(done.stdout.splitlines()) == [
         f"[{r}]<stdout>:{r} {num_proc} {r} {total}" for r in range(num_proc)
     ]
+
+
+def test_killed_launcher_leaves_no_rank(tmp_path: Path) -> None:
+    script = tmp_path / "wait.py"
+    script.write_text(MISBEHAVE)
+    launcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "hpcdl",
+            "run",
+            "-np",
+            "2",
+            sys.executable,
+            str(script),
+            str(tmp_path),
+            "wait",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=clean_env(),
+    )
+    try:
+        wait_files(tmp_path, "*.pid", 4)
+    finally:
+        launcher.kill()  # SIGKILL: the launcher cannot clean up; each rank's agent sees its stdin close
+        launcher.wait(timeout=10)
+    assert wait_gone(read_pids(tmp_path), 10.0) == []

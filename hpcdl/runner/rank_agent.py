@@ -1,9 +1,10 @@
-"""Runs one rank on a remote host; started by ``hpcdl run`` as ``python -c <this file>`` over ssh.
+"""Runs one rank for ``hpcdl run``: ``python -c <this file>``, here or on another host over ssh.
 
-Standard library only (the remote host needs Python, not hpcdl, to run plain programs). Protocol on
+Standard library only (a remote host needs Python, not hpcdl, to run plain programs). Protocol on
 stdin: the first line is JSON ``{"argv", "env", "cwd", "token"}`` (so the job secret never appears on
 a command line); later lines ``signal N`` forward a signal to the rank's process group. EOF on stdin
-means the launcher is gone: the rank's group gets SIGTERM, then SIGKILL. When the rank ends, the agent
+means the launcher is gone (even killed with SIGKILL, or its ssh connection lost): the rank's process
+group gets SIGTERM, then SIGKILL, so no rank outlives its launcher. When the rank ends, the agent
 writes ``<token> exit <returncode>`` on stderr (the launcher strips that line) and exits.
 """
 
