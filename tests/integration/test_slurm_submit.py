@@ -138,7 +138,10 @@ def _runtime_unavailable() -> Optional[str]:
     return None
 
 
-def test_two_rank_allreduce_through_srun(cluster: SlurmCluster, workdir: Path) -> None:
+@pytest.mark.parametrize(
+    "layout", [["--ranks-per-node", "2"], ["--nodes", "2"]], ids=["one-node", "two-nodes"]
+)
+def test_two_rank_allreduce_through_srun(cluster: SlurmCluster, workdir: Path, layout: list[str]) -> None:
     reason = _runtime_unavailable()
     if reason:
         pytest.skip(reason)
@@ -147,7 +150,7 @@ def test_two_rank_allreduce_through_srun(cluster: SlurmCluster, workdir: Path) -
         "y = c.allreduce(np.array([c.rank() + 1.0])); "
         "print(f'rank {c.rank()} of {c.size()} sum {float(y[0])}', flush=True); c.shutdown()"
     )
-    job_id = submit(cluster, workdir, "--ranks-per-node", "2", "-t", "5", "python3", "-c", rank_code)
+    job_id = submit(cluster, workdir, *layout, "-t", "5", "python3", "-c", rank_code)
     state = cluster.wait_done(job_id, timeout=120)
     output = (workdir / f"hpcdl-{job_id}.out").read_text()
     assert state == "COMPLETED", output
@@ -163,6 +166,12 @@ def test_sweep_runs_one_array_task_per_point(cluster: SlurmCluster, workdir: Pat
         cluster.wait_done(f"{job_id}_{task}")
     outputs = {task: (workdir / f"hpcdl-{job_id}_{task}.out").read_text().strip() for task in (0, 1)}
     assert outputs == {0: "lr=0.1", 1: "lr=0.01"}
+    code, out, err = hpcdl(cluster, workdir, "jobs", "status", job_id)
+    assert code == 0, err
+    assert sorted(line.split()[:2] for line in out.splitlines()) == [
+        [f"{job_id}_0", "COMPLETED"],
+        [f"{job_id}_1", "COMPLETED"],
+    ]
 
 
 def test_status_and_cancel_of_a_running_job(cluster: SlurmCluster, workdir: Path) -> None:

@@ -133,3 +133,19 @@ def test_the_readme_site_example_is_a_valid_site_file(tmp_path: Path) -> None:
     code, out, err = invoke("submit", "--site", str(site), "--dry-run", "-N", "2", "train.py")
     assert code == 0, err
     assert "#PBS -l select=2:ncpus=64:ngpus=4:mpiprocs=4:ompthreads=16:system=polaris" in out
+
+
+def test_job_records_find_logs_after_the_scheduler_forgot_the_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hpcdl.schedulers.records import JobRecord, load_record
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    (tmp_path / "train.o77.3").write_text("task 3\n")
+    (tmp_path / "train.o77.1").write_text("task 1\n")
+    (tmp_path / "train.o78.1").write_text("another job\n")
+    JobRecord("pbs", "77.pbs01", "train", str(tmp_path), "job.sh", ["train.o{job_number}.*"]).save()
+    record = load_record("77.pbs01")
+    assert record is not None and record.scheduler == "pbs"
+    assert [p.name for p in record.log_files()] == ["train.o77.1", "train.o77.3"]
+    assert load_record("78.pbs01") is None
