@@ -238,3 +238,25 @@ def test_hpcdl_collective_across_two_hosts(host: FakeHost, tmp_path: Path) -> No
     assert sorted(done.stdout.splitlines()) == [
         f"[{r}]<stdout>:{r} 4 {r % 2} {r // 2} 10.0" for r in range(4)
     ]
+
+
+@pytest.mark.parametrize("mpirun", ["/usr/bin/mpirun.openmpi", "/usr/bin/mpiexec.mpich"])
+def test_mpi_across_two_hosts_uses_the_ssh_options(host: FakeHost, mpirun: str) -> None:
+    if not os.access(mpirun, os.X_OK):
+        pytest.skip(f"{mpirun} is not installed (apt install openmpi-bin mpich)")
+    subnet = host.address.rsplit(".", 1)[0] + ".0/24"
+    extra = (
+        f"-mca oob_tcp_if_include {subnet} -mca btl_tcp_if_include {subnet}" if "openmpi" in mpirun else ""
+    )
+    env = {k: v for k, v in _env().items() if not k.startswith("OMPI_MCA_")}  # this test picks the link
+    done = subprocess.run(
+        [sys.executable, "-m", "hpcdl", "run", "--mpi", "--mpirun", mpirun, "--mpi-args", extra, "-np", "4",
+         "-H", f"{host.local_address}:2,{host.address}:2", *host.ssh_args(),
+         "--", "sh", "-c", "echo $(hostname) ${OMPI_COMM_WORLD_RANK:-$PMI_RANK}"],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    local_name = os.uname().nodename
+    assert sorted(done.stdout.splitlines()) == [
+        f"[{r}]<stdout>:{host.hostname if r >= 2 else local_name} {r}" for r in range(4)
+    ]
