@@ -63,9 +63,10 @@ def resolve_command(
     if output_format not in ("table", "lock", "spack"):
         raise _fail("resolve", HpcdlError(f"--format {output_format}: choose table, lock or spack"))
     try:
+        request = parse_request(specs)
         recipes = load_recipes(recipes_dirs)
         fitted_driver = driver if driver is not None else detect_driver()[0]
-        solution = Resolver(recipes, builtin_tables(), fitted_driver, python).resolve(parse_request(specs))
+        solution = Resolver(recipes, builtin_tables(), fitted_driver, python).resolve(request)
         lock = lock_from_solution(solution)
         if output_format == "table":
             text = render_table(lock, solution.notes)
