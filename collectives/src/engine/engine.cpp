@@ -47,10 +47,21 @@ const OpRequest* Engine::Pending::any() const {
   return nullptr;
 }
 
-int Engine::SetInfo::member_of(int world_rank) const {
-  for (size_t i = 0; i < set.ranks.size(); ++i)
-    if (set.ranks[i] == world_rank) return static_cast<int>(i);
+namespace {
+int index_of(const std::vector<int>& members, int world_rank) {
+  for (size_t i = 0; i < members.size(); ++i)
+    if (members[i] == world_rank) return static_cast<int>(i);
   return -1;
+}
+}  // namespace
+
+std::vector<int> Engine::members_of(const OpRequest& request) const {
+  if (request.process_set == 0) {
+    std::vector<int> world(size_);
+    for (int i = 0; i < size_; ++i) world[i] = i;
+    return world;
+  }
+  return std::vector<int>(request.members.begin(), request.members.end());
 }
 
 Engine::Engine(Runtime& runtime) : runtime_(runtime) {}
@@ -243,6 +254,7 @@ Status Engine::run_cycle(CycleResult* result) {
       return Status::error(HPCDL_ERR_INTERNAL,
                            "the engine received a malformed control message from rank " + std::to_string(r));
     if (!shutdown) result->all_shutdown = false;
+    else if (shut_down_.insert(r).second) result->activity = true;
     if (touched.size() + aborts.size() != before) result->activity = true;
     if (r == 0 && (before_knobs.fusion_threshold != knobs_.fusion_threshold ||
                    before_knobs.cycle_time_ms != knobs_.cycle_time_ms ||
@@ -258,6 +270,7 @@ Status Engine::run_cycle(CycleResult* result) {
     table_.erase(it);
   }
   if (result->all_shutdown) return Status::ok();
+  if (!shut_down_.empty()) cancel_orphaned();
   fused_last_cycle_ = false;
   std::set<Key> work = touched;
   for (int ps : join_changed)
@@ -267,6 +280,24 @@ Status Engine::run_cycle(CycleResult* result) {
   decide_and_run(work);
   std::lock_guard<std::mutex> lock(mutex_);
   return failed_;
+}
+
+// Operations that wait for a rank that has shut down can never run: fail them now on every rank.
+void Engine::cancel_orphaned() {
+  for (auto it = table_.begin(); it != table_.end();) {
+    Pending& e = it->second;
+    std::vector<int> gone;
+    for (size_t m = 0; m < e.by_member.size(); ++m)
+      if (!e.by_member[m] && shut_down_.count(e.members[m])) gone.push_back(e.members[m]);
+    if (gone.empty() || e.any() == nullptr) {
+      ++it;
+      continue;
+    }
+    finish(e, HPCDL_ERR_SHUTDOWN,
+           describe(*e.any()) + " can never complete: " + ranks_text(gone) + (gone.size() == 1 ? " has" : " have") +
+               " shut down without submitting it");
+    it = table_.erase(it);
+  }
 }
 
 void Engine::pack(std::vector<uint8_t>* message) {
@@ -292,9 +323,8 @@ void Engine::pack(std::vector<uint8_t>* message) {
     if (cache_capacity_ > 0) {
       auto it = cache_index_.find({req.process_set, req.name});
       if (it != cache_index_.end()) {
-        SetInfo* info = set_info(req.process_set);
-        int m = info ? info->member_of(rank_) : -1;
         const CacheSlot& slot = cache_[it->second];
+        int m = index_of(slot.members, rank_);
         if (m >= 0 && m < static_cast<int>(slot.by_member.size()) && slot.by_member[m].same_as(req)) id = it->second;
       }
     }
@@ -381,8 +411,7 @@ bool Engine::decode(int rank, const std::vector<uint8_t>& message, bool* shutdow
       int32_t id = -1;
       if (!in.get(&id) || id < 0 || id >= static_cast<int32_t>(cache_.size()) || !cache_[id].used) return false;
       const CacheSlot& slot = cache_[id];
-      SetInfo* info = set_info(slot.key.first);
-      int m = info ? info->member_of(rank) : -1;
+      int m = index_of(slot.members, rank);
       if (m < 0 || m >= static_cast<int>(slot.by_member.size())) return false;
       *request = slot.by_member[m];
     } else if (!request->decode(in)) {
@@ -391,18 +420,19 @@ bool Engine::decode(int rank, const std::vector<uint8_t>& message, bool* shutdow
     std::shared_ptr<EngineOp> local;
     if (rank == rank_ && i < packed_.size()) local = packed_[i];
     Key key{request->process_set, request->name};
-    SetInfo* info = set_info(request->process_set);
-    int m = info ? info->member_of(rank) : -1;
-    if (m < 0) continue;
+    std::vector<int> members = members_of(*request);
+    int m = index_of(members, rank);
+    if (m < 0) return false;  // enqueue only accepts members
     auto inserted = table_.try_emplace(key);
     Pending& e = inserted.first->second;
     if (inserted.second) {
       e.sequence = sequence_++;
-      e.by_member.resize(info->set.ranks.size());
+      e.members = std::move(members);
+      e.by_member.resize(e.members.size());
       e.first_seen = last_cycle_start_;
       e.last_stall_warning = e.first_seen;
     }
-    if (e.by_member[m]) continue;  // a rank never has one name pending twice (enqueue refuses it)
+    if (m >= static_cast<int>(e.by_member.size()) || e.by_member[m]) return false;  // enqueue refuses duplicates
     e.arrived.push_back(rank);
     e.last_arrival = last_cycle_start_;
     if (local) e.local = local;
@@ -437,21 +467,19 @@ bool Engine::decode(int rank, const std::vector<uint8_t>& message, bool* shutdow
 bool Engine::is_ready(const Key& key, const Pending& e) {
   const OpRequest* any = e.any();
   if (any == nullptr) return false;
-  SetInfo* info = set_info(key.first);
-  if (info == nullptr) return false;
   const bool is_join = any->op_type == HPCDL_OP_JOIN;
   const std::set<int>& joined = joined_[key.first];
   for (size_t m = 0; m < e.by_member.size(); ++m) {
     if (e.by_member[m]) continue;
-    if (is_join || joined.count(info->set.ranks[m]) == 0) return false;
+    if (is_join || joined.count(e.members[m]) == 0) return false;
   }
   return true;
 }
 
-std::string Engine::join_conflict(const Pending& e, const SetInfo& info) {
+std::string Engine::join_conflict(const Pending& e) {
   std::vector<int> absent;
   for (size_t m = 0; m < e.by_member.size(); ++m)
-    if (!e.by_member[m]) absent.push_back(info.set.ranks[m]);
+    if (!e.by_member[m]) absent.push_back(e.members[m]);
   if (absent.empty()) return "";
   const OpRequest& r = *e.any();
   if (r.op_type == HPCDL_OP_ALLTOALL || r.op_type == HPCDL_OP_REDUCESCATTER)
@@ -472,10 +500,9 @@ void Engine::decide_and_run(const std::set<Key>& work) {
     if (is_ready(key, it->second)) {
       ready.push_back({key, &it->second});
     } else if (it->second.local) {
-      SetInfo* info = set_info(key.first);
       std::vector<int> missing;
       for (size_t m = 0; m < it->second.by_member.size(); ++m)
-        if (!it->second.by_member[m]) missing.push_back(info->set.ranks[m]);
+        if (!it->second.by_member[m]) missing.push_back(it->second.members[m]);
       still_waiting.push_back({it->second.local, missing});
     }
   }
@@ -509,14 +536,13 @@ void Engine::decide_and_run(const std::set<Key>& work) {
   for (const Ready& r : ready) {
     Pending& e = *r.entry;
     e.decided = now;
-    SetInfo* info = set_info(r.key.first);
     std::vector<const OpRequest*> requests;
     for (const auto& q : e.by_member) requests.push_back(q.get());
     std::string message;
     int code = HPCDL_ERR_MISMATCH;
-    if (!validate_requests(requests, info->set.ranks, &message)) {
+    if (!validate_requests(requests, e.members, &message)) {
       code = HPCDL_ERR_MISMATCH;
-    } else if (!(message = join_conflict(e, *info)).empty()) {
+    } else if (!(message = join_conflict(e)).empty()) {
       code = HPCDL_ERR_INVALID;
     }
     const OpRequest& any = *e.any();
@@ -618,7 +644,9 @@ void Engine::record_timeline(const Pending& e, const char* phase, Clock::time_po
 
 void Engine::run_batch(const std::vector<Ready>& batch, bool fused) {
   const Key& first = batch.front().key;
-  SetInfo* info = set_info(first.first);
+  std::shared_ptr<Comm> data;
+  if (index_of(batch.front().entry->members, rank_) >= 0)
+    data = runtime_.find_comm_shared(first.first, Channel::kEngineData);
   const auto start = Clock::now();
   for (const Ready& r : batch) {
     const OpRequest& q = *r.entry->any();
@@ -633,14 +661,14 @@ void Engine::run_batch(const std::vector<Ready>& batch, bool fused) {
     auto it = last_joined_.find(head.process_set);
     if (batch.front().entry->local) batch.front().entry->local->join_result = it == last_joined_.end() ? -1 : it->second;
     joined_.erase(head.process_set);
-  } else if (info == nullptr || !info->data) {
+  } else if (!data) {
     // Not a member of this set: nothing to run, the members do.
   } else if (fused) {
     std::string what = std::string("allreduce of ") + std::to_string(batch.size()) + " fused tensors ('" +
                        batch.front().key.second + "', ...)";
-    s = run_fused(batch, *info, what);
+    s = run_fused(batch, *data, what);
   } else {
-    s = run_one(*batch.front().entry, *info, describe(*batch.front().entry->any()));
+    s = run_one(*batch.front().entry, *data, describe(*batch.front().entry->any()));
     if (timeline_.active() && s.is_ok())
       record_timeline(*batch.front().entry, op_type_upper(batch.front().entry->any()->op_type), start, Clock::now(),
                       "\"bytes\":" + std::to_string(entry_bytes(*batch.front().entry)));
@@ -657,13 +685,12 @@ void Engine::run_batch(const std::vector<Ready>& batch, bool fused) {
   }
 }
 
-Status Engine::run_one(Pending& e, const SetInfo& info, const std::string& what) {
+Status Engine::run_one(Pending& e, Comm& c, const std::string& what) {
   const OpRequest& any = *e.any();
   const OpRequest& req = e.local ? e.local->request : any;
   EngineOp* op = e.local.get();
-  Comm& c = *info.data;
-  const int n = static_cast<int>(info.set.ranks.size());
-  const int me = info.set.my_rank;
+  const int n = static_cast<int>(e.members.size());
+  const int me = index_of(e.members, rank_);
   const int dsize = dtype_size(any.dtype);
   const int64_t row = any.row_elements();
   auto scratch = [&](int64_t bytes) -> uint8_t* {
@@ -701,7 +728,7 @@ Status Engine::run_one(Pending& e, const SetInfo& info, const std::string& what)
       return c.allgatherv(send, out, counts, any.dtype, deadline(), what);
     }
     case HPCDL_OP_BROADCAST: {
-      int root = info.member_of(any.root);
+      int root = index_of(e.members, any.root);
       int64_t count = any.num_elements();
       void* buf;
       if (op != nullptr) {
@@ -747,7 +774,7 @@ Status Engine::run_one(Pending& e, const SetInfo& info, const std::string& what)
   }
 }
 
-Status Engine::run_fused(const std::vector<Ready>& batch, const SetInfo& info, const std::string& what) {
+Status Engine::run_fused(const std::vector<Ready>& batch, Comm& comm, const std::string& what) {
   const OpRequest& first = *batch.front().entry->any();
   const int dsize = dtype_size(first.dtype);
   int64_t total = 0;
@@ -766,7 +793,7 @@ Status Engine::run_fused(const std::vector<Ready>& batch, const SetInfo& info, c
     off += static_cast<int64_t>(bytes);
   }
   const auto t1 = Clock::now();
-  Status s = info.data->allreduce(buf, reduced, total, first.dtype, first.reduce_op, first.prescale, first.postscale,
+  Status s = comm.allreduce(buf, reduced, total, first.dtype, first.reduce_op, first.prescale, first.postscale,
                                   deadline(), what);
   if (!s.is_ok()) return s;
   const auto t2 = Clock::now();
@@ -821,6 +848,7 @@ void Engine::remember(const Key& key, const Pending& e) {
   }
   CacheSlot& slot = cache_[id];
   slot.key = key;
+  slot.members = e.members;
   slot.used = true;
   slot.last_used = ++cache_clock_;
   slot.by_member.clear();
@@ -836,12 +864,11 @@ void Engine::stall_check(Clock::time_point now) {
   for (auto& kv : table_) {
     Pending& e = kv.second;
     double age = seconds_between(e.first_seen, now);
-    SetInfo* info = set_info(kv.first.first);
-    if (info == nullptr || e.any() == nullptr) continue;
+    if (e.any() == nullptr) continue;
     std::vector<int> missing, present;
     const std::set<int>& joined = joined_[kv.first.first];
     for (size_t m = 0; m < e.by_member.size(); ++m) {
-      int w = info->set.ranks[m];
+      int w = e.members[m];
       if (e.by_member[m]) present.push_back(w);
       else if (joined.count(w) == 0 || e.any()->op_type == HPCDL_OP_JOIN) missing.push_back(w);
     }
@@ -900,15 +927,6 @@ void Engine::fail_everything(const Status& status) {
   done_cv_.notify_all();
 }
 
-Engine::SetInfo* Engine::set_info(int process_set) {
-  auto it = sets_.find(process_set);
-  if (it != sets_.end()) return &it->second;
-  SetInfo info;
-  if (!runtime_.process_set(process_set, &info.set)) return nullptr;
-  if (info.set.my_rank >= 0) info.data = runtime_.find_comm_shared(process_set, Channel::kEngineData);
-  return &sets_.emplace(process_set, std::move(info)).first->second;
-}
-
 // ---- the callers' side -------------------------------------------------------------------------------
 
 Status Engine::enqueue(const hpcdl_request& r, int64_t* handle) {
@@ -946,6 +964,7 @@ Status Engine::enqueue(const hpcdl_request& r, int64_t* handle) {
     return invalid("rank " + std::to_string(rank_) + " is not a member of process set " +
                    std::to_string(r.process_set) + " (members: " + ranks_text(set.ranks) + ")");
   const int n = static_cast<int>(set.ranks.size());
+  if (r.process_set != 0) q.members.assign(set.ranks.begin(), set.ranks.end());
   const int64_t elements = q.num_elements();
   const bool has_data = r.op_type != HPCDL_OP_BARRIER && r.op_type != HPCDL_OP_JOIN && elements > 0;
   if (has_data && r.input == nullptr) return invalid("the request has no input buffer");

@@ -85,6 +85,7 @@ class Engine {
   // Everything the ranks have said about one name that has not run yet; identical on every rank.
   struct Pending {
     uint64_t sequence = 0;  // creation order: the order ready operations run in
+    std::vector<int> members;  // world ranks of the process set
     std::vector<std::unique_ptr<OpRequest>> by_member;
     std::vector<int> arrived;  // world ranks in the order their submissions arrived
     Clock::time_point first_seen, last_arrival, decided;
@@ -95,14 +96,10 @@ class Engine {
   };
   struct CacheSlot {
     Key key;
+    std::vector<int> members;
     std::vector<OpRequest> by_member;
     uint64_t last_used = 0;
     bool used = false;
-  };
-  struct SetInfo {
-    ProcessSet set;
-    std::shared_ptr<Comm> data;  // nullptr when this rank is not a member
-    int member_of(int world_rank) const;
   };
   struct Abort {
     int process_set = 0;
@@ -123,20 +120,21 @@ class Engine {
   Status go_idle();
   Status run_cycle(CycleResult* result);
   void pack(std::vector<uint8_t>* message);
+  void cancel_orphaned();
   Status exchange(const std::vector<uint8_t>& mine, std::vector<std::vector<uint8_t>>* all);
   bool decode(int rank, const std::vector<uint8_t>& message, bool* shutdown, std::vector<Abort>* aborts,
               std::set<Key>* touched, std::set<int>* join_changed);
   void decide_and_run(const std::set<Key>& work);
   bool is_ready(const Key& key, const Pending& entry);
-  std::string join_conflict(const Pending& entry, const SetInfo& info);
+  std::string join_conflict(const Pending& entry);
   void run_batch(const std::vector<Ready>& batch, bool fused);
-  Status run_one(Pending& entry, const SetInfo& info, const std::string& what);
-  Status run_fused(const std::vector<Ready>& batch, const SetInfo& info, const std::string& what);
+  Status run_one(Pending& entry, Comm& comm, const std::string& what);
+  Status run_fused(const std::vector<Ready>& batch, Comm& comm, const std::string& what);
   void finish(Pending& entry, int code, const std::string& message);
   void remember(const Key& key, const Pending& entry);
   void stall_check(Clock::time_point now);
   void fail_everything(const Status& status);
-  SetInfo* set_info(int process_set);
+  std::vector<int> members_of(const OpRequest& request) const;
   std::shared_ptr<EngineOp> find(int64_t handle) const;
   void record_timeline(const Pending& entry, const char* phase, Clock::time_point begin, Clock::time_point end,
                        const std::string& args = "");
@@ -180,8 +178,8 @@ class Engine {
   std::vector<std::shared_ptr<EngineOp>> packed_;
   std::map<Key, Pending> table_;
   uint64_t sequence_ = 0;
-  std::map<int, SetInfo> sets_;
   std::map<int, std::set<int>> joined_;  // process set -> world ranks that joined
+  std::set<int> shut_down_;              // world ranks that announced their shutdown
   std::map<int, int> last_joined_;
   std::map<std::pair<int, int>, std::vector<Key>> groups_;  // (set, group id) -> ready members held back
   std::map<std::pair<int, int>, std::string> failed_groups_;

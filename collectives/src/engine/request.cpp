@@ -22,7 +22,8 @@ int64_t OpRequest::row_elements() const {
 bool OpRequest::same_as(const OpRequest& o) const {
   return name == o.name && op_type == o.op_type && process_set == o.process_set && dtype == o.dtype &&
          reduce_op == o.reduce_op && root == o.root && group_id == o.group_id && group_size == o.group_size &&
-         prescale == o.prescale && postscale == o.postscale && shape == o.shape && splits == o.splits;
+         prescale == o.prescale && postscale == o.postscale && shape == o.shape && splits == o.splits &&
+         members == o.members;
 }
 
 void OpRequest::encode(ByteWriter& out) const {
@@ -38,12 +39,23 @@ void OpRequest::encode(ByteWriter& out) const {
   out.put(postscale);
   out.put_i64s(shape);
   out.put_i64s(splits);
+  out.put<uint32_t>(static_cast<uint32_t>(members.size()));
+  for (int32_t m : members) out.put(m);
 }
 
 bool OpRequest::decode(ByteReader& in) {
   return in.get_string(&name) && in.get(&op_type) && in.get(&process_set) && in.get(&dtype) &&
          in.get(&reduce_op) && in.get(&root) && in.get(&group_id) && in.get(&group_size) && in.get(&prescale) &&
-         in.get(&postscale) && in.get_i64s(&shape) && in.get_i64s(&splits);
+         in.get(&postscale) && in.get_i64s(&shape) && in.get_i64s(&splits) && decode_members(in);
+}
+
+bool OpRequest::decode_members(ByteReader& in) {
+  uint32_t n = 0;
+  if (!in.get(&n) || n > (1u << 24)) return false;
+  members.resize(n);
+  for (uint32_t i = 0; i < n; ++i)
+    if (!in.get(&members[i])) return false;
+  return true;
 }
 
 int dtype_size(int dtype) {

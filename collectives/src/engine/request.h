@@ -23,6 +23,9 @@ struct OpRequest {
   double postscale = 1.0;
   std::vector<int64_t> shape;
   std::vector<int64_t> splits;  // alltoall rows per set member; empty = even
+  // World ranks of the process set (empty for the global set): carried with the request so that every
+  // rank, member or not, negotiates the operation identically whatever its view of dynamic sets.
+  std::vector<int32_t> members;
 
   int64_t num_elements() const;
   int64_t row_elements() const;  // elements per row of dim 0 (1 for scalars)
@@ -31,6 +34,9 @@ struct OpRequest {
 
   void encode(ByteWriter& out) const;
   bool decode(ByteReader& in);
+
+ private:
+  bool decode_members(ByteReader& in);
 };
 
 // Size in bytes of one element of an hpcdl_dtype, 0 when unknown.

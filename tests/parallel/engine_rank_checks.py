@@ -1,0 +1,350 @@
+"""Rank-side checks of the background engine, run by tests/parallel/test_engine_*.py under ``hpcdl run``.
+
+``python engine_rank_checks.py SCENARIO [ARG]`` runs the scenario's checks on this rank and prints
+``PASS <check>`` for each (and ``RESULT <text>`` lines the test compares across runs); the first failure
+raises, so the rank exits non-zero and the launcher fails the job. Expected values are computed from
+every rank's inputs, which are deterministic functions of the rank.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import threading
+import time
+from typing import Callable
+
+import numpy as np
+
+import hpcdl.common as hc
+from hpcdl.common import engine as E
+from hpcdl.common.exceptions import HpcdlError, HpcdlInternalError, HpcdlMismatchError
+
+SUM = hc.ReduceOp.SUM
+
+
+def passed(check: str) -> None:
+    print(f"PASS {check}", flush=True)
+
+
+def values(rank: int, n: int, salt: int = 0) -> np.ndarray:
+    """Integer-valued floats: sums are exact in any order, so results compare bit for bit."""
+    return ((np.arange(n, dtype=np.float64) * 7 + rank * 13 + salt) % 17).astype(np.float32)
+
+
+# ---- scenario: core ---------------------------------------------------------------------------------
+
+
+def check_out_of_order_threads() -> None:
+    r, n = hc.rank(), hc.size()
+    names = [f"grad.{t}.{i}" for t in range(3) for i in range(12)]
+    results: dict[str, np.ndarray] = {}
+    errors: list[BaseException] = []
+
+    def worker(t: int) -> None:
+        try:
+            mine = [name for name in names if name.startswith(f"grad.{t}.")]
+            # Each rank submits its thread's names in a different order (rotated by rank).
+            k = r % len(mine)
+            order = mine[k:] + mine[:k] if r % 2 == 0 else list(reversed(mine))
+            handles = {name: E.allreduce_async(values(r, 5, len(name)), name=name, op=SUM) for name in order}
+            for name, h in handles.items():
+                results[name] = E.synchronize(h)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(3)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert not errors, errors
+    for name in names:
+        expected = sum(values(q, 5, len(name)) for q in range(n))
+        np.testing.assert_array_equal(results[name], expected, err_msg=name)
+    passed("out_of_order_threads")
+
+
+def check_mismatch_errors() -> None:
+    r, n = hc.rank(), hc.size()
+    cases = {
+        "shape": lambda: E.allreduce_async(np.zeros(3 + (r == n - 1), np.float32), name="bad.shape"),
+        "dtype": lambda: E.allreduce_async(np.zeros(3, np.float32 if r else np.float64), name="bad.dtype"),
+        "reduction": lambda: E.allreduce_async(
+            np.zeros(3, np.float32), name="bad.op", op=SUM if r else hc.ReduceOp.MAX
+        ),
+        "root": lambda: E.broadcast_async(np.zeros(3, np.float32), root=0 if r else 1, name="bad.root"),
+    }
+    for what, submit in cases.items():
+        try:
+            E.synchronize(submit())
+        except HpcdlMismatchError as exc:
+            text = str(exc)
+            assert f"mismatched {what}" in text, text
+            assert "'bad." in text and "rank" in text, text
+            print(f"RESULT mismatch {what}: {text}", flush=True)
+        else:
+            raise AssertionError(f"{what} mismatch was not reported")
+    # The runtime stays usable, for the same names too.
+    out = E.synchronize(E.allreduce_async(np.ones(3, np.float32), name="bad.shape", op=SUM))
+    np.testing.assert_array_equal(out, np.full(3, n, np.float32))
+    passed("mismatch_errors")
+
+
+def check_grouped_atomic() -> None:
+    r, n = hc.rank(), hc.size()
+    group = E.new_group_id()
+    a, b = values(r, 4, 1), values(r, 6, 2)
+    out_a, out_b = np.empty_like(a), np.empty_like(b)
+    kw = {"reduce_op": SUM, "group_id": group, "group_size": 2}
+    h_a = E.enqueue(
+        hc.OpType.ALLREDUCE,
+        hc.Buffer.from_numpy(a),
+        hc.Buffer.from_numpy(out_a),
+        name="grp.a",
+        **kw,
+        keep=(a, out_a),
+    )
+    time.sleep(0.3)  # every rank has submitted grp.a, none grp.b: the group must not run yet
+    assert not h_a.poll(), "a grouped allreduce ran before its group was complete"
+    h_b = E.enqueue(
+        hc.OpType.ALLREDUCE,
+        hc.Buffer.from_numpy(b),
+        hc.Buffer.from_numpy(out_b),
+        name="grp.b",
+        **kw,
+        keep=(b, out_b),
+    )
+    h_a.wait()
+    h_b.wait()
+    np.testing.assert_array_equal(out_a, sum(values(q, 4, 1) for q in range(n)))
+    np.testing.assert_array_equal(out_b, sum(values(q, 6, 2) for q in range(n)))
+    handles = E.grouped_allreduce_async([values(r, 3, 5), values(r, 2, 6)], names=["g2.x", "g2.y"], op=SUM)
+    outs = [E.synchronize(h) for h in handles]
+    np.testing.assert_array_equal(outs[1], sum(values(q, 2, 6) for q in range(n)))
+    passed("grouped_atomic")
+
+
+def check_process_sets() -> None:
+    r, n = hc.rank(), hc.size()
+    assert n >= 3
+    members = [0, 1]
+    static_set = 1
+    if r in members:
+        out = E.synchronize(E.allreduce_async(values(r, 4), name="ps.x", op=SUM, process_set=static_set))
+        np.testing.assert_array_equal(out, values(0, 4) + values(1, 4))
+        # The same name in the global set is another operation.
+        out = E.synchronize(E.allreduce_async(values(r, 4), name="ps.x", op=SUM))
+    else:
+        try:
+            E.allreduce_async(values(r, 4), name="ps.x", process_set=static_set)
+        except HpcdlError as exc:
+            assert "not a member of process set" in str(exc), exc
+        else:
+            raise AssertionError("a non-member could submit to a process set")
+        out = E.synchronize(E.allreduce_async(values(r, 4), name="ps.x", op=SUM))
+    np.testing.assert_array_equal(out, sum(values(q, 4) for q in range(n)))
+    dynamic = hc.add_process_set([1, 2])
+    if r in (1, 2):
+        got = E.synchronize(E.allgather_async(np.full(r, r, np.int32), name="ps.gather", process_set=dynamic))
+        np.testing.assert_array_equal(got, np.array([1, 2, 2], np.int32))
+    hc.remove_process_set(dynamic)
+    passed("process_sets")
+
+
+def check_other_collectives() -> None:
+    r, n = hc.rank(), hc.size()
+    # allgather with a different first dimension per rank
+    got = E.synchronize(E.allgather_async(np.full((r + 1, 2), r, np.int64), name="ag"))
+    np.testing.assert_array_equal(got, np.concatenate([np.full((q + 1, 2), q, np.int64) for q in range(n)]))
+    # broadcast from the last rank, in place
+    b = values(r, 5)
+    E.synchronize(E.broadcast_async(b, root=n - 1, name="bc"))
+    np.testing.assert_array_equal(b, values(n - 1, 5))
+    # alltoall with uneven splits: rank r sends q + 1 rows to rank q
+    splits = [q + 1 for q in range(n)]
+    send = np.concatenate([np.full(q + 1, 100 * r + q, np.int32) for q in range(n)])
+    h = E.alltoall_async(send, splits=splits, name="a2a")
+    got = E.synchronize(h)
+    np.testing.assert_array_equal(
+        got, np.concatenate([np.full(r + 1, 100 * q + r, np.int32) for q in range(n)])
+    )
+    assert h.received_splits() == [r + 1] * n, h.received_splits()
+    # reducescatter: the first rows % n ranks get one extra row
+    rows = 2 * n + 1
+    got = E.synchronize(E.reducescatter_async(np.arange(rows * 2, dtype=np.float64).reshape(rows, 2), op=SUM))
+    full = n * np.arange(rows * 2, dtype=np.float64).reshape(rows, 2)
+    start = sum(rows // n + (1 if q < rows % n else 0) for q in range(r))
+    np.testing.assert_array_equal(got, full[start : start + rows // n + (1 if r < rows % n else 0)])
+    E.synchronize(E.barrier_async())
+    passed("other_collectives")
+
+
+def check_names_and_cache() -> None:
+    r, n = hc.rank(), hc.size()
+    # Unnamed operations get the same deterministic names on every rank.
+    outs = [E.synchronize(E.allreduce_async(values(r, 3, i), op=SUM)) for i in range(3)]
+    for i, out in enumerate(outs):
+        np.testing.assert_array_equal(out, sum(values(q, 3, i) for q in range(n)))
+    # A name may not be pending twice on one rank.
+    pending = E.allreduce_async(values(r, 3), name="dup", op=SUM)
+    try:
+        E.allreduce_async(values(r, 3), name="dup")
+    except HpcdlError as exc:
+        assert "already pending" in str(exc), exc
+    else:
+        raise AssertionError("a duplicate pending name was accepted")
+    E.synchronize(pending)
+    # Repeated names go through the response cache (capacity 4 here forces evictions) and stay correct.
+    assert E.engine_knob("cache_capacity") == 4
+    for step in range(6):
+        for i in range(6):
+            out = E.synchronize(E.allreduce_async(values(r, 8, i + step), name=f"cached.{i}", op=SUM))
+            np.testing.assert_array_equal(out, sum(values(q, 8, i + step) for q in range(n)))
+    passed("names_and_cache")
+
+
+# ---- scenario: fusion -------------------------------------------------------------------------------
+
+
+def check_fusion_workload() -> None:
+    """Many small and a few large allreduces submitted at once; prints a digest of all results."""
+    r, n = hc.rank(), hc.size()
+    sizes = [3, 17, 64, 1000, 4096, 70000, 5, 300000, 128, 9]
+    digest = hashlib.sha256()
+    for step in range(3):
+        handles = []
+        for i, count in enumerate(sizes):
+            op = hc.ReduceOp.AVERAGE if i % 3 == 0 else SUM
+            handles.append(E.allreduce_async(values(r, count, i + step), name=f"f.{i}", op=op))
+        for i, h in enumerate(handles):
+            out = E.synchronize(h)
+            expected = sum(values(q, sizes[i], i + step).astype(np.float64) for q in range(n))
+            if i % 3 == 0:
+                expected = expected / n
+            np.testing.assert_allclose(out, expected, rtol=1e-6)
+            digest.update(out.tobytes())
+    print(
+        f"RESULT digest {digest.hexdigest()} fusion_threshold={E.engine_knob('fusion_threshold'):.0f}",
+        flush=True,
+    )
+    passed("fusion_workload")
+
+
+# ---- scenario: join ---------------------------------------------------------------------------------
+
+
+def check_join_uneven() -> None:
+    r, n = hc.rank(), hc.size()
+    steps = r + 1  # rank r has r + 1 batches: rank 0 joins first, the last rank last
+    for s in range(steps):
+        active = [q for q in range(n) if q + 1 > s]
+        out = E.synchronize(E.allreduce_async(values(r, 6, s), name=f"j.sum.{s}", op=SUM))
+        np.testing.assert_array_equal(out, sum(values(q, 6, s) for q in active))  # joined ranks add zeros
+        got = E.synchronize(E.allgather_async(np.full(2, r, np.int32), name=f"j.gather.{s}"))
+        np.testing.assert_array_equal(got, np.repeat(np.array(active, np.int32), 2))  # joined add nothing
+    last = E.join()
+    assert last == n - 1, f"join returned {last}, expected the last rank to join ({n - 1})"
+    # After everyone joined, operations need every rank again.
+    out = E.synchronize(E.allreduce_async(np.ones(2, np.float32), name="j.after", op=SUM))
+    np.testing.assert_array_equal(out, np.full(2, n, np.float32))
+    passed("join_uneven")
+
+
+# ---- scenario: timeline -----------------------------------------------------------------------------
+
+
+def timeline_workload(prefix: str) -> None:
+    r = hc.rank()
+    handles = [E.allreduce_async(values(r, 16, i), name=f"{prefix}.small.{i}", op=SUM) for i in range(8)]
+    handles.append(E.allreduce_async(values(r, 200000), name=f"{prefix}.large", op=SUM))
+    handles.append(E.allgather_async(np.full(3, r, np.int32), name=f"{prefix}.gather"))
+    if r == 1:
+        time.sleep(0.05)  # rank 1 is late: the timeline should show rank 0 waiting for it
+    handles.append(E.broadcast_async(values(r, 4), root=0, name=f"{prefix}.bcast"))
+    for h in handles:
+        E.synchronize(h)
+
+
+def check_timeline(path: str) -> None:
+    """The first half goes to HPCDL_TIMELINE; then the timeline is restarted at run time on ``path``."""
+    timeline_workload("env")
+    E.stop_timeline()
+    E.start_timeline(path, mark_cycles=True)
+    timeline_workload("tl")
+    E.stop_timeline()
+    passed("timeline")
+
+
+# ---- scenario: stall --------------------------------------------------------------------------------
+
+
+def check_stall() -> None:
+    r = hc.rank()
+    if r == 0:
+        h = E.allreduce_async(np.ones(2, np.float32), name="stuck.tensor")
+        try:
+            h.wait(timeout=30)
+        except HpcdlInternalError as exc:
+            assert "stall shutdown" in str(exc) and "rank 1" in str(exc), exc
+            print(f"RESULT stall error: {exc}", flush=True)
+        else:
+            raise AssertionError("the stalled operation completed")
+    else:
+        time.sleep(4.0)  # never submits stuck.tensor; waits past the stall shutdown
+    out = E.synchronize(E.allreduce_async(np.ones(2, np.float32), name="after.stall", op=SUM))
+    np.testing.assert_array_equal(out, np.full(2, hc.size(), np.float32))
+    passed("stall")
+
+
+# ---- scenario: autotune -----------------------------------------------------------------------------
+
+
+def check_autotune(steps: int) -> None:
+    r = hc.rank()
+    user_threshold = E.engine_knob("fusion_threshold")
+    cycle_times = set()
+    for _ in range(steps):
+        handles = [E.allreduce_async(values(r, 2000, i), name=f"at.{i}") for i in range(20)]
+        for h in handles:
+            E.synchronize(h)
+        time.sleep(0.02)  # let the engine go idle: one step per burst
+        cycle_times.add(E.engine_knob("cycle_time_ms"))
+        assert E.engine_knob("fusion_threshold") == user_threshold, "autotune changed a knob the user set"
+    print(f"RESULT cycle_times {sorted(cycle_times)}", flush=True)
+    passed("autotune")
+
+
+SCENARIOS: dict[str, Callable[[list[str]], None]] = {
+    "core": lambda _args: [
+        check()
+        for check in (
+            check_out_of_order_threads,
+            check_mismatch_errors,
+            check_grouped_atomic,
+            check_process_sets,
+            check_other_collectives,
+            check_names_and_cache,
+        )
+    ],
+    "fusion": lambda _args: check_fusion_workload(),
+    "join": lambda _args: check_join_uneven(),
+    "timeline": lambda args: check_timeline(args[0]),
+    "stall": lambda _args: check_stall(),
+    "autotune": lambda args: check_autotune(int(args[0])),
+}
+
+
+def main() -> None:
+    scenario, args = sys.argv[1], sys.argv[2:]
+    hc.init(process_sets=[[0, 1]] if scenario == "core" else None, dynamic_process_sets=scenario == "core")
+    try:
+        SCENARIOS[scenario](args)
+    finally:
+        hc.shutdown()
+    print(f"DONE {scenario} rank {os.environ.get('HPCDL_RANK')}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""The engine with real ranks: ordering, validation, groups, process sets, collectives, cache, fusion,
+join."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+from runner_helpers import hpcdl_run, rank_lines
+
+CHECKS = str(Path(__file__).with_name("engine_rank_checks.py"))
+
+
+def run_scenario(np_: int, scenario: str, *args: str, timeout: float = 90, **env: str):
+    done, _ = hpcdl_run("-np", str(np_), sys.executable, CHECKS, scenario, *args, timeout=timeout, **env)
+    assert done.returncode == 0, f"{scenario} failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    return done
+
+
+def passes(stdout: str, rank: int) -> list[str]:
+    return [line.split()[1] for line in rank_lines(stdout, rank) if line.startswith("PASS ")]
+
+
+def results(stdout: str, rank: int, prefix: str) -> list[str]:
+    start = f"RESULT {prefix}"
+    return [line[len(start) :].strip() for line in rank_lines(stdout, rank) if line.startswith(start)]
+
+
+def test_core_behaviour_on_three_ranks() -> None:
+    done = run_scenario(3, "core", HPCDL_CACHE_CAPACITY="4")
+    expected = [
+        "out_of_order_threads",
+        "mismatch_errors",
+        "grouped_atomic",
+        "process_sets",
+        "other_collectives",
+        "names_and_cache",
+    ]
+    for rank in range(3):
+        assert passes(done.stdout, rank) == expected
+    # Every rank got the very same mismatch message, naming the tensor, the ranks and the difference.
+    messages = [results(done.stdout, rank, "mismatch") for rank in range(3)]
+    assert messages[0] == messages[1] == messages[2]
+    shape = next(m for m in messages[0] if m.startswith("shape"))
+    assert "'bad.shape'" in shape and "ranks 0, 1 have [3]" in shape and "rank 2 has [4]" in shape
+
+
+def test_fusion_on_and_off_give_identical_results() -> None:
+    fused = run_scenario(2, "fusion", HPCDL_FUSION_THRESHOLD=str(64 << 20))
+    unfused = run_scenario(2, "fusion", HPCDL_FUSION_THRESHOLD="0")
+    digests = {}
+    for name, done in (("fused", fused), ("unfused", unfused)):
+        lines = [results(done.stdout, rank, "digest")[0] for rank in range(2)]
+        assert lines[0] == lines[1]
+        digests[name] = lines[0]
+    assert digests["fused"].split()[0] == digests["unfused"].split()[0]
+    assert re.search(r"fusion_threshold=67108864$", digests["fused"])
+    assert re.search(r"fusion_threshold=0$", digests["unfused"])
+
+
+def test_join_with_uneven_data() -> None:
+    done = run_scenario(3, "join")
+    for rank in range(3):
+        assert passes(done.stdout, rank) == ["join_uneven"]
