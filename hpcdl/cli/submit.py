@@ -9,7 +9,6 @@ import typer
 
 from hpcdl.common.exceptions import HpcdlError
 from hpcdl.schedulers import ArraySpec, JobSpecError, SignalSpec, Sweep, get_scheduler, load_site
-from hpcdl.schedulers.render import render_script
 from hpcdl.schedulers.submission import submit_job, write_script
 
 
@@ -117,7 +116,7 @@ def submit_command(
         )
         backend = get_scheduler(scheduler or site.scheduler)
         if dry_run:
-            script = render_script(backend, job, site)
+            script = backend.render(job, site)
             if script_out is not None:
                 write_script(script, script_out, force)
                 typer.echo(f"hpcdl: wrote {script_out} ({backend.name})", err=True)

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Optional
 
-from hpcdl.schedulers.errors import JobSpecError, SchedulerError
+from hpcdl.schedulers.errors import JobSpecError, SchedulerError, ScriptCheckError
 from hpcdl.schedulers.job import JobSpec
+from hpcdl.schedulers.render import render_parts
 from hpcdl.schedulers.site import SiteConfig
 
 COMMAND_TIMEOUT_S = 60.0
@@ -113,7 +114,20 @@ class Scheduler(ABC):
     array_variable: ClassVar[Optional[str]] = None
     array_base: ClassVar[int] = 0
 
+    @classmethod
+    @abstractmethod
+    def detect(cls) -> bool:
+        """Whether this scheduler's submit command is on PATH."""
+
     # ---- rendering ------------------------------------------------------------------------------
+    def render(self, job: JobSpec, site: SiteConfig) -> str:
+        """The batch script for ``job``; raises ScriptCheckError if the scheduler would reject it."""
+        script = render_parts(self.parts(job, site))
+        problems = self.validate(script, site)
+        if problems:
+            raise ScriptCheckError(self.name, problems)
+        return script
+
     @abstractmethod
     def directives(self, job: JobSpec, site: SiteConfig) -> list[str]:
         """The directive bodies (after the ``#SBATCH``-style prefix), site extras included."""

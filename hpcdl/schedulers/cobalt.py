@@ -10,6 +10,7 @@ from hpcdl.schedulers import lint
 from hpcdl.schedulers.base import JobState, Scheduler, run_command
 from hpcdl.schedulers.errors import JobSpecError, SchedulerError
 from hpcdl.schedulers.job import JobSpec
+from hpcdl.schedulers.probe import qsub_flavour
 from hpcdl.schedulers.site import SiteConfig
 
 _STATES = {
@@ -32,6 +33,10 @@ class Cobalt(Scheduler):
     def local_rank(self, job: JobSpec) -> str:
         # ALPS gives only the global rank; aprun places ranks block-wise, -N per node.
         return f"$(( ALPS_APP_PE % {job.resolved_ranks_per_node} ))"
+
+    @classmethod
+    def detect(cls) -> bool:
+        return qsub_flavour() == "cobalt"
 
     def check_supported(self, job: JobSpec) -> None:
         if job.requeue:

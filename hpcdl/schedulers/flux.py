@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Optional
 
@@ -29,6 +30,10 @@ class Flux(Scheduler):
     name = "flux"
     local_rank_variable = "${FLUX_TASK_LOCAL_ID:?not started by flux run}"
     array_variable = "FLUX_JOB_CC"
+
+    @classmethod
+    def detect(cls) -> bool:
+        return shutil.which("flux") is not None
 
     def check_supported(self, job: JobSpec) -> None:
         if job.array and (job.array.step > 1 or job.array.max_concurrent):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 from typing import Optional
 
@@ -36,6 +37,10 @@ class Lsf(Scheduler):
     local_rank_variable = "${JSM_NAMESPACE_LOCAL_RANK:?not started by jsrun}"
     array_variable = "LSB_JOBINDEX"
     array_base = 1
+
+    @classmethod
+    def detect(cls) -> bool:
+        return shutil.which("bsub") is not None
 
     def check_supported(self, job: JobSpec) -> None:
         if job.array and job.array.first < 1:

@@ -10,6 +10,7 @@ from hpcdl.schedulers import lint
 from hpcdl.schedulers.base import JobState, Scheduler, run_command
 from hpcdl.schedulers.errors import JobSpecError, SchedulerError
 from hpcdl.schedulers.job import JobSpec, format_clock
+from hpcdl.schedulers.probe import qsub_flavour
 from hpcdl.schedulers.site import SiteConfig
 
 _STATES = {
@@ -32,6 +33,10 @@ class Pbs(Scheduler):
     name = "pbs"
     local_rank_variable = "${PALS_LOCAL_RANKID:-${PMI_LOCAL_RANK:?not started by mpiexec}}"
     array_variable = "PBS_ARRAY_INDEX"
+
+    @classmethod
+    def detect(cls) -> bool:
+        return qsub_flavour() == "pbs"
 
     def check_supported(self, job: JobSpec) -> None:
         if job.array and (not job.array.is_range or len(job.array.indices) < 2):

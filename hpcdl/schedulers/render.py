@@ -5,14 +5,14 @@ from __future__ import annotations
 from dataclasses import asdict
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import jinja2
 
 from hpcdl._version import __version__
-from hpcdl.schedulers.base import Scheduler, ScriptParts
-from hpcdl.schedulers.errors import ScriptCheckError
-from hpcdl.schedulers.job import JobSpec
-from hpcdl.schedulers.site import SiteConfig
+
+if TYPE_CHECKING:
+    from hpcdl.schedulers.base import ScriptParts
 
 
 def template_dir() -> Path:
@@ -32,14 +32,6 @@ def _environment() -> jinja2.Environment:
 
 
 def render_parts(parts: ScriptParts) -> str:
+    """The script text: ``templates/batch/<scheduler>.sh.j2`` filled with ``parts``."""
     template = _environment().get_template(f"{parts.scheduler}.sh.j2")
     return template.render(version=__version__, **asdict(parts))
-
-
-def render_script(scheduler: Scheduler, job: JobSpec, site: SiteConfig) -> str:
-    """The batch script for ``job``; raises ScriptCheckError if the scheduler would reject it."""
-    script = render_parts(scheduler.parts(job, site))
-    problems = scheduler.validate(script, site)
-    if problems:
-        raise ScriptCheckError(scheduler.name, problems)
-    return script

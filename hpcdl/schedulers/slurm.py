@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 from typing import Optional
 
@@ -49,6 +50,10 @@ class Slurm(Scheduler):
     name = "slurm"
     local_rank_variable = "${SLURM_LOCALID:?not started by srun}"
     array_variable = "SLURM_ARRAY_TASK_ID"
+
+    @classmethod
+    def detect(cls) -> bool:
+        return shutil.which("sbatch") is not None
 
     def directives(self, job: JobSpec, site: SiteConfig) -> list[str]:
         lines = [

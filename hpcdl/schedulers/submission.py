@@ -12,7 +12,6 @@ from hpcdl.schedulers.base import Scheduler
 from hpcdl.schedulers.errors import SchedulerError
 from hpcdl.schedulers.job import JobSpec
 from hpcdl.schedulers.records import JobRecord, load_record, records_dir
-from hpcdl.schedulers.render import render_script
 from hpcdl.schedulers.site import SiteConfig
 
 
@@ -44,7 +43,7 @@ def submit_job(
     workdir: Optional[Path] = None,
 ) -> Submitted:
     """Render, write (to ``script_path`` or hpcdl's state directory), submit and remember the job."""
-    script = render_script(scheduler, job, site)
+    script = scheduler.render(job, site)
     if script_path is None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         script_path = (

@@ -14,8 +14,7 @@ from typing import Optional
 import pytest
 from slurm_cluster import SlurmCluster, missing_requirements
 
-from hpcdl.schedulers import ArraySpec, SignalSpec, SiteConfig, Slurm, Sweep, render_script
-from hpcdl.schedulers.pbs import Pbs
+from hpcdl.schedulers import ArraySpec, Pbs, SignalSpec, SiteConfig, Slurm, Sweep
 
 pytestmark = pytest.mark.skipif(missing_requirements() is not None, reason=str(missing_requirements()))
 
@@ -83,7 +82,7 @@ VARIANTS = {
 def test_sbatch_test_only_accepts_every_variant(cluster: SlurmCluster, tmp_path: Path, variant: str) -> None:
     job = SITE.make_job(["python3", "-c", "print(1)"], **VARIANTS[variant])
     script = tmp_path / "job.sh"
-    script.write_text(render_script(Slurm(), job, SITE))
+    script.write_text(Slurm().render(job, SITE))
     done = cluster.run(["sbatch", "--test-only", str(script)], cwd=tmp_path)
     assert done.returncode == 0 and "to start at" in done.stderr, done.stderr
 
@@ -100,7 +99,7 @@ def test_sbatch_test_only_refuses_what_the_cluster_lacks(
     cluster: SlurmCluster, tmp_path: Path, request_: dict, refusal: str
 ) -> None:
     script = tmp_path / "job.sh"
-    script.write_text(render_script(Slurm(), SITE.make_job(["true"], **request_), SITE))
+    script.write_text(Slurm().render(SITE.make_job(["true"], **request_), SITE))
     done = cluster.run(["sbatch", "--test-only", str(script)], cwd=tmp_path)
     assert done.returncode != 0 and refusal in done.stderr, done.stderr
 
@@ -258,7 +257,7 @@ def test_pbs_script_runs_through_slurms_pbs_front_end(tmp_path: Path) -> None:
             job = site.make_job(
                 ["bash", "-c", probe], nodes=2, gpus_per_node=2, walltime="5m", job_name="pbsjob"
             )
-            (tmp_path / "job.pbs").write_text(render_script(Pbs(), job, site))
+            (tmp_path / "job.pbs").write_text(Pbs().render(job, site))
             done = cluster.run(["qsub", "job.pbs"], cwd=tmp_path)
             assert done.returncode == 0, done.stderr
             job_id = done.stdout.strip()

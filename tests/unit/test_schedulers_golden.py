@@ -19,7 +19,6 @@ from hpcdl.schedulers import (
     SiteConfig,
     Sweep,
     get_scheduler,
-    render_script,
 )
 
 GOLDEN = Path(__file__).parent / "golden" / "batch"
@@ -65,7 +64,7 @@ def _render(scheduler: str, case: str) -> str:
     if case == "array" and scheduler == "pbs":
         settings.pop("output")
     job = SITE.make_job(command, **settings)
-    return render_script(get_scheduler(scheduler), job, SITE).replace(f"hpcdl {__version__}", "hpcdl VERSION")
+    return get_scheduler(scheduler).render(job, SITE).replace(f"hpcdl {__version__}", "hpcdl VERSION")
 
 
 @pytest.mark.parametrize("case", CASES)
