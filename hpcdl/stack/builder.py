@@ -97,6 +97,7 @@ class Builder:
         self.recipes = recipes
         self.options = options
         self.prefix = options.prefix.resolve()
+        self._cache = self.prefix / MARKER_DIR / "cache"  # verified downloads, kept for rebuilds
         self.progress = progress
 
     # -- planning ------------------------------------------------------------------------------------------
@@ -197,7 +198,11 @@ class Builder:
             ]
         if system == "pip":
             sources = self.recipes[plan.package.name].version(plan.package.version).sources
-            what = "<fetched archive>" if sources else self._format(plan.recipe.build.requirement, plan)
+            what = (
+                str(self._cache / sources[0].filename)
+                if sources
+                else self._format(plan.recipe.build.requirement, plan)
+            )
             command = [
                 sys.executable,
                 "-m",
@@ -267,8 +272,6 @@ class Builder:
             else:
                 env = self._environment(plan)
                 for command in plan.commands:
-                    if command[-1] == "<fetched archive>":
-                        command = [*command[:-1], str(self._archives[0])]
                     self.progress(f"{head}: {shlex.join(command[:3])} ...")
                     self._run(command, source_root, env, log, plan)
         (plan.install_dir / MARKER_DIR / BUILDING).unlink()
@@ -284,7 +287,6 @@ class Builder:
         self.progress(f"{head}: installed in {plan.install_dir} (log {plan.log})")
 
     def _fetch_and_unpack(self, head: str, plan: PackagePlan, log) -> list[Path]:
-        self._archives: list[Path] = []
         roots = []
         sources = self.recipes[plan.package.name].version(plan.package.version).sources
         for number, source in enumerate(sources):
@@ -297,7 +299,6 @@ class Builder:
                 self.options.verify,
             )
             log.write(f"# fetched {archive} (sha256 verified: {self.options.verify})\n")
-            self._archives.append(archive)
             if plan.recipe.build.system != "pip":
                 roots.append(unpack(archive, plan.stage / f"src{number}", source.strip))
         return roots

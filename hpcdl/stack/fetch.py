@@ -107,6 +107,10 @@ def unpack(archive: Path, destination: Path, strip: str = "") -> Path:
     if zipfile.is_zipfile(archive):
         with zipfile.ZipFile(archive) as zipped:
             zipped.extractall(destination, members=_safe_zip_members(zipped))
+            for info in zipped.infolist():  # zipfile drops Unix modes; executables (nvcc) need them back
+                mode = info.external_attr >> 16
+                if mode and not info.is_dir():
+                    (destination / info.filename).chmod(mode & 0o777)
     elif tarfile.is_tarfile(archive):
         with tarfile.open(archive) as tarred:
             if hasattr(tarfile, "data_filter"):

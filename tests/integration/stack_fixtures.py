@@ -8,6 +8,7 @@ import hashlib
 import io
 import tarfile
 import textwrap
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -160,3 +161,62 @@ def new_test_stack(root: Path) -> MiniStack:
     for directory in (stack.recipes, stack.mirror, stack.upstream):
         directory.mkdir(parents=True)
     return stack
+
+
+SETUP_PY = """\
+import os
+from pathlib import Path
+from setuptools import setup
+
+# the builder's environment names the dependency's prefix (recipe build.env)
+Path("pylib/_built_with.py").write_text(f"GREET_PREFIX = {os.environ['GREET_PREFIX']!r}\\n")
+setup(name="pylib", version="0.3", packages=["pylib"])
+"""
+
+
+def write_binary(stack: MiniStack) -> str:
+    """A wheel-like zip whose payload sits under vendor/tool/ (the recipe strips it), with an executable."""
+    archive = stack.upstream / "tool-0.5-py3-none-any.whl"
+    with zipfile.ZipFile(archive, "w") as zipped:
+        script = zipfile.ZipInfo("vendor/tool/bin/tool")
+        script.external_attr = 0o755 << 16
+        zipped.writestr(script, "#!/bin/sh\necho tool 0.5\n")
+        zipped.writestr("vendor/tool/include/tool.h", "int tool(void);\n")
+    (stack.mirror / archive.name).write_bytes(archive.read_bytes())
+    sha = hashlib.sha256(archive.read_bytes()).hexdigest()
+    text = f"""\
+    name: tool
+    description: a binary redistributable
+    versions:
+      "0.5":
+        sources:
+          - url: {archive.as_uri()}
+            sha256: {sha}
+            strip: vendor/tool
+    build:
+      system: binary
+    """
+    (stack.recipes / "tool.yaml").write_text(textwrap.dedent(text))
+    return sha
+
+
+def write_pylib(stack: MiniStack) -> str:
+    """A setuptools sdist installed by pip into the prefix, built with an environment naming a dependency."""
+    tarball = stack.upstream / "pylib-0.3.tar.gz"
+    files = {"setup.py": SETUP_PY, "pylib/__init__.py": "from pylib._built_with import GREET_PREFIX\n"}
+    sha = make_tarball(tarball, "pylib-0.3", files)
+    (stack.mirror / tarball.name).write_bytes(tarball.read_bytes())
+    body = """\
+    depends_on: [greet]
+    build:
+      system: pip
+      args: [--no-deps, --no-build-isolation]
+      env:
+        GREET_PREFIX: "{deps.greet.prefix}"
+    module:
+      env:
+        prepend_path:
+          PYTHONPATH: "{site_packages}"
+    """
+    (stack.recipes / "pylib.yaml").write_text(recipe_text("pylib", "0.3", tarball.as_uri(), sha, body))
+    return sha

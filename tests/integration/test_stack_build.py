@@ -3,14 +3,16 @@ order, with checksum failure, build failure with its log, resume, dry run and re
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from stack_fixtures import MiniStack, new_test_stack
+from stack_fixtures import MiniStack, new_test_stack, write_binary, write_pylib
 
+from hpcdl.stack.builder import site_packages
 from hpcdl.stack.lockfile import load_lock
 
 pytestmark = pytest.mark.skipif(
@@ -164,3 +166,31 @@ def test_unknown_checksum_needs_no_verify(stack: MiniStack, tmp_path: Path) -> N
     assert "no sha256" in refused.stderr and "--no-verify" in refused.stderr
     accepted = build(lock, prefix, stack, "--no-verify")
     assert accepted.returncode == 0, accepted.stderr
+
+
+def test_binary_and_pip_packages(stack: MiniStack, tmp_path: Path) -> None:
+    write_binary(stack)
+    write_pylib(stack)
+    lock = resolve_lock(stack, tmp_path, "tool", "pylib")
+    prefix = tmp_path / "prefix"
+    done = build(lock, prefix, stack)
+    assert done.returncode == 0, done.stderr
+    tool = installed(prefix, lock, "tool")
+    run = subprocess.run([str(tool / "bin" / "tool")], capture_output=True, text=True, timeout=30, check=True)
+    assert run.stdout.strip() == "tool 0.5"  # stripped to the package root, executable bit kept
+    assert (tool / "include" / "tool.h").is_file()
+    pylib = installed(prefix, lock, "pylib")
+    site = site_packages(pylib)
+    probe = [sys.executable, "-c", "import pylib; print(pylib.__file__); print(pylib.GREET_PREFIX)"]
+    out = subprocess.run(
+        probe,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(site)},
+    ).stdout.split()
+    assert out == [str(site / "pylib" / "__init__.py"), str(installed(prefix.resolve(), lock, "greet"))]
+    lua = (prefix / "modulefiles" / "lmod" / "Core" / "pylib" / "0.3.lua").read_text()
+    assert f'prepend_path("PYTHONPATH", "{site}")' in lua
