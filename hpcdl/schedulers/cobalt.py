@@ -26,6 +26,25 @@ _STATES = {
 }
 
 
+def parse_cobalt_qsub_answer(text: str) -> str:
+    """Cobalt's qsub prints the numeric job id on a line of its own."""
+    match = re.search(r"^\s*(\d+)\s*$", text, re.MULTILINE)
+    if not match:
+        raise SchedulerError(f"Cobalt's qsub answered {text.strip()!r}, which holds no job id")
+    return match.group(1)
+
+
+def parse_cobalt_qstat(job_id: str, text: str) -> list[JobState]:
+    """The ``State : running`` line of ``qstat -l JOBID``; Cobalt lists only queued and running jobs."""
+    match = re.search(r"^\s*State\s*:\s*(\S+)", text, re.MULTILINE)
+    if not match:
+        raise SchedulerError(
+            f"Cobalt does not list job {job_id}: it has ended (Cobalt forgets finished jobs); "
+            f"read {job_id}.cobaltlog for its exit status"
+        )
+    return [JobState(job_id, _STATES.get(match.group(1), "UNKNOWN"), match.group(1))]
+
+
 class Cobalt(Scheduler):
     name = "cobalt"
     array_variable = None  # Cobalt has no job arrays
@@ -90,21 +109,11 @@ class Cobalt(Scheduler):
         return lint.check_cobalt(script, site.cpus_per_node)
 
     def submit(self, script: Path, workdir: Path) -> str:
-        out = run_command(["qsub", "--mode", "script", str(script)], "submit the job to Cobalt", cwd=workdir)
-        match = re.search(r"^\s*(\d+)\s*$", out, re.MULTILINE)
-        if not match:
-            raise SchedulerError(f"Cobalt's qsub answered {out.strip()!r}, which holds no job id")
-        return match.group(1)
+        argv = ["qsub", "--mode", "script", str(script)]
+        return parse_cobalt_qsub_answer(run_command(argv, "submit the job to Cobalt", cwd=workdir))
 
     def status(self, job_id: str) -> list[JobState]:
-        out = run_command(["qstat", "-l", job_id], f"ask Cobalt about {job_id}")
-        match = re.search(r"^\s*State\s*:\s*(\S+)", out, re.MULTILINE)
-        if not match:
-            raise SchedulerError(
-                f"Cobalt does not list job {job_id}: it has ended (Cobalt forgets finished jobs); "
-                f"read {job_id}.cobaltlog for its exit status"
-            )
-        return [JobState(job_id, _STATES.get(match.group(1), "UNKNOWN"), match.group(1))]
+        return parse_cobalt_qstat(job_id, run_command(["qstat", "-l", job_id], f"ask Cobalt about {job_id}"))
 
     def cancel(self, job_id: str) -> None:
         run_command(["qdel", job_id], f"cancel Cobalt job {job_id}")

@@ -26,6 +26,28 @@ def flux_duration(seconds: int) -> str:
     return f"{seconds // 60}m" if seconds % 60 == 0 else f"{seconds}s"
 
 
+def parse_flux_batch_answer(text: str) -> str:
+    """The job id ``flux batch`` prints (an F58 id such as ``ƒ2B1tWRbq``)."""
+    answer = text.strip()
+    if not answer or len(answer.split()) != 1:
+        raise SchedulerError(f"flux batch answered {answer!r}, which is not one job id")
+    return answer
+
+
+def parse_flux_jobs(job_id: str, text: str) -> list[JobState]:
+    """States from ``flux jobs --no-header --format={id.f58}|{state}|{result}``."""
+    states = []
+    for line in text.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) == 3:
+            ident, state, result = fields
+            common = _RESULTS.get(result, "UNKNOWN") if state == "INACTIVE" else _STATES.get(state, "UNKNOWN")
+            states.append(JobState(ident, common, f"{state} {result}".strip()))
+    if not states:
+        raise SchedulerError(f"Flux does not list job {job_id}")
+    return states
+
+
 class Flux(Scheduler):
     name = "flux"
     local_rank_variable = "${FLUX_TASK_LOCAL_ID:?not started by flux run}"
@@ -107,29 +129,13 @@ class Flux(Scheduler):
         return lint.check_flux(script)
 
     def submit(self, script: Path, workdir: Path) -> str:
-        out = run_command(["flux", "batch", str(script)], "submit the job to Flux", cwd=workdir).strip()
-        if not out or len(out.split()) != 1:
-            raise SchedulerError(f"flux batch answered {out!r}, which is not one job id")
-        return out
+        return parse_flux_batch_answer(
+            run_command(["flux", "batch", str(script)], "submit the job to Flux", cwd=workdir)
+        )
 
     def status(self, job_id: str) -> list[JobState]:
-        out = run_command(
-            ["flux", "jobs", "--no-header", "--format={id.f58}|{state}|{result}", job_id],
-            f"ask Flux about {job_id}",
-        )
-        states = []
-        for line in out.splitlines():
-            fields = line.strip().split("|")
-            if len(fields) == 3:
-                state = (
-                    _RESULTS.get(fields[2], "UNKNOWN")
-                    if fields[1] == "INACTIVE"
-                    else _STATES.get(fields[1], "UNKNOWN")
-                )
-                states.append(JobState(fields[0], state, f"{fields[1]} {fields[2]}".strip()))
-        if not states:
-            raise SchedulerError(f"Flux does not list job {job_id}")
-        return states
+        argv = ["flux", "jobs", "--no-header", "--format={id.f58}|{state}|{result}", job_id]
+        return parse_flux_jobs(job_id, run_command(argv, f"ask Flux about {job_id}"))
 
     def cancel(self, job_id: str) -> None:
         run_command(["flux", "cancel", job_id], f"cancel Flux job {job_id}")

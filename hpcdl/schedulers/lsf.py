@@ -32,6 +32,27 @@ def lsf_time(seconds: int) -> str:
     return f"{minutes // 60}:{minutes % 60:02d}"
 
 
+def parse_bsub_answer(text: str) -> str:
+    """The id in bsub's ``Job <1234> is submitted to queue <batch>.``"""
+    match = re.search(r"Job <(\d+)> is submitted", text)
+    if not match:
+        raise SchedulerError(f"bsub answered {text.strip()!r}, which holds no job id")
+    return match.group(1)
+
+
+def parse_bjobs(job_id: str, text: str) -> list[JobState]:
+    """States from ``bjobs -noheader -o "jobid jobindex stat delimiter='|'"`` (one line per array element)."""
+    states = []
+    for line in text.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) == 3:
+            task = fields[0] if fields[1] in ("0", "") else f"{fields[0]}[{fields[1]}]"
+            states.append(JobState(task, _STATES.get(fields[2], "UNKNOWN"), fields[2]))
+    if not states:
+        raise SchedulerError(f"LSF does not list job {job_id} (bjobs printed {text.strip()!r})")
+    return states
+
+
 class Lsf(Scheduler):
     name = "lsf"
     local_rank_variable = "${JSM_NAMESPACE_LOCAL_RANK:?not started by jsrun}"
@@ -118,25 +139,11 @@ class Lsf(Scheduler):
 
     def submit(self, script: Path, workdir: Path) -> str:
         out = run_command(["bsub"], "submit the job to LSF", stdin=script.read_text(), cwd=workdir)
-        match = re.search(r"Job <(\d+)> is submitted", out)
-        if not match:
-            raise SchedulerError(f"bsub answered {out.strip()!r}, which holds no job id")
-        return match.group(1)
+        return parse_bsub_answer(out)
 
     def status(self, job_id: str) -> list[JobState]:
-        out = run_command(
-            ["bjobs", "-noheader", "-o", "jobid jobindex stat delimiter='|'", job_id],
-            f"ask LSF about {job_id}",
-        )
-        states = []
-        for line in out.splitlines():
-            fields = line.strip().split("|")
-            if len(fields) == 3:
-                task = fields[0] if fields[1] in ("0", "") else f"{fields[0]}[{fields[1]}]"
-                states.append(JobState(task, _STATES.get(fields[2], "UNKNOWN"), fields[2]))
-        if not states:
-            raise SchedulerError(f"LSF does not list job {job_id} (bjobs printed {out.strip()!r})")
-        return states
+        argv = ["bjobs", "-noheader", "-o", "jobid jobindex stat delimiter='|'", job_id]
+        return parse_bjobs(job_id, run_command(argv, f"ask LSF about {job_id}"))
 
     def cancel(self, job_id: str) -> None:
         run_command(["bkill", job_id], f"cancel LSF job {job_id}")

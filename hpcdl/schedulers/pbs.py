@@ -29,6 +29,24 @@ _STATES = {
 }
 
 
+def parse_qsub_answer(text: str) -> str:
+    """The job id PBS's qsub prints (``1234.server``, arrays ``1234[].server``)."""
+    answer = text.strip()
+    if not re.fullmatch(r"\d+(\[\])?(\.\S+)?", answer):
+        raise SchedulerError(f"qsub answered {answer!r}, which holds no PBS job id")
+    return answer
+
+
+def parse_qstat_full(job_id: str, text: str) -> list[JobState]:
+    """States from ``qstat -x -f`` (one ``Job Id:`` block per job or subjob)."""
+    states = []
+    for match in re.finditer(r"^Job Id:\s*(\S+).*?^\s*job_state = (\w)", text, re.MULTILINE | re.DOTALL):
+        states.append(JobState(match.group(1), _STATES.get(match.group(2), "UNKNOWN"), match.group(2)))
+    if not states:
+        raise SchedulerError(f"qstat printed no job_state for {job_id}:\n{text.strip()}")
+    return states
+
+
 class Pbs(Scheduler):
     name = "pbs"
     local_rank_variable = "${PALS_LOCAL_RANKID:-${PMI_LOCAL_RANK:?not started by mpiexec}}"
@@ -115,19 +133,10 @@ class Pbs(Scheduler):
         return lint.check_pbs(script, names, site.cpus_per_node)
 
     def submit(self, script: Path, workdir: Path) -> str:
-        out = run_command(["qsub", str(script)], "submit the job to PBS", cwd=workdir).strip()
-        if not re.fullmatch(r"\d+(\[\])?(\.\S+)?", out):
-            raise SchedulerError(f"qsub answered {out!r}, which holds no PBS job id")
-        return out
+        return parse_qsub_answer(run_command(["qsub", str(script)], "submit the job to PBS", cwd=workdir))
 
     def status(self, job_id: str) -> list[JobState]:
-        out = run_command(["qstat", "-x", "-f", job_id], f"ask PBS about {job_id}")
-        states = []
-        for match in re.finditer(r"^Job Id:\s*(\S+).*?^\s*job_state = (\w)", out, re.MULTILINE | re.DOTALL):
-            states.append(JobState(match.group(1), _STATES.get(match.group(2), "UNKNOWN"), match.group(2)))
-        if not states:
-            raise SchedulerError(f"qstat printed no job_state for {job_id}:\n{out.strip()}")
-        return states
+        return parse_qstat_full(job_id, run_command(["qstat", "-x", "-f", job_id], f"ask PBS about {job_id}"))
 
     def cancel(self, job_id: str) -> None:
         run_command(["qdel", job_id], f"cancel PBS job {job_id}")
