@@ -199,7 +199,9 @@ def check_fp16_compression() -> None:
 
 def check_sparse_allreduce() -> None:
     r, n = hvd.rank(), hvd.size()
-    sparse = torch.sparse_coo_tensor(torch.tensor([[r, n]]), torch.tensor([1.0 + r, 2.0]), (n + 1,))
+    sparse = torch.sparse_coo_tensor(
+        torch.tensor([[r, n]]), torch.tensor([1.0 + r, 2.0]), (n + 1,), check_invariants=True
+    )
     result = hvd.sparse_allreduce_async(sparse, name="sparse", op=hvd.Sum)()
     dense = result.to_dense()
     truth = np.zeros(n + 1)
@@ -598,6 +600,63 @@ def check_grouped_optimizer_sums_gradients() -> None:
         opt.step()
 
 
+# ---- CUDA tensors (NCCL or staged through host memory; only where a GPU is present) -----------------
+
+
+def _device() -> torch.device:
+    return torch.device("cuda", hvd.local_rank() % torch.cuda.device_count())
+
+
+def check_cuda_collectives() -> None:
+    r, n, dev = hvd.rank(), hvd.size(), _device()
+    x = data(r, (3, 4)).to(dev)
+    out = hvd.allreduce(x, op=hvd.Sum)
+    assert out.device == dev
+    assert_close(out.cpu(), np.sum(np.stack(everyone((3, 4))), axis=0), "cuda allreduce Sum", 1e-5)
+    assert_close(hvd.allreduce(x).cpu(), np.mean(np.stack(everyone((3, 4))), axis=0), "cuda Average", 1e-5)
+    y = data(r, (5,), torch.int64).to(dev)
+    hvd.allreduce_(y, op=hvd.Max)
+    assert_close(y.cpu(), np.max(np.stack(everyone((5,), torch.int64)), axis=0), "cuda allreduce_ Max")
+    a, b = hvd.grouped_allreduce([x, x.double()], op=hvd.Sum)
+    assert a.dtype == torch.float32 and b.dtype == torch.float64
+    assert_close(b.cpu(), np.sum(np.stack(everyone((3, 4))), axis=0), "cuda grouped allreduce", 1e-5)
+    gathered = hvd.allgather(torch.full((r + 1, 2), float(r), device=dev))
+    assert gathered.device == dev
+    assert gathered[:, 0].tolist() == [float(k) for k in range(n) for _ in range(k + 1)]
+    assert_close(hvd.broadcast(x, root_rank=n - 1).cpu(), data(n - 1, (3, 4)), "cuda broadcast")
+    splits = [k + 1 for k in range(n)]
+    rows = torch.tensor([[r * 10 + k] for k in range(n) for _ in range(splits[k])], device=dev)
+    got, received = hvd.alltoall(rows, splits=splits)
+    assert received.tolist() == [r + 1] * n
+    assert got[:, 0].tolist() == [s * 10 + r for s in range(n) for _ in range(r + 1)]
+    part = hvd.reducescatter(data(r, (2 * n, 3)).to(dev), op=hvd.Sum)
+    truth = np.sum(np.stack(everyone((2 * n, 3))), axis=0)[2 * r : 2 * r + 2]
+    assert_close(part.cpu(), truth, "cuda reducescatter", 1e-5)
+
+
+def check_cuda_training_equivalence() -> None:
+    dev = _device()
+    n, r, per_rank = hvd.size(), hvd.rank(), 4
+    results = []
+    for distributed in (False, True):
+        model = _make_model(torch.float64).to(dev)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        if distributed:
+            opt = hvd.DistributedOptimizer(opt, model.named_parameters())
+        gen = torch.Generator().manual_seed(5)
+        for _ in range(4):
+            x = torch.randn(n * per_rank, 6, generator=gen, dtype=torch.float64)
+            y = torch.randn(n * per_rank, 2, generator=gen, dtype=torch.float64)
+            if distributed:
+                x, y = x[r * per_rank : (r + 1) * per_rank], y[r * per_rank : (r + 1) * per_rank]
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x.to(dev)), y.to(dev)).backward()
+            opt.step()
+        results.append([p.detach().cpu() for p in model.parameters()])
+    for k, (a, b) in enumerate(zip(*results)):
+        assert_close(b, a, f"cuda training parameter {k}", 1e-9)
+
+
 SCENARIOS: dict[str, list[Check]] = {
     "collectives": [
         check_topology_and_build_facts,
@@ -634,6 +693,7 @@ SCENARIOS: dict[str, list[Check]] = {
         check_join_with_uneven_batches,
         check_sync_batch_norm,
     ],
+    "cuda": [check_cuda_collectives, check_cuda_training_equivalence],
 }
 
 SETS: dict[str, hvd.ProcessSet] = {}
