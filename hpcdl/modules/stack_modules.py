@@ -23,7 +23,6 @@ from hpcdl.stack.builder import install_dir, is_installed, site_packages
 from hpcdl.stack.lockfile import Lock, LockedPackage
 from hpcdl.stack.recipe import Recipe
 
-
 TREES = {"lua": "lmod", "tcl": "tcl"}  # ROOT/<tree> per modulefile format
 
 
