@@ -257,7 +257,8 @@ def check_join_uneven() -> None:
 
 def timeline_workload(prefix: str) -> None:
     r = hc.rank()
-    handles = [E.allreduce_async(values(r, 16, i), name=f"{prefix}.small.{i}", op=SUM) for i in range(8)]
+    handles = [E.allreduce_async(values(r, 100, i), name=f"{prefix}.small.{i}", op=SUM) for i in range(8)]
+    handles.append(E.allreduce_async(values(r, 4), name=f"{prefix}.tiny", op=SUM))
     handles.append(E.allreduce_async(values(r, 200000), name=f"{prefix}.large", op=SUM))
     handles.append(E.allgather_async(np.full(3, r, np.int32), name=f"{prefix}.gather"))
     if r == 1:

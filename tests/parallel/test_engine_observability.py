@@ -36,6 +36,10 @@ def test_timeline_is_a_chrome_trace_with_every_phase(tmp_path: Path) -> None:
     fused = {"NEGOTIATE", "QUEUE", "MEMCPY_IN_FUSION_BUFFER", "ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER"}
     assert any(phases == fused for name, phases in phases_by_tensor.items() if name.startswith("tl.small."))
     assert phases_by_tensor["tl.large"] == {"NEGOTIATE", "QUEUE", "ALLREDUCE"}  # reduced in place
+    assert phases_by_tensor["tl.tiny"] == {"NEGOTIATE", "QUEUE", "ALLREDUCE"}
+    spans = [e for e in events if e["ph"] == "X"]
+    tiny = [e for e in spans if e["name"] == "ALLREDUCE" and tracks[e["tid"]] == "tl.tiny"]
+    assert tiny[0]["args"] == {"inline": True}  # its data came with the negotiation
     assert phases_by_tensor["tl.gather"] == {"NEGOTIATE", "QUEUE", "ALLGATHER"}
     assert phases_by_tensor["tl.bcast"] == {"NEGOTIATE", "QUEUE", "BROADCAST"}
     negotiate = [

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <sstream>
 
+#include "kernels/reduce.h"
+
 namespace hpcdl {
 
 namespace {
@@ -16,6 +18,13 @@ constexpr size_t kSlotBytes = 512;  // fixed part of each rank's control message
 constexpr int64_t kFuseTensorMaxBytes = 256 * 1024;
 constexpr uint32_t kFlagShutdown = 1, kFlagKnobs = 2, kFlagAborts = 4;
 constexpr uint8_t kFullRequest = 0, kCachedRequest = 1;
+constexpr int64_t kInlineMaxBytes = 64;  // allreduces this small carry their data in the control message
+
+int64_t inline_bytes(const OpRequest& r) {
+  if (r.op_type != HPCDL_OP_ALLREDUCE) return 0;
+  int64_t bytes = r.num_elements() * dtype_size(r.dtype);
+  return bytes > 0 && bytes <= kInlineMaxBytes ? bytes : 0;
+}
 
 // A deadline already passed: wait_notify then only consumes a pending ring.
 Deadline past() { return Clock::now() - std::chrono::seconds(1); }
@@ -40,6 +49,12 @@ std::string ranks_json(const std::vector<int>& ranks) {
 }
 
 }  // namespace
+
+bool Engine::Pending::all_inline() const {
+  for (size_t m = 0; m < by_member.size(); ++m)
+    if (!by_member[m] || payload[m].empty()) return false;
+  return true;
+}
 
 const OpRequest* Engine::Pending::any() const {
   for (const auto& r : by_member)
@@ -335,6 +350,12 @@ void Engine::pack(std::vector<uint8_t>* message) {
       w.put(kFullRequest);
       req.encode(w);
     }
+    const int64_t payload = inline_bytes(req);
+    w.put(static_cast<uint8_t>(payload > 0));
+    if (payload > 0) {
+      const auto* data = static_cast<const uint8_t*>(op->input);
+      w.bytes().insert(w.bytes().end(), data, data + payload);
+    }
   }
   if (flags & kFlagKnobs) {
     w.put(knobs_next_.fusion_threshold);
@@ -417,6 +438,16 @@ bool Engine::decode(int rank, const std::vector<uint8_t>& message, bool* shutdow
     } else if (!request->decode(in)) {
       return false;
     }
+    uint8_t has_payload = 0;
+    std::vector<uint8_t> payload;
+    if (!in.get(&has_payload)) return false;
+    if (has_payload) {
+      const int64_t bytes = inline_bytes(*request);
+      if (bytes <= 0) return false;
+      payload.resize(static_cast<size_t>(bytes));
+      for (auto& byte : payload)
+        if (!in.get(&byte)) return false;
+    }
     std::shared_ptr<EngineOp> local;
     if (rank == rank_ && i < packed_.size()) local = packed_[i];
     Key key{request->process_set, request->name};
@@ -429,6 +460,7 @@ bool Engine::decode(int rank, const std::vector<uint8_t>& message, bool* shutdow
       e.sequence = sequence_++;
       e.members = std::move(members);
       e.by_member.resize(e.members.size());
+      e.payload.resize(e.members.size());
       e.first_seen = last_cycle_start_;
       e.last_stall_warning = e.first_seen;
     }
@@ -442,6 +474,7 @@ bool Engine::decode(int rank, const std::vector<uint8_t>& message, bool* shutdow
       join_changed->insert(key.first);
     }
     e.by_member[m] = std::move(request);
+    e.payload[m] = std::move(payload);
     touched->insert(key);
   }
   if (flags & kFlagKnobs) {
@@ -595,7 +628,7 @@ void Engine::decide_and_run(const std::set<Key>& work) {
     const OpRequest& q = *r.entry->any();
     int64_t bytes = entry_bytes(*r.entry);
     bool fusable = q.op_type == HPCDL_OP_ALLREDUCE && threshold > 0 && bytes <= kFuseTensorMaxBytes &&
-                   bytes <= threshold;
+                   bytes <= threshold && !r.entry->all_inline();
     if (fusable) {
       auto fkey = std::make_tuple(q.process_set, q.dtype, q.reduce_op, q.prescale, q.postscale);
       auto it = open.find(fkey);
@@ -663,6 +696,10 @@ void Engine::run_batch(const std::vector<Ready>& batch, bool fused) {
     joined_.erase(head.process_set);
   } else if (!data) {
     // Not a member of this set: nothing to run, the members do.
+  } else if (!fused && batch.front().entry->all_inline()) {
+    run_inline(*batch.front().entry);
+    if (timeline_.active())
+      record_timeline(*batch.front().entry, "ALLREDUCE", start, Clock::now(), "\"inline\":true");
   } else if (fused) {
     std::string what = std::string("allreduce of ") + std::to_string(batch.size()) + " fused tensors ('" +
                        batch.front().key.second + "', ...)";
@@ -772,6 +809,16 @@ Status Engine::run_one(Pending& e, Comm& c, const std::string& what) {
     default:
       return Status::error(HPCDL_ERR_INTERNAL, "unknown operation type in " + what);
   }
+}
+
+void Engine::run_inline(Pending& e) {
+  const OpRequest& q = *e.any();
+  std::vector<const void*> sources;
+  for (const auto& p : e.payload) sources.push_back(p.data());
+  std::vector<uint8_t> result(e.payload.front().size());
+  reduce(result.data(), sources.data(), static_cast<int>(sources.size()), q.num_elements(), q.dtype, q.reduce_op,
+         q.prescale, q.postscale, static_cast<int64_t>(sources.size()));
+  if (e.local) std::memcpy(e.local->output, result.data(), result.size());
 }
 
 Status Engine::run_fused(const std::vector<Ready>& batch, Comm& comm, const std::string& what) {

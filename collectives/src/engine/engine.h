@@ -87,6 +87,10 @@ class Engine {
     uint64_t sequence = 0;  // creation order: the order ready operations run in
     std::vector<int> members;  // world ranks of the process set
     std::vector<std::unique_ptr<OpRequest>> by_member;
+    // Tiny allreduces travel with their data inside the control message; when every member's data is
+    // here, each rank reduces locally (same inputs, same order: the same result) and no collective runs.
+    std::vector<std::vector<uint8_t>> payload;
+    bool all_inline() const;
     std::vector<int> arrived;  // world ranks in the order their submissions arrived
     Clock::time_point first_seen, last_arrival, decided;
     std::shared_ptr<EngineOp> local;  // this rank's own submission
@@ -130,6 +134,7 @@ class Engine {
   void run_batch(const std::vector<Ready>& batch, bool fused);
   Status run_one(Pending& entry, Comm& comm, const std::string& what);
   Status run_fused(const std::vector<Ready>& batch, Comm& comm, const std::string& what);
+  void run_inline(Pending& entry);
   void finish(Pending& entry, int code, const std::string& message);
   void remember(const Key& key, const Pending& entry);
   void stall_check(Clock::time_point now);

@@ -1,0 +1,220 @@
+"""Tensor fusion benchmark: ResNet-50's 161 gradients, reduced the way a training step does.
+
+Run on every rank, for example::
+
+    hpcdl run --mpi --mpirun /usr/bin/mpirun.openmpi \
+        --mpi-args "--allow-run-as-root --oversubscribe" -np 2 python3 benchmarks/fusion.py
+
+Each variant reduces the same 161 float32 tensors (25,557,032 parameters, 102 MB), submitted in backward
+order (last layer first):
+
+- ``engine``: hpcdl's engine, ``allreduce_async`` of every tensor, then wait for all (fusion on);
+- ``flat``: the same values as one flat buffer through hpcdl's direct allreduce (the lower bound);
+- ``gloo``: per-tensor ``torch.distributed.all_reduce(async_op=True)`` on a gloo group, then wait all;
+- ``mpi4py``: per-tensor blocking ``comm.Allreduce`` (only when mpi4py and an MPI launcher are present).
+
+It also measures a lone 4-byte allreduce through the engine (the Python helper and the raw C ABI) and
+through the direct path. Rank 0 prints a table; ``--json`` prints it as JSON. Benchmarks do not assert.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import socket
+import statistics
+import time
+from typing import Callable, Optional
+
+import numpy as np
+
+
+def resnet50_gradient_shapes() -> list[tuple[int, ...]]:
+    """Parameter shapes of torchvision's ResNet-50 in definition order: 53 convolutions, 53 batch norms
+    (weight and bias each) and the classifier (weight, bias) = 161 tensors, 25,557,032 parameters."""
+    shapes: list[tuple[int, ...]] = [(64, 3, 7, 7), (64,), (64,)]  # conv1, bn1
+    in_channels = 64
+    for width, blocks in ((64, 3), (128, 4), (256, 6), (512, 3)):
+        out_channels = width * 4
+        for block in range(blocks):
+            shapes += [(width, in_channels, 1, 1), (width,), (width,)]  # conv1 / bn1 (1x1 reduce)
+            shapes += [(width, width, 3, 3), (width,), (width,)]  # conv2 / bn2 (3x3)
+            shapes += [
+                (out_channels, width, 1, 1),
+                (out_channels,),
+                (out_channels,),
+            ]  # conv3 / bn3 (1x1 expand)
+            if block == 0:
+                shapes += [(out_channels, in_channels, 1, 1), (out_channels,), (out_channels,)]  # downsample
+            in_channels = out_channels
+    shapes += [(1000, 2048), (1000,)]  # fc
+    return shapes
+
+
+SHAPES = resnet50_gradient_shapes()
+assert len(SHAPES) == 161 and sum(int(np.prod(s)) for s in SHAPES) == 25_557_032
+
+
+def timed(step: Callable[[], None], warmup: int, iterations: int, barrier: Callable[[], None]) -> list[float]:
+    for _ in range(warmup):
+        step()
+    seconds = []
+    for _ in range(iterations):
+        barrier()
+        started = time.perf_counter()
+        step()
+        seconds.append(time.perf_counter() - started)
+    return seconds
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def lone_latency_us(repeats: int) -> dict[str, float]:
+    """Median microseconds of one 4-byte allreduce: engine (Python helper), engine (C ABI), direct."""
+    import hpcdl.common as hc
+    from hpcdl.common import engine
+
+    x = np.zeros(1, dtype=np.float32)
+    lib = engine._lib()
+    shape = (ctypes.c_int64 * 1)(1)
+    request = engine._Request(
+        op_type=int(hc.OpType.ALLREDUCE), name=b"lone.c", dtype=int(hc.DType.FLOAT32), ndim=1,
+        shape=shape, input=x.ctypes.data, output=x.ctypes.data, reduce_op=int(hc.ReduceOp.SUM),
+        prescale=1.0, postscale=1.0,
+    )  # fmt: skip
+
+    def via_c() -> None:
+        handle = lib.hpcdl_enqueue(ctypes.byref(request))
+        lib.hpcdl_wait(handle, -1.0)
+        lib.hpcdl_release(handle)
+
+    variants: dict[str, Callable[[], None]] = {
+        "engine_python_us": lambda: engine.synchronize(
+            engine.allreduce_async(x, name="lone.py", op=hc.ReduceOp.SUM, out=x)
+        ),
+        "engine_c_abi_us": via_c,
+        "direct_us": lambda: hc.allreduce(x, op=hc.ReduceOp.SUM, out=x),
+    }
+    result = {}
+    for key, step in variants.items():
+        samples = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            step()
+            samples.append(time.perf_counter() - started)
+        result[key] = statistics.median(samples) * 1e6
+    return result
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--iterations", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--latency-repeats", type=int, default=2000)
+    parser.add_argument("--skip", default="", help="comma list of variants to skip (gloo, mpi4py)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    skip = set(filter(None, args.skip.split(",")))
+
+    mpi_comm = None
+    if ("mpi4py" not in skip and "OMPI_COMM_WORLD_RANK" in os.environ) or "PMI_RANK" in os.environ:
+        try:
+            from mpi4py import MPI  # initialises MPI before hpcdl looks for it
+
+            mpi_comm = MPI.COMM_WORLD
+        except ImportError:
+            mpi_comm = None
+
+    import hpcdl.common as hc
+    from hpcdl.common import engine
+
+    hc.init()
+    rank, size = hc.rank(), hc.size()
+    tensors = [np.full(shape, 1.0 + i % 7, dtype=np.float32) for i, shape in enumerate(SHAPES)]
+    backward = list(reversed(range(len(tensors))))
+    flat = np.concatenate([t.ravel() for t in tensors])
+    barrier = hc.barrier
+    results: dict[str, list[float]] = {}
+
+    def engine_step() -> None:
+        handles = [
+            engine.allreduce_async(tensors[i], name=f"grad.{i}", op=hc.ReduceOp.SUM, out=tensors[i])
+            for i in backward
+        ]
+        for h in handles:
+            h.wait()
+
+    results["engine"] = timed(engine_step, args.warmup, args.iterations, barrier)
+    results["flat"] = timed(
+        lambda: hc.allreduce(flat, op=hc.ReduceOp.SUM, out=flat), args.warmup, args.iterations, barrier
+    )
+
+    if "gloo" not in skip:
+        import torch
+        import torch.distributed as dist
+
+        port = np.array([free_port() if rank == 0 else 0], dtype=np.int64)
+        hc.broadcast(port, root=0)
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{int(port[0])}", rank=rank, world_size=size
+        )
+        torch_tensors = [torch.from_numpy(t.copy()) for t in tensors]
+
+        def gloo_step() -> None:
+            works = [dist.all_reduce(torch_tensors[i], async_op=True) for i in backward]
+            for w in works:
+                w.wait()
+
+        results["gloo"] = timed(gloo_step, args.warmup, args.iterations, barrier)
+        dist.destroy_process_group()
+
+    if mpi_comm is not None:
+        from mpi4py import MPI
+
+        buffers = [t.copy() for t in tensors]
+
+        def mpi_step() -> None:
+            for i in backward:
+                mpi_comm.Allreduce(MPI.IN_PLACE, buffers[i], op=MPI.SUM)
+
+        results["mpi4py"] = timed(mpi_step, args.warmup, args.iterations, barrier)
+
+    latency = lone_latency_us(args.latency_repeats)
+    hc.shutdown()
+    if rank != 0:
+        return
+    median = {name: statistics.median(seconds) for name, seconds in results.items()}
+    report = {
+        "ranks": size,
+        "tensors": len(SHAPES),
+        "parameters": int(flat.size),
+        "median_step_ms": {k: round(v * 1e3, 2) for k, v in median.items()},
+        "engine_vs_flat": round(median["engine"] / median["flat"], 3),
+        "gloo_vs_engine": round(median["gloo"] / median["engine"], 2) if "gloo" in median else None,
+        "mpi4py_vs_engine": round(median["mpi4py"] / median["engine"], 2) if "mpi4py" in median else None,
+        "lone_4_byte_allreduce_us": {k: round(v, 1) for k, v in latency.items()},
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+    print(f"ResNet-50 gradients: {len(SHAPES)} tensors, {flat.size:,} float32, {size} ranks")
+    print(f"{'variant':<10}{'median step':>14}")
+    for name, value in median.items():
+        print(f"{name:<10}{value * 1e3:>11.2f} ms")
+    print(f"engine / flat: {report['engine_vs_flat']}  (target <= 1.15)")
+    if report["gloo_vs_engine"] is not None:
+        print(f"gloo / engine: {report['gloo_vs_engine']}  (target >= 4)")
+    if report["mpi4py_vs_engine"] is not None:
+        print(f"mpi4py / engine: {report['mpi4py_vs_engine']}  (target >= 1)")
+    for key, value in report["lone_4_byte_allreduce_us"].items():
+        print(f"lone 4-byte allreduce, {key[:-3]}: {value} us")
+
+
+if __name__ == "__main__":
+    main()
