@@ -15,6 +15,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -143,7 +144,11 @@ class SlurmCluster:
             for index in range(self.gpus_per_node):
                 device = self.base / "dev" / f"nvidia{index}"
                 if not device.exists():
-                    os.mknod(device, 0o666 | 0o020000, os.makedev(195, index))
+                    try:
+                        os.mknod(device, 0o666 | stat.S_IFCHR, os.makedev(195, index))
+                    except PermissionError:
+                        # Without CAP_MKNOD: jobs still get gpu:N, but Slurm sets no CUDA_VISIBLE_DEVICES.
+                        device.touch()
             files = f"{self.base}/dev/nvidia[0-{self.gpus_per_node - 1}]"
             (self.base / "etc" / "gres.conf").write_text(
                 f"NodeName=node[1-{self.nodes}] Name=gpu File={files}\n"
