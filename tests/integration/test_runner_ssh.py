@@ -48,7 +48,8 @@ for name, pid in (("child", child.pid), ("rank", os.getpid())):
         f.write(str(pid))
     os.rename(f"{out}/{name}{rank}.tmp", f"{out}/{name}{rank}.pid")
 if rank == sys.argv[2]:
-    while len([p for p in os.listdir(out) if p.startswith("rank")]) < int(os.environ["HPCDL_SIZE"]):
+    size = int(os.environ["HPCDL_SIZE"])
+    while len([p for p in os.listdir(out) if p.startswith("rank") and p.endswith(".pid")]) < size:
         time.sleep(0.05)
     print(f"rank {rank} fails on {os.uname().nodename}", file=sys.stderr, flush=True)
     sys.exit(3)

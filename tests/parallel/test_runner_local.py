@@ -46,7 +46,8 @@ for name, pid in (("child", child.pid), ("rank", os.getpid())):
         f.write(str(pid))
     os.rename(f"{out}/{name}{rank}.tmp", f"{out}/{name}{rank}.pid")
 if rank == 1 and sys.argv[2] != "wait":
-    while len([p for p in os.listdir(out) if p.startswith("rank")]) < int(os.environ["HPCDL_SIZE"]):
+    size = int(os.environ["HPCDL_SIZE"])
+    while len([p for p in os.listdir(out) if p.startswith("rank") and p.endswith(".pid")]) < size:
         time.sleep(0.05)
     print("rank 1 is about to fail", file=sys.stderr, flush=True)
     if sys.argv[2] == "exit":
