@@ -98,7 +98,10 @@ def _tool_lines(found: Detection) -> list[str]:
     h = found.hpcdl
     if h["loaded"]:
         mpi = h["mpi_detail"] or f"no ({h['mpi_reason']})"
-        lines.append(f"hpcdl       {h['version']}  runtime {h['library']}; MPI: {mpi}")
+        features = " ".join(name for name, on in h["features"].items() if on)
+        lines.append(
+            f"hpcdl       {h['version']}  runtime {h['library']}; built with: {features}; MPI: {mpi}"
+        )
     else:
         lines.append(f"hpcdl       runtime does not load: {h['load_error']}")
     return lines

@@ -9,6 +9,7 @@ this builder did not start is never touched without ``force``.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shlex
@@ -230,6 +231,19 @@ class Builder:
     # -- building --------------------------------------------------------------------------------------------
     def run(self) -> BuildReport:
         plans = self.plan()
+        if self.options.dry_run:
+            return self._walk(plans)
+        (self.prefix / MARKER_DIR).mkdir(parents=True, exist_ok=True)
+        with (self.prefix / MARKER_DIR / "build.lock").open("w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                raise BuildError(
+                    f"another `hpcdl stack build` is running in {self.prefix}; wait for it to finish"
+                ) from None
+            return self._walk(plans)
+
+    def _walk(self, plans: list[PackagePlan]) -> BuildReport:
         report = BuildReport(plans=plans)
         total = len(plans)
         for index, plan in enumerate(plans, 1):

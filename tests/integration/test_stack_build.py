@@ -3,6 +3,7 @@ order, with checksum failure, build failure with its log, resume, dry run and re
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -194,3 +195,14 @@ def test_binary_and_pip_packages(stack: MiniStack, tmp_path: Path) -> None:
     assert out == [str(site / "pylib" / "__init__.py"), str(installed(prefix.resolve(), lock, "greet"))]
     lua = (prefix / "modulefiles" / "lmod" / "Core" / "pylib" / "0.3.lua").read_text()
     assert f'prepend_path("PYTHONPATH", "{site}")' in lua
+
+
+def test_a_second_build_in_the_same_prefix_is_refused(stack: MiniStack, tmp_path: Path) -> None:
+    lock = resolve_lock(stack, tmp_path, "greet")
+    prefix = tmp_path / "prefix"
+    (prefix / ".hpcdl").mkdir(parents=True)
+    with (prefix / ".hpcdl" / "build.lock").open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # what a running build holds
+        done = build(lock, prefix, stack)
+    assert done.returncode == 2 and "another `hpcdl stack build` is running" in done.stderr
+    assert not (prefix / "greet").exists()

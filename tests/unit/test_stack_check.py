@@ -18,6 +18,7 @@ HPCDL_OMPI = {
     "library": "/x.so",
     "loaded": True,
     "load_error": "",
+    "features": {"shared memory": True, "TCP": True, "MPI": True},
     "mpi": True,
     "mpi_detail": "Open MPI 4.1.4",
     "mpi_reason": "",
