@@ -208,6 +208,9 @@ def wheel_layout(prefix: Path) -> Path:
     shutil.copytree(repo / "hpcdl", package, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(repo / "templates", package / "templates")
     shutil.copytree(repo / "modulefiles", package / "modulefiles")
+    dist_info = site / "hpcdl-0.1.0.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: hpcdl\nVersion: 0.1.0\n")
     (prefix / "bin").mkdir(parents=True)
     script = prefix / "bin" / "hpcdl"
     script.write_text(
@@ -284,3 +287,36 @@ def test_module_write_for_this_installation_gives_a_working_hpcdl(tmp_path: Path
         )
     )
     assert out.splitlines() == [str(bindir / "hpcdl"), "hpcdl 0.1.0"]
+
+
+@lmod
+def test_module_write_for_a_prefix_install_sets_pythonpath(tmp_path: Path) -> None:
+    package = wheel_layout(tmp_path / "prefix")
+    root = tmp_path / "site-modules"
+    args = [
+        "module",
+        "write",
+        "--prefix",
+        str(tmp_path / "prefix"),
+        "--root",
+        str(root),
+        "--depends-on",
+        "gcc",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "hpcdl", *args], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    gcc = root / "gcc"
+    gcc.mkdir()
+    (gcc / "12.lua").write_text('setenv("FAKE_GCC", "12")\n')
+    script = f"""
+    module use {root}
+    module load hpcdl
+    echo "$FAKE_GCC $PYTHONPATH $(command -v hpcdl)"
+    echo "import: $(cd / && {sys.executable} -S -c 'import hpcdl; print(hpcdl.__file__)')"
+    """
+    out = check(run_lmod(script, env={"PATH": PLAIN_PATH})).splitlines()
+    prefix = (tmp_path / "prefix").resolve()
+    assert out[0] == f"12 {package.resolve().parent} {prefix}/bin/hpcdl"  # depends_on loaded gcc first
+    assert out[1] == f"import: {package.resolve()}/__init__.py"
