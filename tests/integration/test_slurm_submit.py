@@ -87,6 +87,26 @@ def test_sbatch_test_only_accepts_every_variant(cluster: SlurmCluster, tmp_path:
     assert done.returncode == 0 and "to start at" in done.stderr, done.stderr
 
 
+def test_sbatch_test_only_accepts_site_directives_and_launcher_arguments(
+    cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    site = SiteConfig.from_mapping(
+        {
+            "extra_directives": ["--exclusive", "--mail-type=END"],
+            "launcher_args": ["--cpu-bind=cores"],
+            "gpus_per_node": 2,
+            "cpus_per_node": 2,
+        },
+        "test site",
+    )
+    job = site.make_job(["python3", "-c", "print(1)"], nodes=2)
+    script = tmp_path / "job.sh"
+    script.write_text(Slurm().render(job, site))
+    assert "#SBATCH --exclusive" in script.read_text() and "--cpu-bind=cores" in script.read_text()
+    done = cluster.run(["sbatch", "--test-only", str(script)], cwd=tmp_path)
+    assert done.returncode == 0 and "to start at" in done.stderr, done.stderr
+
+
 @pytest.mark.parametrize(
     ("request_", "refusal"),
     [

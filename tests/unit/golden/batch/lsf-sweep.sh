@@ -10,12 +10,12 @@ module load cuda/12.4 || { echo "hpcdl: module load cuda/12.4 failed" >&2; exit 
 source $HOME/venv/bin/activate
 
 # parameter sweep: one point per array task
-case "${LSB_JOBINDEX:?this script must run as an array task}" in
+case "$LSB_JOBINDEX" in
   1) export LR=0.1; export BS=32; ;;
   2) export LR=0.1; export BS=64; ;;
   3) export LR=0.01; export BS=32; ;;
   4) export LR=0.01; export BS=64; ;;
-  *) echo "hpcdl: array task ${LSB_JOBINDEX} has no sweep point" >&2; exit 1 ;;
+  *) echo "hpcdl: array task '$LSB_JOBINDEX' has no sweep point (submit this script as an array job)" >&2; exit 1 ;;
 esac
 
 # rendezvous of the hpcdl ranks: a fresh secret per job; rank 0 serves at MASTER_ADDR:MASTER_PORT
