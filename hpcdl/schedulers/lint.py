@@ -420,7 +420,7 @@ _COBALT_VALUE = {
 _COBALT_FLAGS = {"--disable_preboot"}
 _COBALT_TIME = re.compile(r"^(\d+|\d+:[0-5]\d:[0-5]\d)$")
 _COBALT_ATTRS = re.compile(r"^\w+=[\w.-]+(:\w+=[\w.-]+)*$")
-_APRUN_VALUE = {"-n", "-N", "-d", "-cc", "-j", "-e", "-S", "-r", "-p", "-m", "-b", "-q", "-L", "-ss"}
+_APRUN_VALUE = {"-n", "-N", "-d", "-cc", "-j", "-e", "-S", "-r", "-p", "-m", "-L"}
 _APRUN_FLAGS = {"-b", "-q", "-ss", "-T"}
 
 
