@@ -84,3 +84,42 @@ __all__ = [
     "size",
     "transport_name",
 ]
+
+# The engine's asynchronous, named operations (engine engineer's lines).
+from hpcdl.common.engine import (
+    Handle,
+    allgather_async,
+    allreduce_async,
+    alltoall_async,
+    barrier_async,
+    broadcast_async,
+    engine_knob,
+    enqueue,
+    grouped_allreduce_async,
+    join,
+    new_group_id,
+    poll,
+    reducescatter_async,
+    start_timeline,
+    stop_timeline,
+    synchronize,
+)
+
+__all__ += [
+    "Handle",
+    "allgather_async",
+    "allreduce_async",
+    "alltoall_async",
+    "barrier_async",
+    "broadcast_async",
+    "engine_knob",
+    "enqueue",
+    "grouped_allreduce_async",
+    "join",
+    "new_group_id",
+    "poll",
+    "reducescatter_async",
+    "start_timeline",
+    "stop_timeline",
+    "synchronize",
+]
