@@ -13,7 +13,7 @@ APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   openmpi-bin libopenmpi-dev mpich
   lmod tcl8.6
-  slurm-wlm slurm-client munge
+  slurm-wlm slurm-client slurm-wlm-torque munge
   openssh-server openssh-client iproute2 procps psmisc util-linux
 )
 missing=()
