@@ -148,6 +148,30 @@ LAUNCHER_KEYS: dict[str, type] = {"start_timeout": float}
 
 _BY_KEY = {t.key: t for t in TUNABLES}
 
+# horovodrun's --config-file sections (runner/common/util/config_parser.py) -> hpcdl keys.
+HOROVOD_SECTIONS: dict[str, dict[str, str]] = {
+    "params": {
+        "fusion_threshold_mb": "fusion_threshold_mb",
+        "cycle_time_ms": "cycle_time_ms",
+        "cache_capacity": "cache_capacity",
+        "hierarchical_allreduce": "hierarchical_allreduce",
+    },
+    "autotune": {
+        "enabled": "autotune",
+        "log_file": "autotune_log_file",
+        "warmup_samples": "autotune_warmup_samples",
+        "steps_per_sample": "autotune_steps_per_sample",
+    },
+    "timeline": {"filename": "timeline_filename", "mark_cycles": "timeline_mark_cycles"},
+    "stall_check": {
+        "enabled": "no_stall_check",  # inverted below
+        "warning_time_seconds": "stall_check_warning_time_seconds",
+        "shutdown_time_seconds": "stall_check_shutdown_time_seconds",
+    },
+    "library_options": {"gloo_timeout_seconds": "timeout"},
+    "logging": {"level": "log_level"},
+}
+
 
 def _valid_keys() -> list[str]:
     return sorted([*_BY_KEY, *LAUNCHER_KEYS])
@@ -183,7 +207,7 @@ def load_config_file(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise LaunchError(f"config file {path} must be a mapping of setting: value, e.g. 'cycle_time_ms: 5'")
     settings: dict[str, Any] = {}
-    for raw_key, value in data.items():
+    for raw_key, value in _flatten_horovod_sections(data, path).items():
         key = str(raw_key).replace("-", "_")
         if key not in _BY_KEY and key not in LAUNCHER_KEYS:
             raise LaunchError(
@@ -191,6 +215,27 @@ def load_config_file(path: Path) -> dict[str, Any]:
             )
         settings[key] = check_value(key, value, f"config file {path}")
     return settings
+
+
+def _flatten_horovod_sections(data: dict[Any, Any], path: Path) -> dict[Any, Any]:
+    """Turn horovodrun's sectioned layout (``params: {cycle_time_ms: 5}``) into flat keys."""
+    flat: dict[Any, Any] = {}
+    for key, value in data.items():
+        section = HOROVOD_SECTIONS.get(str(key))
+        if section is None or not isinstance(value, dict):  # a flat key ('autotune: true' is both)
+            flat[key] = value
+            continue
+        for inner, inner_value in value.items():
+            if inner not in section:
+                raise LaunchError(
+                    f"config file {path}: '{key}.{inner}' has no hpcdl equivalent; "
+                    f"valid in '{key}': {', '.join(sorted(section))}"
+                )
+            target = section[inner]
+            if target == "no_stall_check" and isinstance(inner_value, bool):
+                inner_value = not inner_value
+            flat[target] = inner_value
+    return flat
 
 
 def tunable_environment(settings: dict[str, Any]) -> dict[str, str]:

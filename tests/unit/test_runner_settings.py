@@ -159,3 +159,35 @@ def test_start_timeout_resolution() -> None:
         resolve_start_timeout(None, {"HPCDL_START_TIMEOUT": "soon"})
     with pytest.raises(LaunchError, match="must be a positive number"):
         resolve_start_timeout(0.0, {})
+
+
+def test_horovod_sectioned_config_file(tmp_path: Path) -> None:
+    config = tmp_path / "horovod.yaml"
+    config.write_text(
+        "params:\n  fusion_threshold_mb: 32\n  cycle_time_ms: 10\n  cache_capacity: 2048\n"
+        "autotune:\n  enabled: true\n  log_file: at.csv\n"
+        "timeline:\n  filename: tl.json\n  mark_cycles: false\n"
+        "stall_check:\n  enabled: false\n  warning_time_seconds: 120\n"
+        "logging:\n  level: info\n"
+    )
+    assert load_config_file(config) == {
+        "fusion_threshold_mb": 32.0,
+        "cycle_time_ms": 10.0,
+        "cache_capacity": 2048,
+        "autotune": True,
+        "autotune_log_file": "at.csv",
+        "timeline_filename": "tl.json",
+        "timeline_mark_cycles": False,
+        "no_stall_check": True,
+        "stall_check_warning_time_seconds": 120.0,
+        "log_level": "info",
+    }
+
+
+def test_horovod_setting_without_equivalent(tmp_path: Path) -> None:
+    config = tmp_path / "horovod.yaml"
+    config.write_text("params:\n  hierarchical_allgather: true\n")
+    with pytest.raises(
+        LaunchError, match=r"'params.hierarchical_allgather' has no hpcdl equivalent; valid in"
+    ):
+        load_config_file(config)
