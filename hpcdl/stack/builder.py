@@ -288,6 +288,11 @@ class Builder:
                 for command in plan.commands:
                     self.progress(f"{head}: {shlex.join(command[:3])} ...")
                     self._run(command, source_root, env, log, plan)
+        for path, target in plan.recipe.build.links:
+            link = plan.install_dir / path
+            if not link.exists() and not link.is_symlink():
+                link.parent.mkdir(parents=True, exist_ok=True)
+                link.symlink_to(target)
         (plan.install_dir / MARKER_DIR / BUILDING).unlink()
         record = {
             "name": plan.package.name,

@@ -95,6 +95,7 @@ class BuildSpec:
     args: tuple[BuildArg, ...] = ()
     requirement: str = ""  # pip: what to install when the version has no source archive
     env: tuple[tuple[str, str], ...] = ()
+    links: tuple[tuple[str, str], ...] = ()  # symlinks made in the install (path -> target), e.g. libfoo.so
 
 
 @dataclass(frozen=True)
@@ -317,7 +318,7 @@ def _env_pairs(check: _Checker, section: LineDict, key: str) -> tuple[tuple[str,
 
 def _build(check: _Checker, doc: LineDict) -> BuildSpec:
     section = check.mapping(doc, "build")
-    check.unknown_keys(section, {"system", "args", "requirement", "env"}, "build")
+    check.unknown_keys(section, {"system", "args", "requirement", "env", "links"}, "build")
     system = check.text(section, "system", required=True)
     if system and system not in BUILD_SYSTEMS:
         check.error(
@@ -334,8 +335,21 @@ def _build(check: _Checker, doc: LineDict) -> BuildSpec:
             args.append(BuildArg(entry["arg"], _when(check, entry)))
         else:
             check.error(line, "each build argument must be a string or a mapping with arg and when")
+    links = []
+    raw_links = check.mapping(section, "links")
+    for path, target in raw_links.items():
+        if not isinstance(target, str) or Path(path).is_absolute() or ".." in Path(path).parts:
+            check.error(
+                raw_links.line_of(path), f"links.{path}: a relative path inside the install -> a target name"
+            )
+        else:
+            links.append((path, target))
     return BuildSpec(
-        system, tuple(args), check.text(section, "requirement"), _env_pairs(check, section, "env")
+        system,
+        tuple(args),
+        check.text(section, "requirement"),
+        _env_pairs(check, section, "env"),
+        tuple(links),
     )
 
 

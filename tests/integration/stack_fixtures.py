@@ -182,6 +182,7 @@ def write_binary(stack: MiniStack) -> str:
         script.external_attr = 0o755 << 16
         zipped.writestr(script, "#!/bin/sh\necho tool 0.5\n")
         zipped.writestr("vendor/tool/include/tool.h", "int tool(void);\n")
+        zipped.writestr("vendor/tool/lib/libtool.so.0", "not really a library\n")
     (stack.mirror / archive.name).write_bytes(archive.read_bytes())
     sha = hashlib.sha256(archive.read_bytes()).hexdigest()
     text = f"""\
@@ -195,6 +196,8 @@ def write_binary(stack: MiniStack) -> str:
             strip: vendor/tool
     build:
       system: binary
+      links:
+        lib/libtool.so: libtool.so.0
     """
     (stack.recipes / "tool.yaml").write_text(textwrap.dedent(text))
     return sha

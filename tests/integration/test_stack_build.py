@@ -180,6 +180,7 @@ def test_binary_and_pip_packages(stack: MiniStack, tmp_path: Path) -> None:
     run = subprocess.run([str(tool / "bin" / "tool")], capture_output=True, text=True, timeout=30, check=True)
     assert run.stdout.strip() == "tool 0.5"  # stripped to the package root, executable bit kept
     assert (tool / "include" / "tool.h").is_file()
+    assert (tool / "lib" / "libtool.so").readlink() == Path("libtool.so.0")  # the recipe's links
     pylib = installed(prefix, lock, "pylib")
     site = site_packages(pylib)
     probe = [sys.executable, "-c", "import pylib; print(pylib.__file__); print(pylib.GREET_PREFIX)"]
