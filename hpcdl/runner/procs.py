@@ -62,20 +62,6 @@ class Failure:
     stderr_tail: list[str]
 
 
-class _RankEnding:
-    """Shared by local and remote ranks: remember the outcome, turn a bad one into a Failure."""
-
-    slot: RankSlot
-    output: RankOutput
-    _outcome: Outcome | None = None
-
-    def failure(self) -> Failure | None:
-        if self._outcome is None or self._outcome.ok:
-            return None
-        where = f"rank {self.slot.rank} on host {self.slot.host}"
-        return Failure(where, self._outcome, list(self.output.stderr_tail))
-
-
 @dataclass(frozen=True)
 class SshOptions:
     port: int | None = None
@@ -102,11 +88,12 @@ def _spawn_error(argv: list[str], exc: OSError) -> LaunchError:
     return LaunchError(f"cannot start {argv[0]}: {exc.strerror}")
 
 
-class AgentRank(_RankEnding):
+class AgentRank:
     """A rank behind the rank agent (``python -c <rank_agent.py>``), started here or through ssh.
 
     The agent gets the rank's command, environment (with the job secret) and working directory on
     stdin, and later the signals to forward; when stdin closes it stops the rank's process group.
+    It reports the rank's process group and, at the end, its status on stderr, after a per-rank token.
     """
 
     def __init__(
@@ -123,6 +110,8 @@ class AgentRank(_RankEnding):
         self._ssh = ssh
         self._token = "hpcdl-agent-" + secrets.token_hex(8)
         self._status: int | None = None
+        self._rank_group: int | None = None  # the rank's process group, for SIGKILL on this host
+        self._outcome: Outcome | None = None
         if ssh is None:
             if shutil.which(argv[0], path=env.get("PATH")) is None:
                 raise LaunchError(f"command not found: {argv[0]}; check the command or your PATH")
@@ -173,6 +162,8 @@ class AgentRank(_RankEnding):
         words = line[at:].split()
         if len(words) == 3 and words[1] == b"exit":
             self._status = int(words[2])
+        elif len(words) == 3 and words[1] == b"pid":
+            self._rank_group = int(words[2])
 
     def poll(self) -> Outcome | None:
         returncode = self._popen.poll()
@@ -185,12 +176,22 @@ class AgentRank(_RankEnding):
             self._outcome = Outcome(exit_code=255, note=f"ssh to {self.slot.host} failed; see its stderr")
         else:
             self._outcome = Outcome(
-                exit_code=returncode, note="the remote agent did not report the rank's status"
+                exit_code=returncode, note="the rank agent did not report the rank's status"
             )
         return self._outcome
 
+    def failure(self) -> Failure | None:
+        if self._outcome is None or self._outcome.ok:
+            return None
+        where = f"rank {self.slot.rank} on host {self.slot.host}"
+        return Failure(where, self._outcome, list(self.output.stderr_tail))
+
     def send_signal(self, signum: int) -> None:
         self._control(f"signal {int(signum)}")
+        if signum == signal.SIGKILL and self._ssh is None and self._rank_group is not None:
+            # does not depend on the agent being responsive
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._rank_group, signal.SIGKILL)
 
     def finish(self) -> None:
         """Close the control channel (the agent then stops the rank) and reap ssh."""

@@ -5,7 +5,8 @@ stdin: the first line is JSON ``{"argv", "env", "cwd", "token"}`` (so the job se
 a command line); later lines ``signal N`` forward a signal to the rank's process group. EOF on stdin
 means the launcher is gone (even killed with SIGKILL, or its ssh connection lost): the rank's process
 group gets SIGTERM, then SIGKILL, so no rank outlives its launcher. When the rank ends, the agent
-writes ``<token> exit <returncode>`` on stderr (the launcher strips that line) and exits.
+writes ``<token> exit <returncode>`` on stderr and exits; ``<token> pid <pid>`` after the start names the
+rank's process group. The launcher strips these lines from the rank's output.
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ def main() -> None:
         sys.stderr.write(f"{spec['token']} exit 127\n")
         sys.stderr.flush()
         os._exit(127)
+    sys.stderr.write(f"{spec['token']} pid {child.pid}\n")
+    sys.stderr.flush()
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(signum, lambda received, _frame: _signal_group(child.pid, received))
     threading.Thread(target=_follow_control, args=(stdin, child), daemon=True).start()
