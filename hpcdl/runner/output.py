@@ -5,6 +5,7 @@ rank are kept for the failure summary."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import datetime
 import sys
 import threading
@@ -46,8 +47,10 @@ class RankOutput:
             prefix = f"{stamp} {prefix}"
         terminal = sys.stdout.buffer if stream == "stdout" else sys.stderr.buffer
         with self._lock:
-            terminal.write(prefix.encode() + line)
-            terminal.flush()
+            # A closed terminal (`hpcdl run ... | head`) must not stop the draining of the rank's pipe.
+            with contextlib.suppress(BrokenPipeError, ValueError):
+                terminal.write(prefix.encode() + line)
+                terminal.flush()
             log = self._files.get(stream)
             if log is not None and not log.closed:
                 log.write(line)

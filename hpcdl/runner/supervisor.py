@@ -54,14 +54,16 @@ class Supervisor:
     def run(self) -> int:
         """Watch until every process has ended; return the launcher's exit code."""
         previous = {sig: signal.signal(sig, self._on_signal) for sig in FORWARDED_SIGNALS}
-        try:
-            while len(self._ended) < len(self.processes):
-                self._step()
-                time.sleep(POLL_SECONDS)
+        try:  # the handlers stay until teardown is over: a Ctrl-C then only hastens the end
+            try:
+                while len(self._ended) < len(self.processes):
+                    self._step()
+                    time.sleep(POLL_SECONDS)
+            finally:
+                self._teardown()
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            self._teardown()
         return self._report()
 
     def abort(self) -> None:
