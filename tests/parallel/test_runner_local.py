@@ -300,3 +300,13 @@ def test_killed_launcher_leaves_no_rank(tmp_path: Path) -> None:
         launcher.kill()  # SIGKILL: the launcher cannot clean up; each rank's agent sees its stdin close
         launcher.wait(timeout=10)
     assert wait_gone(read_pids(tmp_path), 10.0) == []
+
+
+def test_closed_terminal_does_not_hang_the_job() -> None:
+    # `hpcdl run ... | head -1`: the launcher keeps draining the ranks after its stdout is gone
+    done = subprocess.run(
+        f"{sys.executable} -m hpcdl run -np 2 -- sh -c 'seq 1 50000' | head -1",
+        shell=True, capture_output=True, text=True, timeout=60, env=clean_env(),
+    )  # fmt: skip
+    assert done.stdout.splitlines() == ["[0]<stdout>:1"] or done.stdout.splitlines() == ["[1]<stdout>:1"]
+    assert "Traceback" not in done.stderr
