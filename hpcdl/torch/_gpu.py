@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from hpcdl import common
+from hpcdl.common import config
 from hpcdl.torch import _handles
 from hpcdl.torch.reduce_ops import Average, Max, Min, Product, Sum
 
@@ -58,7 +59,7 @@ def on_init() -> None:
     _state = None
     if gpu_operations() != "nccl" or common.size() == 1:
         return
-    timeout = timedelta(seconds=float(os.environ.get("HPCDL_TIMEOUT", "30") or 30))
+    timeout = timedelta(seconds=float(config.resolve().get("timeout_s")))
     address = np.zeros(_ADDRESS_BYTES, dtype=np.uint8)
     store = None
     if common.rank() == 0:

@@ -124,8 +124,12 @@ def _initialize_state(optimizer: torch.optim.Optimizer, model: Any) -> None:
 def broadcast_object(
     obj: Any, root_rank: int = 0, name: Optional[str] = None, process_set: ProcessSet = global_process_set
 ) -> Any:
-    """Return ``root_rank``'s ``obj`` on every rank of the set (serialized with cloudpickle)."""
-    name = name or type(obj).__name__
+    """Return ``root_rank``'s ``obj`` on every rank of the set (serialized with cloudpickle).
+
+    Non-root ranks may pass anything (e.g. None): unlike Horovod, the default operation name does not
+    depend on the object's type, so ``broadcast_object(x if rank == 0 else None)`` works.
+    """
+    name = name or "broadcast_object"
     if rank() == root_rank:
         payload = torch.frombuffer(bytearray(cloudpickle.dumps(obj)), dtype=torch.uint8)
         length = torch.tensor([payload.numel()], dtype=torch.int64)
@@ -143,8 +147,8 @@ def broadcast_object(
 def allgather_object(
     obj: Any, name: Optional[str] = None, process_set: ProcessSet = global_process_set
 ) -> list:
-    """Return the list of every rank's ``obj`` (in rank order of the set)."""
-    name = name or type(obj).__name__
+    """Return the list of every rank's ``obj`` (in rank order of the set); objects may differ in type."""
+    name = name or "allgather_object"
     payload = torch.frombuffer(bytearray(cloudpickle.dumps(obj)), dtype=torch.uint8)
     lengths = allgather(
         torch.tensor([payload.numel()], dtype=torch.int64), name=name + ".sz", process_set=process_set

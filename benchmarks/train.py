@@ -1,0 +1,219 @@
+"""Training throughput: hpcdl.torch.DistributedOptimizer against torch DistributedDataParallel (gloo).
+
+Both train the same small CNN on the same synthetic data in the same job, one after the other, and are
+timed over the same number of steps. Run the comparison and the scaling efficiency in one go::
+
+    python benchmarks/train.py --launch 1,2
+
+which starts ``hpcdl run -np 1`` and ``hpcdl run -np 2`` of this script and prints one table: samples/s
+of each, their ratio, and each one's scaling efficiency (samples/s on N ranks / (N × samples/s on 1
+rank)). Run directly on every rank (``hpcdl run -np 2 python benchmarks/train.py``) it prints that job's
+figures from rank 0 (``--json`` for tools).
+
+Each rank gets its own share of the cores as torch threads: ``cores / largest rank count`` with
+``--launch`` (so 1 rank is measured with the share each of N ranks has), ``cores / ranks on the host`` when
+run directly; ``--threads`` overrides it. Benchmarks do not assert.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+
+class SmallCNN(torch.nn.Module):
+    """Four convolutions and two linear layers: 1.2 M parameters (4.7 MB of float32 gradients)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 32, 3, padding=1)
+        self.conv2 = torch.nn.Conv2d(32, 64, 3, padding=1)
+        self.conv3 = torch.nn.Conv2d(64, 128, 3, padding=1)
+        self.conv4 = torch.nn.Conv2d(128, 128, 3, padding=1)
+        self.fc1 = torch.nn.Linear(128 * 4 * 4, 512)
+        self.fc2 = torch.nn.Linear(512, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.conv1(x))
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv3(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv4(x)), 2)
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def _throughput(
+    step: Callable[[], None], warmup: int, steps: int, repeats: int, barrier: Callable[[], None]
+) -> float:
+    """Median seconds per step over `repeats` timed windows of `steps` steps."""
+    for _ in range(warmup):
+        step()
+    windows = []
+    for _ in range(repeats):
+        barrier()
+        started = time.perf_counter()
+        for _ in range(steps):
+            step()
+        barrier()
+        windows.append((time.perf_counter() - started) / steps)
+    return statistics.median(windows)
+
+
+def worker(args: argparse.Namespace) -> Optional[dict]:
+    import torch.distributed as dist
+
+    import hpcdl.torch as hvd
+
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    threads = args.threads or max(1, (os.cpu_count() or 1) // hvd.local_size())
+    torch.set_num_threads(threads)
+    gen = torch.Generator().manual_seed(rank)
+    images = torch.randn(args.batch_size, 3, 32, 32, generator=gen)
+    labels = torch.randint(0, 10, (args.batch_size,), generator=gen)
+
+    def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Callable[[], None]:
+        def step() -> None:
+            optimizer.zero_grad()
+            F.cross_entropy(model(images), labels).backward()
+            optimizer.step()
+
+        return step
+
+    # hpcdl.torch: Horovod's recipe.
+    torch.manual_seed(0)
+    model = SmallCNN()
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), named_parameters=model.named_parameters()
+    )
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hpcdl_step_s = _throughput(
+        train_step(model, optimizer), args.warmup, args.steps, args.repeats, hvd.barrier
+    )
+
+    # torch DDP on a gloo process group; rank 0 picks the port and tells the others through hpcdl.
+    host = socket.gethostname() if size > 1 else "127.0.0.1"
+    address = hvd.broadcast_object((host, _free_port()) if rank == 0 else None, root_rank=0)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://{address[0]}:{address[1]}", rank=rank, world_size=size
+    )
+    torch.manual_seed(0)
+    ddp_model = torch.nn.parallel.DistributedDataParallel(SmallCNN())
+    ddp_optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.01, momentum=0.9)
+    ddp_step_s = _throughput(
+        train_step(ddp_model, ddp_optimizer), args.warmup, args.steps, args.repeats, hvd.barrier
+    )
+    dist.destroy_process_group()
+    hvd.shutdown()
+    if rank != 0:
+        return None
+    global_batch = args.batch_size * size
+    return {
+        "ranks": size,
+        "threads_per_rank": threads,
+        "batch_per_rank": args.batch_size,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "hpcdl_samples_per_s": round(global_batch / hpcdl_step_s, 1),
+        "ddp_gloo_samples_per_s": round(global_batch / ddp_step_s, 1),
+        "hpcdl_over_ddp": round(ddp_step_s / hpcdl_step_s, 3),
+    }
+
+
+def launch(args: argparse.Namespace) -> None:
+    """Run the worker under ``hpcdl run -np N`` for each N and print the combined table."""
+    results = {}
+    counts = [int(n) for n in args.launch.split(",")]
+    # The same share of the machine per rank in every run, so that N ranks are compared with one of them.
+    threads = args.threads or max(1, (os.cpu_count() or 1) // max(counts))
+    for ranks in counts:
+        command = [
+            sys.executable,
+            "-m",
+            "hpcdl",
+            "run",
+            "-np",
+            str(ranks),
+            sys.executable,
+            os.path.abspath(__file__),
+        ]
+        command += ["--json", "--steps", str(args.steps), "--warmup", str(args.warmup)]
+        command += ["--repeats", str(args.repeats), "--batch-size", str(args.batch_size)]
+        command += ["--threads", str(threads)]
+        done = subprocess.run(command, capture_output=True, text=True)
+        found = re.search(r"RESULT (\{.*\})", done.stdout)
+        if done.returncode != 0 or found is None:
+            sys.exit(f"hpcdl run -np {ranks} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+        results[ranks] = json.loads(found.group(1))
+    base = results.get(1)
+    rows = []
+    for ranks, r in results.items():
+        eff = {}
+        for key in ("hpcdl", "ddp_gloo"):
+            single = base[f"{key}_samples_per_s"] if base else None
+            eff[key] = f"{100 * r[f'{key}_samples_per_s'] / (ranks * single):.1f}%" if single else "n/a"
+        rows.append((ranks, r["hpcdl_samples_per_s"], r["ddp_gloo_samples_per_s"], r["hpcdl_over_ddp"], eff))
+    if args.json:
+        print(json.dumps({"results": results}, indent=2))
+        return
+    first = results[next(iter(results))]
+    print(
+        f"SmallCNN ({first['parameters']:,} parameters), synthetic 3x32x32 images, "
+        f"batch {args.batch_size} per rank, {first['threads_per_rank']} thread(s) per rank"
+    )
+    print("| ranks | hpcdl samples/s | DDP-gloo samples/s | hpcdl / DDP | hpcdl scaling | DDP scaling |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for ranks, hpcdl_sps, ddp_sps, ratio, eff in rows:
+        cells = [
+            str(ranks),
+            f"{hpcdl_sps:.1f}",
+            f"{ddp_sps:.1f}",
+            f"{ratio:.3f}",
+            eff["hpcdl"],
+            eff["ddp_gloo"],
+        ]
+        print("| " + " | ".join(cells) + " |")
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--launch", help="comma list of rank counts to launch with hpcdl run, e.g. 1,2")
+    parser.add_argument("--batch-size", type=int, default=32, help="samples per rank per step")
+    parser.add_argument("--steps", type=int, default=10, help="steps per timed window")
+    parser.add_argument("--repeats", type=int, default=3, help="timed windows (the median is kept)")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch threads per rank (0: cores / local ranks)"
+    )
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    if args.launch:
+        launch(args)
+        return
+    result = worker(args)
+    if result is None:
+        return
+    if args.json:
+        print("RESULT " + json.dumps(result), flush=True)
+    else:
+        for key, value in result.items():
+            print(f"{key}: {value}")
+
+
+if __name__ == "__main__":
+    main()
