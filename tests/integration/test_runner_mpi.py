@@ -189,3 +189,27 @@ def test_real_mpi_program(flavor: str, tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert sorted(done.stdout.splitlines()) == [f"[{r}]<stdout>:rank {r} of 3 sum 3" for r in range(3)]
+
+
+ALLREDUCE = r"""
+import numpy as np
+import hpcdl.common as hc
+hc.init()
+total = hc.allreduce(np.array([hc.rank() + 1.0]))
+print(hc.rank(), hc.size(), float(total[0]), flush=True)
+hc.shutdown()
+"""
+
+
+@pytest.mark.parametrize("flavor", [OPENMPI, MPICH])
+def test_hpcdl_ranks_under_mpi_meet_at_the_launchers_rendezvous(flavor: str, tmp_path: Path) -> None:
+    pytest.importorskip("hpcdl.common.rendezvous", reason="the runtime's rendezvous module is not built yet")
+    script = tmp_path / "allreduce.py"
+    script.write_text(ALLREDUCE)
+    done = subprocess.run(
+        [sys.executable, "-m", "hpcdl", "run", "--mpi", "--mpirun", _launcher(flavor), "-np", "3",
+         "--timeout", "30", sys.executable, str(script)],
+        capture_output=True, text=True, timeout=120, env=_env(),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stdout.splitlines()) == [f"[{r}]<stdout>:{r} 3 6.0" for r in range(3)]
