@@ -31,7 +31,10 @@ def run_command(
     ctx: typer.Context,
     command: list[str] = typer.Argument(None, help="The program and its arguments.", show_default=False),
     num_proc: Optional[int] = typer.Option(
-        None, "-np", "--num-proc", help="Number of ranks (default: every slot of the allocation)."
+        None,
+        "-np",
+        "--num-proc",
+        help="Number of ranks (default: every slot of -H, the hostfile or the allocation).",
     ),
     hosts: Optional[str] = typer.Option(None, "-H", "--hosts", help="Hosts and slots: host1:2,host2:2."),
     hostfile: Optional[Path] = typer.Option(
