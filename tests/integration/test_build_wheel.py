@@ -47,7 +47,16 @@ def test_wheel_ships_runtime_templates_and_modulefiles(wheel_without_mpi: Path) 
     names = zipfile.ZipFile(wheel_without_mpi).namelist()
     assert any(n.startswith("hpcdl/_collectives") and n.endswith(".so") for n in names)
     assert any(n.startswith("hpcdl/templates/") for n in names)
-    assert any(n.startswith("hpcdl/modulefiles/") for n in names)
+    assert any(n.startswith("hpcdl/modulefiles/hpcdl/") for n in names)
+    shipped_data = (
+        "hpcdl/stack/recipes/",
+        "hpcdl/stack/tables/",
+        "hpcdl/templates/modules/",
+        "hpcdl/templates/batch/",
+    )
+    for data in shipped_data:
+        assert any(n.startswith(data) for n in names), f"{data} missing from the wheel"
+    assert any(n.startswith("hpcdl/benchmarks/") for n in names)
     assert "hpcdl/cli/main.py" in names
     assert any(n.endswith("entry_points.txt") for n in names)
 

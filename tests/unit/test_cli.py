@@ -29,7 +29,8 @@ def test_help_lists_every_command_group() -> None:
 
 
 def test_python_dash_m_is_the_same_program() -> None:
-    proc = subprocess.run([sys.executable, "-m", "hpcdl", "--version"], capture_output=True, text=True, timeout=60)
+    cmd = [sys.executable, "-m", "hpcdl", "--version"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == f"hpcdl {__version__}"
 
