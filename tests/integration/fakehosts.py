@@ -69,10 +69,24 @@ def _kill_namespace_processes(namespace: str) -> None:
             os.kill(int(pid), 9)
 
 
+def _remove_stale_hosts() -> None:
+    """Delete namespaces (and their links) left by test runs that were killed before teardown."""
+    done = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30)
+    for line in done.stdout.splitlines():
+        name = line.split()[0] if line.split() else ""
+        tag = name[len("hpcdl-rt") :]
+        if not name.startswith("hpcdl-rt") or not tag.isdigit() or Path(f"/proc/{tag}").exists():
+            continue
+        _kill_namespace_processes(name)
+        subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
+        subprocess.run(["ip", "link", "del", f"hrt{tag}a"], capture_output=True, timeout=30)
+
+
 @contextlib.contextmanager
 def fake_host(workdir: Path, hostname: str = "fakehost2") -> Iterator[FakeHost]:
     """Create the namespace, link and sshd; yield the host; remove all of it."""
-    tag = os.getpid() % 100000
+    _remove_stale_hosts()
+    tag = os.getpid()  # names stay unique while this process lives; veth names fit in 15 bytes
     namespace, outside, inside = f"hpcdl-rt{tag}", f"hrt{tag}a", f"hrt{tag}b"
     subnet = f"198.18.{tag % 250}"  # RFC 2544 benchmarking range: not used by real networks
     local_address, address = f"{subnet}.1", f"{subnet}.2"
