@@ -13,7 +13,10 @@ Status p2p_allreduce(P2P& p, const void* send, void* recv, int64_t count, int dt
   const int n = p.p2p_size(), r = p.p2p_rank();
   const size_t es = dtype_bytes(dtype), bytes = size_t(count) * es;
   auto* out = static_cast<char*>(recv);
-  if (bytes <= small_message_bytes || count < n) {
+  // Integers with a prescale are summed in double from the raw inputs (a pre-scaled integer copy would
+  // truncate each contribution), so they always take the exchange.
+  const bool int_scaled = !is_float_dtype(dtype) && prescale != 1.0;
+  if (bytes <= small_message_bytes || count < n || int_scaled) {
     // Latency-optimal: one exchange of whole inputs, then everybody reduces in rank order.
     std::vector<char> all(bytes * size_t(n));
     if (bytes) std::memcpy(all.data() + bytes * size_t(r), send, bytes);

@@ -16,6 +16,29 @@ Status p2p_reducescatter(P2P& p, const void* send, void* recv, const std::vector
   Status st = p2p_agree(p, make_desc(HPCDL_OP_REDUCESCATTER, dtype, op, total, vec), deadline, what);
   if (!st.is_ok()) return st;
   const size_t es = dtype_bytes(dtype);
+  if (!is_float_dtype(dtype) && prescale != 1.0) {  // see p2p_allreduce: no truncated pre-scaled copies
+    std::vector<char> all(size_t(total) * es);
+    const void* srcs[1] = {send};
+    std::vector<char> raw(all.size());
+    if (!raw.empty()) reduce(raw.data(), srcs, 1, total, dtype, HPCDL_SUM, 1.0, 1.0, 1);
+    std::vector<char> gathered(all.size() * size_t(n));
+    for (int s = 0; s < n; ++s) {
+      int to = (r + s) % n, from = (r - s + n) % n;
+      if (s == 0) {
+        if (!raw.empty()) std::memcpy(gathered.data() + all.size() * size_t(r), raw.data(), raw.size());
+        continue;
+      }
+      st = p.sendrecv(to, raw.data(), raw.size(), from, gathered.data() + all.size() * size_t(from), raw.size(),
+                      deadline, what);
+      if (!st.is_ok()) return st;
+    }
+    int64_t at = 0;
+    for (int i = 0; i < r; ++i) at += recv_counts[size_t(i)];
+    std::vector<const void*> parts(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) parts[size_t(i)] = gathered.data() + all.size() * size_t(i) + size_t(at) * es;
+    reduce(recv, parts.data(), n, recv_counts[size_t(r)], dtype, op, prescale, postscale, n);
+    return Status::ok();
+  }
   std::vector<size_t> offsets(size_t(n) + 1, 0);
   for (int i = 0; i < n; ++i) offsets[size_t(i) + 1] = offsets[size_t(i)] + size_t(recv_counts[size_t(i)]) * es;
   std::vector<char> work(offsets.back());

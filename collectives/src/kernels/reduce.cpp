@@ -63,6 +63,9 @@ const char* reduce_op_label(int op) {
 }
 
 bool valid_dtype(int dtype) { return dtype_bytes(dtype) != 0; }
+bool is_float_dtype(int dtype) {
+  return dtype == HPCDL_FLOAT16 || dtype == HPCDL_BFLOAT16 || dtype == HPCDL_FLOAT32 || dtype == HPCDL_FLOAT64;
+}
 bool valid_reduce_op(int op) { return op >= HPCDL_SUM && op <= HPCDL_PRODUCT; }
 
 void reduce(void* dst, const void* const* srcs, int nsrc, int64_t count, int dtype, int op, double prescale,

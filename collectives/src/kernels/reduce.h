@@ -12,6 +12,7 @@ const char* dtype_label(int dtype);
 const char* reduce_op_label(int op);
 bool valid_dtype(int dtype);
 bool valid_reduce_op(int op);
+bool is_float_dtype(int dtype);  // float16, bfloat16, float32, float64
 
 // dst[i] = postscale * OP_j(prescale * srcs[j][i]) over the nsrc sources, in source order. AVERAGE sums and
 // then divides by `divisor` (floats: multiplies by 1/divisor; integers: truncating division). Integers

@@ -176,6 +176,11 @@ inline void combine(A* __restrict acc, const A* __restrict x, int m, int op) {
 // Same-type, unscaled: reduce straight into dst, one L1-sized block at a time.
 template <class T>
 void reduce_plain(T* dst, const T* const* srcs, int nsrc, int64_t n, int op) {
+  // dst may be one of the sources; when it is a later one, save its block before it is overwritten.
+  int alias = -1;
+  for (int j = 2; j < nsrc; ++j)
+    if (srcs[j] == dst) alias = j;
+  alignas(64) T saved[kBlock];
   for (int64_t base = 0; base < n; base += kBlock) {
     int m = int(n - base < kBlock ? n - base : kBlock);
     T* d = dst + base;
@@ -185,6 +190,7 @@ void reduce_plain(T* dst, const T* const* srcs, int nsrc, int64_t n, int op) {
     }
     const T* a = srcs[0] + base;
     const T* b = srcs[1] + base;
+    if (alias >= 0) std::memcpy(saved, d, size_t(m) * sizeof(T));
     if constexpr (std::is_integral_v<T>) {
       using U = std::make_unsigned_t<T>;
       switch (op) {
@@ -219,7 +225,7 @@ void reduce_plain(T* dst, const T* const* srcs, int nsrc, int64_t n, int op) {
           break;
       }
     }
-    for (int j = 2; j < nsrc; ++j) combine<T>(d, srcs[j] + base, m, op);
+    for (int j = 2; j < nsrc; ++j) combine<T>(d, j == alias ? saved : srcs[j] + base, m, op);
   }
 }
 

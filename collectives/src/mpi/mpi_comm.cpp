@@ -66,7 +66,7 @@ class MpiComm : public Comm {
     const size_t es = dtype_bytes(dtype), bytes = size_t(count) * es;
     const int partial = op == HPCDL_AVERAGE ? HPCDL_SUM : op;
     MPI_Datatype type = mpi_type(dtype);
-    if (type != MPI_DATATYPE_NULL && count <= INT32_MAX) {
+    if (type != MPI_DATATYPE_NULL && count <= INT32_MAX && (is_float_dtype(dtype) || prescale == 1.0)) {
       std::vector<char> scaled;
       const void* in = send;
       if (prescale != 1.0) {

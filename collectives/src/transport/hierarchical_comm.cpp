@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 
+#include "algorithms/p2p.h"
 #include "kernels/reduce.h"
 #include "runtime.h"
 #include "transport/shm_comm.h"
@@ -53,8 +54,17 @@ const std::vector<int>& HierarchicalComm::world_ranks() const { return flat_->wo
 
 Status HierarchicalComm::allreduce(const void* send, void* recv, int64_t count, int dtype, int op, double prescale,
                                    double postscale, Deadline deadline, const std::string& what) {
+  // Integers scaled before the sum would be truncated once per stage: keep those on the flat ring.
+  const bool is_float = dtype == HPCDL_FLOAT16 || dtype == HPCDL_BFLOAT16 || dtype == HPCDL_FLOAT32 ||
+                        dtype == HPCDL_FLOAT64;
+  if (!is_float && prescale != 1.0)
+    return flat_->allreduce(send, recv, count, dtype, op, prescale, postscale, deadline, what);
+  // Agree across the whole set first, so a disagreement fails every rank at once instead of leaving the
+  // leaders of agreeing hosts waiting for a host whose ranks already gave up.
+  Status st = p2p_agree(*flat_, make_desc(HPCDL_OP_ALLREDUCE, dtype, op, count), deadline, what);
+  if (!st.is_ok()) return st;
   const int partial = op == HPCDL_AVERAGE ? HPCDL_SUM : op;
-  Status st = local_->allreduce(send, recv, count, dtype, partial, prescale, 1.0, deadline, what + " [within host]");
+  st = local_->allreduce(send, recv, count, dtype, partial, prescale, 1.0, deadline, what + " [within host]");
   if (!st.is_ok()) return st;
   int32_t code = HPCDL_OK;
   Status cross;

@@ -1,0 +1,115 @@
+"""A rank that dies or hangs makes the others fail within the deadline, naming it; nothing leaks."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from _ranks import run_ranks
+
+FAILURES = str(Path(__file__).with_name("_failure_checks.py"))
+
+
+def shm_segments() -> set[str]:
+    return {name for name in os.listdir("/dev/shm") if name.startswith("hpcdl-")}
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_killed_rank_is_named_by_the_others(transport: str) -> None:
+    before = shm_segments()
+    results = run_ranks(
+        3,
+        FAILURES,
+        args=("kill",),
+        env={"HPCDL_TRANSPORT": transport, "CHECK_TIMEOUT": "20"},
+        launcher="manual",
+        timeout=60,
+    )
+    assert results[2].returncode == -9  # SIGKILL
+    for r in results[:2]:
+        assert r.result is not None, r.stderr
+        assert r.result["error"] == "HpcdlInternalError", r.result
+        assert "rank 2" in r.result["message"] and "allreduce" in r.result["message"], r.result["message"]
+        # noticed as a death (process gone / connection lost), well before the 20 s deadline
+        assert r.result["seconds"] < 5, r.result
+    assert shm_segments() <= before  # no segment left in /dev/shm although a rank was SIGKILLed
+
+
+def test_a_hung_rank_times_out_naming_it() -> None:
+    results = run_ranks(
+        3, FAILURES, args=("hang",), env={"CHECK_TIMEOUT": "2"}, launcher="manual", timeout=90
+    )
+    for r in results[:2]:
+        assert r.result["error"] == "HpcdlTimeoutError", r.result
+        assert "rank 2" in r.result["message"] and "timed out" in r.result["message"]
+        assert 1.5 < r.result["seconds"] < 5, r.result
+
+
+def _hostile_clients(port: int, stop: threading.Event) -> None:
+    """Garbage, a silent half-open connection and a forged handshake at the rendezvous port."""
+    silent = []
+    while not stop.is_set():
+        for payload in (
+            b"GET / HTTP/1.0\r\n\r\n",
+            b"HPCDLAU1" + b"\0" * 72 + b"\xff\xff\xff\x7f",
+            os.urandom(300),
+        ):
+            try:
+                s = socket.create_connection(("127.0.0.1", port), timeout=1)
+                s.sendall(payload)
+                s.close()
+                silent.append(socket.create_connection(("127.0.0.1", port), timeout=1))
+            except OSError:
+                pass
+        time.sleep(0.05)
+    for s in silent:
+        s.close()
+
+
+def test_stray_connections_do_not_disturb_the_rendezvous(monkeypatch: pytest.MonkeyPatch) -> None:
+    import _ranks
+
+    from hpcdl.common.rendezvous import RendezvousServer
+
+    stop = threading.Event()
+    threads = []
+    real_start = RendezvousServer.start
+
+    def start_and_attack(self: RendezvousServer) -> None:
+        real_start(self)
+        t = threading.Thread(target=_hostile_clients, args=(self.port, stop), daemon=True)
+        t.start()
+        threads.append(t)
+
+    monkeypatch.setattr(_ranks.RendezvousServer, "start", start_and_attack)
+    try:
+        code = (
+            "import hpcdl.common as hc, numpy as np\nhc.init(timeout=20)\n"
+            "print('RESULT', int(hc.allreduce(np.ones(4))[0]), flush=True)\nhc.shutdown()\n"
+        )
+        results = run_ranks(3, code, launcher="manual", timeout=60)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert threads, "the attack never started"
+    assert [r.result for r in results] == [3, 3, 3], [r.stderr for r in results]
+
+
+def test_a_rank_with_the_wrong_secret_is_refused() -> None:
+    code = (
+        "import hpcdl.common as hc\ntry:\n    hc.init(timeout=4)\nexcept hc.HpcdlAuthError as e:\n"
+        "    print('RESULT', '\"refused\"', flush=True)\n"
+    )
+    results = run_ranks(
+        2,
+        code,
+        launcher="manual",
+        rank_env=lambda r: {"HPCDL_SECRET": "0" * 64} if r == 1 else {},
+        timeout=60,
+    )
+    assert results[1].result == "refused", results[1].stderr

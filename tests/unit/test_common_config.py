@@ -1,0 +1,45 @@
+"""Settings resolution: explicit argument > HPCDL_* > HOROVOD_* > default, with clear errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpcdl.common import config
+from hpcdl.common.exceptions import HpcdlConfigError
+
+
+def test_precedence_explicit_then_hpcdl_then_horovod_then_default() -> None:
+    env = {"HPCDL_TIMEOUT": "7", "HOROVOD_GLOO_TIMEOUT_SECONDS": "9", "HOROVOD_FUSION_THRESHOLD": "1024"}
+    resolved = config.resolve({"cycle_time": 2.5}, env)
+    assert resolved.get("timeout_s") == 7.0  # HPCDL_ beats HOROVOD_
+    assert resolved.get("fusion_threshold") == 1024  # HOROVOD_ alias beats the default
+    assert resolved.get("cycle_time_ms") == 2.5  # explicit
+    assert resolved.get("transport") == "auto"  # default
+    assert config.resolve({"timeout": 3}, env).get("timeout_s") == 3.0  # explicit beats HPCDL_
+    assert resolved.user_set == {"timeout_s", "fusion_threshold", "cycle_time_ms"}
+
+
+def test_stall_check_disable_is_inverted_into_stall_check() -> None:
+    assert config.resolve({}, {}).get("stall_check") is True
+    assert config.resolve({}, {"HOROVOD_STALL_CHECK_DISABLE": "1"}).get("stall_check") is False
+    assert config.resolve({"stall_check_disable": True}, {}).get("stall_check") is False
+
+
+def test_bad_values_name_the_variable() -> None:
+    with pytest.raises(HpcdlConfigError, match="HPCDL_TIMEOUT='soon'"):
+        config.resolve({}, {"HPCDL_TIMEOUT": "soon"})
+    with pytest.raises(HpcdlConfigError, match="one of auto, shm, tcp, mpi"):
+        config.resolve({"transport": "infiniband"}, {})
+    with pytest.raises(HpcdlConfigError, match="unknown setting"):
+        config.resolve({"timeout_seconds": 3}, {})
+    with pytest.raises(HpcdlConfigError, match="positive"):
+        config.resolve({"timeout": 0}, {})
+
+
+def test_options_text_and_autotune_fixed() -> None:
+    resolved = config.resolve({"fusion_threshold": 0}, {"HPCDL_SMALL_MESSAGE_BYTES": "128"})
+    text = config.options_text({"rank": 0, "hierarchical": True, "timeout_s": 1.5})
+    assert text == "rank=0\nhierarchical=1\ntimeout_s=1.5\n"
+    assert config.autotune_fixed(resolved) == "small_message_bytes,fusion_threshold"
+    with pytest.raises(HpcdlConfigError, match="line break"):
+        config.options_text({"timeline": "a\nrank=3"})

@@ -1,0 +1,86 @@
+"""Rank discovery from every launcher's variables, and where the ranks meet."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpcdl.common import discovery
+from hpcdl.common.exceptions import HpcdlConfigError
+
+LAUNCHERS = [
+    ({"HPCDL_RANK": "3", "HPCDL_SIZE": "4"}, "hpcdl run"),
+    ({"HOROVOD_RANK": "3", "HOROVOD_SIZE": "4"}, "horovodrun"),
+    (
+        {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "1"},
+        "OpenMPI mpirun",
+    ),
+    ({"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1"}, "MPICH/PMI mpiexec"),
+    ({"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1"}, "Slurm srun"),
+    ({"ALPS_APP_PE": "3", "PMI_SIZE": "4"}, "Cray aprun"),
+    ({"PALS_RANKID": "3", "PMI_SIZE": "4", "PALS_LOCAL_RANKID": "1"}, "PALS"),
+    ({"JSM_NAMESPACE_RANK": "3", "JSM_NAMESPACE_SIZE": "4"}, "LSF jsrun"),
+    ({"FLUX_TASK_RANK": "3", "FLUX_JOB_SIZE": "4", "FLUX_TASK_LOCAL_ID": "1"}, "Flux"),
+    ({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1"}, "torchrun"),
+]
+
+
+@pytest.mark.parametrize(("env", "launcher"), LAUNCHERS)
+def test_each_launcher(env: dict, launcher: str) -> None:
+    info = discovery.discover({**env, "HPCDL_HOSTNAME": "n1"})
+    assert (info.rank, info.size, info.host, info.launcher) == (3, 4, "n1", launcher)
+
+
+def test_hpcdl_variables_win_and_no_launcher_is_a_job_of_one() -> None:
+    env = {"HPCDL_RANK": "1", "HPCDL_SIZE": "2", "OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "8"}
+    assert discovery.discover(env).rank == 1
+    alone = discovery.discover({})
+    assert (alone.rank, alone.size, alone.launcher) == (0, 1, "none")
+    assert discovery.discover({"HOROVOD_HOSTNAME": "h"}).host == "h"
+
+
+def test_inconsistent_launcher_variables() -> None:
+    with pytest.raises(HpcdlConfigError, match="SLURM_NTASKS"):
+        discovery.discover({"SLURM_PROCID": "0"})
+    with pytest.raises(HpcdlConfigError, match="do not describe a rank"):
+        discovery.discover({"HPCDL_RANK": "4", "HPCDL_SIZE": "4"})
+    with pytest.raises(HpcdlConfigError, match="not an integer"):
+        discovery.discover({"HPCDL_RANK": "x", "HPCDL_SIZE": "4"})
+
+
+def info(launcher: str, rank: int = 1) -> discovery.RankInfo:
+    return discovery.RankInfo(rank, 4, "h", launcher)
+
+
+def test_meeting_places_in_order() -> None:
+    env = {"HPCDL_RENDEZVOUS_ADDR": "10.0.0.1", "HPCDL_RENDEZVOUS_PORT": "5000", "HPCDL_SECRET": "ab",
+           "MASTER_ADDR": "10.0.0.2", "MASTER_PORT": "6000"}  # fmt: skip
+    meet = discovery.meeting(info("hpcdl run"), env)
+    assert (meet.bootstrap, meet.addr, meet.port, meet.serve, meet.secret) == (
+        "tcp",
+        "10.0.0.1",
+        5000,
+        False,
+        "ab",
+    )
+    del env["HPCDL_RENDEZVOUS_ADDR"]
+    meet = discovery.meeting(info("torchrun"), env)
+    assert (meet.addr, meet.port, meet.serve) == ("10.0.0.2", 6000, True)
+    slurm = {"SLURM_JOB_NODELIST": "gpu[07-09,12],cpu1", "SLURM_JOB_ID": "123456", "HPCDL_SECRET": "ab"}
+    meet = discovery.meeting(info("Slurm srun"), slurm)
+    assert (meet.addr, meet.port, meet.serve) == ("gpu07", 20000 + 123456 % 20000, True)
+    assert discovery.meeting(info("OpenMPI mpirun"), {}, mpi_vendor="Open MPI").bootstrap == "mpi"
+
+
+def test_no_meeting_place_says_how_to_launch() -> None:
+    with pytest.raises(HpcdlConfigError, match="hpcdl run -np N") as err:
+        discovery.meeting(info("MPICH/PMI mpiexec"), {}, mpi_vendor="Open MPI")
+    assert "MASTER_ADDR" in str(err.value) and "built with Open MPI" in str(err.value)
+
+
+def test_missing_secret_warns_and_derives_one_shared_by_all_ranks() -> None:
+    env = {"MASTER_ADDR": "10.0.0.2", "MASTER_PORT": "6000"}
+    with pytest.warns(UserWarning, match="HPCDL_SECRET is not set"):
+        first = discovery.meeting(info("torchrun", rank=0), env)
+    with pytest.warns(UserWarning):
+        second = discovery.meeting(info("torchrun", rank=3), env)
+    assert first.secret == second.secret and len(first.secret) == 64 and first.secret_derived

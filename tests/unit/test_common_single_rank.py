@@ -1,0 +1,79 @@
+"""A job of one process (no launcher): lifecycle, every op, kernels' scaling and rounding, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import hpcdl.common as hc
+from hpcdl.common import DType, ReduceOp
+
+
+@pytest.fixture
+def runtime(monkeypatch: pytest.MonkeyPatch):
+    for var in ("HPCDL_RANK", "HPCDL_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "RANK"):
+        monkeypatch.delenv(var, raising=False)
+    hc.init(timeout=5)
+    yield
+    hc.shutdown()
+
+
+def test_not_initialised_errors_say_what_to_do() -> None:
+    assert not hc.is_initialized()
+    with pytest.raises(hc.HpcdlNotInitializedError, match="init"):
+        hc.rank()
+    with pytest.raises(hc.HpcdlNotInitializedError, match="init"):
+        hc.allreduce(np.ones(2))
+
+
+def test_lifecycle_and_topology(runtime) -> None:
+    assert hc.is_initialized()
+    hc.init()  # a second init is a no-op
+    assert (hc.rank(), hc.size(), hc.local_rank(), hc.local_size(), hc.cross_rank(), hc.cross_size()) == (
+        0, 1, 0, 1, 0, 1,
+    )  # fmt: skip
+    assert hc.is_homogeneous() and hc.transport_name(True) == "self"
+    assert hc.process_set_ids() == [0] and hc.process_set_ranks(0) == [0]
+
+
+def test_ops_of_one_rank(runtime) -> None:
+    a = np.arange(6, dtype=np.float32).reshape(3, 2)
+    assert np.array_equal(hc.allreduce(a, op=ReduceOp.AVERAGE, prescale=2.0, postscale=0.5), a)
+    assert np.array_equal(hc.allgather(a), a)
+    out, splits = hc.alltoall(a)
+    assert np.array_equal(out, a) and splits == [3]
+    assert np.array_equal(hc.reducescatter(a), a)
+    assert hc.broadcast(a.copy(), root=0) is not None
+    hc.barrier()
+    empty = hc.allreduce(np.zeros((0, 4), np.int64))
+    assert empty.shape == (0, 4)
+
+
+def test_kernel_scaling_and_rounding(runtime) -> None:
+    x = np.array([1.0, -3.0, 1000.0, 1e-7, 0.333], dtype=np.float16)
+    got = hc.allreduce(x, prescale=0.5, postscale=3.0)
+    assert np.array_equal(got, (x.astype(np.float32) * 0.5 * 3.0).astype(np.float16))
+    bits = (np.array([1.0, 3.0, -7.5, 1e30], dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    got = hc.allreduce(bits, postscale=1.0 / 3.0, dtype=DType.BFLOAT16)
+    want = (bits.astype(np.uint32) << 16).view(np.float32) * np.float32(1.0 / 3.0)
+    want_bits = ((want.view(np.uint32) + 0x7FFF + ((want.view(np.uint32) >> 16) & 1)) >> 16).astype(np.uint16)
+    assert np.array_equal(got, want_bits)  # round to nearest even
+    ints = np.array([7, -7, 100], dtype=np.int32)
+    assert np.array_equal(
+        hc.allreduce(ints, prescale=0.5), np.array([3, -3, 50], dtype=np.int32)
+    )  # truncation
+    flags = np.array([True, False, True])
+    assert np.array_equal(hc.allreduce(flags, op=ReduceOp.MIN), flags)
+
+
+def test_bad_arguments(runtime) -> None:
+    with pytest.raises(hc.HpcdlConfigError, match="AVERAGE is not defined for bool"):
+        hc.allreduce(np.ones(2, dtype=bool), op=ReduceOp.AVERAGE)
+    with pytest.raises(hc.HpcdlConfigError, match="splits"):
+        hc.alltoall(np.ones(4), splits=[3])
+    with pytest.raises(hc.HpcdlConfigError, match="root 1 is not a rank"):
+        hc.broadcast(np.ones(2), root=1)
+    with pytest.raises(hc.HpcdlConfigError, match="no process set with id 9"):
+        hc.allreduce(np.ones(2), process_set=9)
+    with pytest.raises(hc.HpcdlConfigError, match="shape and dtype"):
+        hc.allreduce(np.ones(2), out=np.ones(3))
