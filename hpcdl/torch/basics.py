@@ -37,6 +37,8 @@ def init(
             or ``"dynamic"`` to allow ``add_process_set``/``remove_process_set`` later.
     """
     global _atexit_registered
+    if common.is_initialized():
+        return  # a second init() is a no-op, as in Horovod
     requested_world = _requested_world(comm)
     sets: list[ProcessSet] = []
     if isinstance(process_sets, str):

@@ -502,6 +502,36 @@ def check_sync_batch_norm() -> None:
         assert_close(sync(full[mine]), reference(full)[mine], "SyncBN eval", 1e-10)
 
 
+def check_elastic_run_restores_and_reinitializes() -> None:
+    torch.manual_seed(hvd.rank())  # ranks start different: the first sync makes them equal
+    model = torch.nn.Linear(2, 1)
+    state = hvd.elastic.TorchState(
+        model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), epoch=0
+    )
+    calls = []
+
+    @hvd.elastic.run
+    def train(state: hvd.elastic.TorchState) -> int:
+        calls.append(state.epoch)
+        while state.epoch < 4:
+            with torch.no_grad():
+                state.model.weight.add_(1.0)
+            state.epoch += 1
+            if state.epoch == 2 and len(calls) == 1:
+                raise hvd.HorovodInternalError("simulated loss of a peer")  # before commit: epoch 2 is lost
+            state.commit()
+        return state.epoch
+
+    assert train(state) == 4
+    assert calls == [0, 1], calls  # restarted from the last commit (epoch 1) after re-initialization
+    weights = hvd.allgather(model.weight.detach())
+    assert_close(weights[0], weights[-1], "elastic: same weights on all ranks", 0)
+    torch.manual_seed(0)
+    assert_close(
+        model.weight.detach(), torch.nn.Linear(2, 1).weight.detach() + 4.0, "elastic: 4 committed epochs"
+    )
+
+
 # ---- training equivalence (2 ranks) -----------------------------------------------------------------
 
 
@@ -692,6 +722,7 @@ SCENARIOS: dict[str, list[Check]] = {
         check_adasum,
         check_join_with_uneven_batches,
         check_sync_batch_norm,
+        check_elastic_run_restores_and_reinitializes,
     ],
     "cuda": [check_cuda_collectives, check_cuda_training_equivalence],
 }
