@@ -98,6 +98,7 @@ def run_command(
         "network_interface", "--network-interface", "--network-interfaces"
     ),
     small_message_bytes: Optional[int] = _tunable("small_message_bytes", "--small-message-bytes"),
+    shm_chunk_bytes: Optional[int] = _tunable("shm_chunk_bytes", "--shm-chunk-bytes"),
     dynamic_process_sets: Optional[bool] = _tunable(
         "dynamic_process_sets", "--dynamic-process-sets/--no-dynamic-process-sets"
     ),

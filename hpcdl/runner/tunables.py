@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import yaml
 
+from hpcdl.common import config
 from hpcdl.runner.errors import LaunchError
 
 LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "fatal")
@@ -30,13 +31,17 @@ def _number(value: float) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+_RUNTIME_SETTINGS = {setting.name: setting for setting in config.SETTINGS}
+
+
 @dataclass(frozen=True)
 class Tunable:
-    """One setting: its key (flag name with '_' for '-'), value type and what it becomes for a rank."""
+    """One flag / config-file key (flag name with '_' for '-'), its value type, and the runtime setting
+    (``hpcdl.common.config``, the one place that names the variables) it sets for the ranks."""
 
     key: str
     kind: type
-    env: str
+    setting: str
     help: str
     to_env: Callable[[Any], str] = str
     choices: tuple[str, ...] = ()
@@ -46,103 +51,44 @@ class Tunable:
     def flag(self) -> str:
         return "--" + self.key.replace("_", "-")
 
+    @property
+    def env(self) -> str:
+        return _RUNTIME_SETTINGS[self.setting].env
+
 
 TUNABLES: tuple[Tunable, ...] = (
-    Tunable(
-        "fusion_threshold_mb",
-        float,
-        "HPCDL_FUSION_THRESHOLD",
-        "Fusion buffer size in MB (0 disables tensor fusion).",
-        _mb_to_bytes,
-        minimum=0,
-    ),
-    Tunable(
-        "cycle_time_ms", float, "HPCDL_CYCLE_TIME", "Engine cycle time in milliseconds.", _number, minimum=0
-    ),
-    Tunable("cache_capacity", int, "HPCDL_CACHE_CAPACITY", "Response cache entries (0 disables).", minimum=0),
-    Tunable(
-        "hierarchical_allreduce",
-        bool,
-        "HPCDL_HIERARCHICAL_ALLREDUCE",
-        "Intra-host then inter-host allreduce/allgather.",
-        _flag,
-    ),
-    Tunable(
-        "timeline_filename", str, "HPCDL_TIMELINE", "Write a Chrome-trace timeline (rank 0) to this file."
-    ),
-    Tunable(
-        "timeline_mark_cycles",
-        bool,
-        "HPCDL_TIMELINE_MARK_CYCLES",
-        "Mark engine cycles in the timeline.",
-        _flag,
-    ),
-    Tunable(
-        "autotune", bool, "HPCDL_AUTOTUNE", "Tune fusion threshold and cycle time while training.", _flag
-    ),
-    Tunable("autotune_log_file", str, "HPCDL_AUTOTUNE_LOG", "CSV log of the autotuner's samples."),
-    Tunable(
-        "autotune_warmup_samples",
-        int,
-        "HPCDL_AUTOTUNE_WARMUP_SAMPLES",
-        "Samples the autotuner discards first.",
-        minimum=0,
-    ),
-    Tunable(
-        "autotune_steps_per_sample",
-        int,
-        "HPCDL_AUTOTUNE_STEPS_PER_SAMPLE",
-        "Engine steps per autotune sample.",
-        minimum=1,
-    ),
-    Tunable("no_stall_check", bool, "HPCDL_STALL_CHECK_DISABLE", "Disable the stall inspector.", _flag),
-    Tunable(
-        "stall_check_warning_time_seconds",
-        float,
-        "HPCDL_STALL_CHECK_TIME_SECONDS",
-        "Warn about ranks that have not submitted a tensor for this long.",
-        _number,
-        minimum=0,
-    ),
-    Tunable(
-        "stall_check_shutdown_time_seconds",
-        float,
-        "HPCDL_STALL_SHUTDOWN_TIME_SECONDS",
-        "Shut down after a stall this long (0: never).",
-        _number,
-        minimum=0,
-    ),
-    Tunable("log_level", str, "HPCDL_LOG_LEVEL", "Runtime log level.", str.lower, choices=LOG_LEVELS),
-    Tunable(
-        "timeout",
-        float,
-        "HPCDL_TIMEOUT",
-        "Deadline in seconds of every blocking wait in the runtime.",
-        _number,
-        minimum=0,
-    ),
-    Tunable("transport", str, "HPCDL_TRANSPORT", "Data plane between ranks.", str.lower, choices=TRANSPORTS),
-    Tunable(
-        "network_interface",
-        str,
-        "HPCDL_IFACE",
-        "Network interface (or IPv4 address) for TCP traffic; also used to reach other hosts.",
-    ),
-    Tunable(
-        "small_message_bytes",
-        int,
-        "HPCDL_SMALL_MESSAGE_BYTES",
-        "Below this size use latency-optimal algorithms, at/above it the ring.",
-        minimum=0,
-    ),
-    Tunable(
-        "dynamic_process_sets",
-        bool,
-        "HPCDL_DYNAMIC_PROCESS_SETS",
-        "Allow process sets to be added and removed after init.",
-        _flag,
-    ),
-)
+    Tunable("fusion_threshold_mb", float, "fusion_threshold",
+            "Fusion buffer size in MB (0 disables tensor fusion).", _mb_to_bytes, minimum=0),
+    Tunable("cycle_time_ms", float, "cycle_time", "Engine cycle time in milliseconds.", _number, minimum=0),
+    Tunable("cache_capacity", int, "cache_capacity", "Response cache entries (0 disables).", minimum=0),
+    Tunable("hierarchical_allreduce", bool, "hierarchical_allreduce",
+            "Intra-host then inter-host allreduce/allgather.", _flag),
+    Tunable("timeline_filename", str, "timeline", "Write a Chrome-trace timeline (rank 0) to this file."),
+    Tunable("timeline_mark_cycles", bool, "timeline_mark_cycles", "Mark engine cycles in the timeline.",
+            _flag),
+    Tunable("autotune", bool, "autotune", "Tune fusion threshold and cycle time while training.", _flag),
+    Tunable("autotune_log_file", str, "autotune_log", "CSV log of the autotuner's samples."),
+    Tunable("autotune_warmup_samples", int, "autotune_warmup_samples",
+            "Samples the autotuner discards first.", minimum=0),
+    Tunable("autotune_steps_per_sample", int, "autotune_steps_per_sample",
+            "Engine steps per autotune sample.", minimum=1),
+    Tunable("no_stall_check", bool, "stall_check_disable", "Disable the stall inspector.", _flag),
+    Tunable("stall_check_warning_time_seconds", float, "stall_check_time_seconds",
+            "Warn about ranks that have not submitted a tensor for this long.", _number, minimum=0),
+    Tunable("stall_check_shutdown_time_seconds", float, "stall_shutdown_time_seconds",
+            "Shut down after a stall this long (0: never).", _number, minimum=0),
+    Tunable("log_level", str, "log_level", "Runtime log level.", str.lower, choices=LOG_LEVELS),
+    Tunable("timeout", float, "timeout", "Deadline in seconds of every blocking wait in the runtime.",
+            _number, minimum=0),
+    Tunable("transport", str, "transport", "Data plane between ranks.", str.lower, choices=TRANSPORTS),
+    Tunable("network_interface", str, "iface",
+            "Network interface (or IPv4 address) for TCP traffic; also used to reach other hosts."),
+    Tunable("small_message_bytes", int, "small_message_bytes",
+            "Below this size use latency-optimal algorithms, at/above it the ring.", minimum=0),
+    Tunable("shm_chunk_bytes", int, "shm_chunk_bytes", "Chunk size of shared-memory transfers.", minimum=1),
+    Tunable("dynamic_process_sets", bool, "dynamic_process_sets",
+            "Allow process sets to be added and removed after init.", _flag),
+)  # fmt: skip
 # Launcher-side settings that a config file may also hold.
 LAUNCHER_KEYS: dict[str, type] = {"start_timeout": float}
 

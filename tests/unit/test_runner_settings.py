@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import pytest
 
+from hpcdl.cli.run import run_command
+from hpcdl.common import config
 from hpcdl.runner.errors import LaunchError
 from hpcdl.runner.hosts import RankSlot
 from hpcdl.runner.launch import LaunchSpec, rank_settings_env, resolve_start_timeout
@@ -22,7 +25,11 @@ def test_every_tunable_maps_to_a_documented_hpcdl_variable() -> None:
         "HPCDL_TIMEOUT", "HPCDL_TRANSPORT", "HPCDL_IFACE", "HPCDL_SMALL_MESSAGE_BYTES",
         "HPCDL_DYNAMIC_PROCESS_SETS",
     }  # fmt: skip
-    assert {t.env for t in TUNABLES} == documented
+    assert documented <= {t.env for t in TUNABLES}
+
+
+def test_every_runtime_setting_has_a_flag() -> None:
+    assert {t.env for t in TUNABLES} == {setting.env for setting in config.SETTINGS}
 
 
 def test_tunable_values_become_environment() -> None:
@@ -191,3 +198,7 @@ def test_horovod_setting_without_equivalent(tmp_path: Path) -> None:
         LaunchError, match=r"'params.hierarchical_allgather' has no hpcdl equivalent; valid in"
     ):
         load_config_file(config)
+
+
+def test_every_tunable_is_a_flag_of_hpcdl_run() -> None:
+    assert {t.key for t in TUNABLES} <= set(inspect.signature(run_command).parameters)
