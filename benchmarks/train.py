@@ -58,21 +58,22 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _throughput(
-    step: Callable[[], None], warmup: int, steps: int, repeats: int, barrier: Callable[[], None]
-) -> float:
-    """Median seconds per step over `repeats` timed windows of `steps` steps."""
-    for _ in range(warmup):
-        step()
-    windows = []
-    for _ in range(repeats):
-        barrier()
-        started = time.perf_counter()
-        for _ in range(steps):
+def _interleaved(steps_by_name: dict[str, Callable[[], None]], args: argparse.Namespace, barrier) -> dict:
+    """Median seconds per step of each variant. The variants take turns, one timed window of
+    ``args.steps`` steps each per round, so that a change in machine load hits them alike."""
+    for step in steps_by_name.values():
+        for _ in range(args.warmup):
             step()
-        barrier()
-        windows.append((time.perf_counter() - started) / steps)
-    return statistics.median(windows)
+    windows: dict[str, list[float]] = {name: [] for name in steps_by_name}
+    for _ in range(args.repeats):
+        for name, step in steps_by_name.items():
+            barrier()
+            started = time.perf_counter()
+            for _ in range(args.steps):
+                step()
+            barrier()
+            windows[name].append((time.perf_counter() - started) / args.steps)
+    return {name: statistics.median(seconds) for name, seconds in windows.items()}
 
 
 def worker(args: argparse.Namespace) -> Optional[dict]:
@@ -103,9 +104,6 @@ def worker(args: argparse.Namespace) -> Optional[dict]:
         torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), named_parameters=model.named_parameters()
     )
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    hpcdl_step_s = _throughput(
-        train_step(model, optimizer), args.warmup, args.steps, args.repeats, hvd.barrier
-    )
 
     # torch DDP on a gloo process group; rank 0 picks the port and tells the others through hpcdl.
     host = socket.gethostname() if size > 1 else "127.0.0.1"
@@ -116,8 +114,11 @@ def worker(args: argparse.Namespace) -> Optional[dict]:
     torch.manual_seed(0)
     ddp_model = torch.nn.parallel.DistributedDataParallel(SmallCNN())
     ddp_optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.01, momentum=0.9)
-    ddp_step_s = _throughput(
-        train_step(ddp_model, ddp_optimizer), args.warmup, args.steps, args.repeats, hvd.barrier
+
+    step_s = _interleaved(
+        {"hpcdl": train_step(model, optimizer), "ddp": train_step(ddp_model, ddp_optimizer)},
+        args,
+        hvd.barrier,
     )
     dist.destroy_process_group()
     hvd.shutdown()
@@ -129,9 +130,9 @@ def worker(args: argparse.Namespace) -> Optional[dict]:
         "threads_per_rank": threads,
         "batch_per_rank": args.batch_size,
         "parameters": sum(p.numel() for p in model.parameters()),
-        "hpcdl_samples_per_s": round(global_batch / hpcdl_step_s, 1),
-        "ddp_gloo_samples_per_s": round(global_batch / ddp_step_s, 1),
-        "hpcdl_over_ddp": round(ddp_step_s / hpcdl_step_s, 3),
+        "hpcdl_samples_per_s": round(global_batch / step_s["hpcdl"], 1),
+        "ddp_gloo_samples_per_s": round(global_batch / step_s["ddp"], 1),
+        "hpcdl_over_ddp": round(step_s["ddp"] / step_s["hpcdl"], 3),
     }
 
 
@@ -194,8 +195,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--launch", help="comma list of rank counts to launch with hpcdl run, e.g. 1,2")
     parser.add_argument("--batch-size", type=int, default=32, help="samples per rank per step")
-    parser.add_argument("--steps", type=int, default=10, help="steps per timed window")
-    parser.add_argument("--repeats", type=int, default=3, help="timed windows (the median is kept)")
+    parser.add_argument("--steps", type=int, default=5, help="steps per timed window")
+    parser.add_argument("--repeats", type=int, default=5, help="timed windows per variant (median kept)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument(
         "--threads", type=int, default=0, help="torch threads per rank (0: cores / local ranks)"
