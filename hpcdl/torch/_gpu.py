@@ -63,7 +63,9 @@ def on_init() -> None:
     address = np.zeros(_ADDRESS_BYTES, dtype=np.uint8)
     store = None
     if common.rank() == 0:
-        host = socket.gethostbyname(socket.gethostname())
+        # The store listens on every interface; the others resolve rank 0's fully qualified name (which,
+        # unlike gethostbyname(gethostname()) on Debian, is not a loopback alias).
+        host = socket.getfqdn()
         store = dist.TCPStore(host, 0, common.size(), True, timeout=timeout, wait_for_workers=False)
         text = f"{host}:{store.port}".encode()
         address[: len(text)] = np.frombuffer(text, dtype=np.uint8)
@@ -84,13 +86,17 @@ def uses_nccl(tensors: Sequence[torch.Tensor]) -> bool:
     return _state is not None and all(t.is_cuda for t in tensors)
 
 
+def _new_group(store: Any, rank: int, size: int) -> Any:
+    return dist.ProcessGroupNCCL(store, rank, size)
+
+
 def _group(ps_id: int) -> Any:
     assert _state is not None
     group = _state.groups.get(ps_id)
     if group is None:
         ranks = common.process_set_ranks(ps_id)
         store = dist.PrefixStore(f"hpcdl/process_set/{ps_id}", _state.store)
-        group = dist.ProcessGroupNCCL(store, common.process_set_rank(ps_id), len(ranks))
+        group = _new_group(store, common.process_set_rank(ps_id), len(ranks))
         _state.groups[ps_id] = group
     return group
 

@@ -56,6 +56,12 @@ def test_training_matches_one_rank_with_the_whole_batch() -> None:
     run_scenario("training", 2)
 
 
+def test_torch_distributed_path_with_gloo_standing_in_for_nccl() -> None:
+    """The code that drives NCCL for CUDA tensors, run on CPU tensors over gloo (see
+    torch_rank_checks._gloo_stands_in_for_nccl for what this does and does not cover)."""
+    run_scenario("distributed_path", 2)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; this machine has none")
 def test_cuda_tensors_staged_through_host_memory() -> None:

@@ -725,13 +725,41 @@ SCENARIOS: dict[str, list[Check]] = {
         check_elastic_run_restores_and_reinitializes,
     ],
     "cuda": [check_cuda_collectives, check_cuda_training_equivalence],
+    "distributed_path": [
+        check_allreduce_ops_and_dtypes,
+        check_allreduce_async_inplace_and_noncontiguous,
+        check_grouped_allreduce,
+        check_allgather,
+        check_broadcast,
+        check_alltoall,
+        check_reducescatter,
+        check_gradients,
+        check_equivalence_sgd_momentum,
+        check_equivalence_adam_two_passes,
+        check_sync_batch_norm,
+    ],
 }
 
 SETS: dict[str, hvd.ProcessSet] = {}
 
 
+def _gloo_stands_in_for_nccl() -> None:
+    """Route CPU tensors through ``_gpu``'s torch.distributed path with gloo in place of NCCL: its
+    dispatch, fusion per dtype, uneven allgather, alltoall split exchange and handle bookkeeping run for
+    real; only NCCL's kernels and CUDA streams are not exercised (no GPU here)."""
+    import torch.distributed as dist
+
+    from hpcdl.torch import _gpu
+
+    _gpu.gpu_operations = lambda: "nccl"
+    _gpu._new_group = lambda store, rank, size: dist.ProcessGroupGloo(store, rank, size)
+    _gpu.uses_nccl = lambda tensors: _gpu._state is not None
+
+
 def main(scenario: str) -> None:
     checks = SCENARIOS[scenario]
+    if scenario == "distributed_path":
+        _gloo_stands_in_for_nccl()
     if scenario == "collectives":
         SETS.update(evens=hvd.ProcessSet([2, 0]), odds=hvd.ProcessSet([1]))
         hvd.init(process_sets=list(SETS.values()))
