@@ -144,6 +144,8 @@ void Engine::loop() {
     if (!active) {
       if (!wait_while_idle()) break;
       active = true;
+      doorbell_pending_ = true;
+      first_cycle_of_burst_ = true;
       burst_start_ = Clock::now();
       burst_bytes_ = 0;
     } else {
@@ -242,13 +244,30 @@ void Engine::wait_for_batch() {
   queue_cv_.wait_until(lock, until, [&] { return queue_bytes_ >= threshold || shutdown_requested_; });
 }
 
-Status Engine::go_idle() {
+// Doorbells only ring when a rank leaves idle, before it packs that cycle's message; so once the cycle
+// after it starts, every ring of this burst has landed (shared memory delivers at once) and none of the
+// next burst can have been sent (that needs this rank's next message). Clearing there is one look per
+// burst, off the path of the burst's first operation.
+void Engine::clear_doorbell() {
   while (control_->wait_notify(past())) {
   }
+}
+
+Status Engine::go_idle() {
+  if (!doorbell_pending_) return Status::ok();
+  // The burst was a single cycle (no operation in it): clear now and agree, so that no rank can ring for
+  // the next cycle before every rank cleared.
+  clear_doorbell();
+  doorbell_pending_ = false;
   return control_->barrier(deadline(), "engine idle handshake");
 }
 
 Status Engine::run_cycle(CycleResult* result) {
+  if (doorbell_pending_ && !first_cycle_of_burst_) {
+    clear_doorbell();
+    doorbell_pending_ = false;
+  }
+  first_cycle_of_burst_ = false;
   last_cycle_start_ = Clock::now();
   if (timeline_.active() && timeline_.mark_cycles()) timeline_.instant("CYCLE_START", last_cycle_start_);
   std::vector<uint8_t> mine;

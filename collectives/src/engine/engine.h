@@ -11,12 +11,14 @@
 // of the submissions (autotuned knobs, stall cancellations) are made by world rank 0 and travel in its
 // message.
 //
-// Event-driven, no cycle-time floor. When a cycle brought nothing new, the ranks agree to go idle: each
-// clears its doorbell, then all pass a barrier. An idle engine thread sleeps in wait_notify(). A caller
-// that enqueues while its engine is idle rings its own doorbell; that engine rings every peer's and starts
-// the next cycle. Because doorbells are cleared before the idle barrier, and rung only after it, a rank
-// never wakes for a cycle its peers will not run. The cycle time only bounds how long a rank in the middle
-// of a burst of submissions waits for more tensors before packing, and only when fusion is happening.
+// Event-driven, no cycle-time floor. A cycle in which no rank brought anything new ends the burst: every
+// rank saw the same messages, so all go idle together, and an idle engine thread sleeps in wait_notify().
+// A caller that enqueues while its engine is idle rings its own doorbell; that engine rings every peer's
+// and starts the next cycle. Rings are only sent when leaving idle, before that cycle's message is packed,
+// so each rank clears its doorbell when it packs the burst's second cycle: all of the burst's rings have
+// landed by then and none for the next burst can exist yet (see clear_doorbell). A rank therefore never
+// wakes for a cycle its peers will not run. The cycle time only bounds how long a rank in the middle of a
+// burst that is being fused waits for more tensors before packing.
 #pragma once
 
 #include <atomic>
@@ -122,6 +124,7 @@ class Engine {
   bool wait_while_idle();
   void wait_for_batch();
   Status go_idle();
+  void clear_doorbell();
   Status run_cycle(CycleResult* result);
   void pack(std::vector<uint8_t>* message);
   void cancel_orphaned();
@@ -195,6 +198,8 @@ class Engine {
   std::vector<uint8_t> fusion_buffer_, scratch_;
   Clock::time_point next_stall_check_;
   bool fused_last_cycle_ = false;
+  bool doorbell_pending_ = false;      // rings of this burst's first cycle not yet cleared
+  bool first_cycle_of_burst_ = false;
   Clock::time_point last_cycle_start_;
   // Autotune accounting of the current burst.
   Clock::time_point burst_start_;
