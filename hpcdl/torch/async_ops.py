@@ -62,6 +62,12 @@ def _member_name(name: Optional[str], index: int) -> Optional[str]:
     return None if name is None else f"{name}.{index}"
 
 
+def check_tensor(tensor: Any, what: str) -> torch.Tensor:
+    if not isinstance(tensor, torch.Tensor):
+        raise ValueError(f"{what} takes a torch.Tensor, got {type(tensor).__name__}")
+    return tensor
+
+
 def _check_group(tensors: Sequence[torch.Tensor], what: str) -> list[torch.Tensor]:
     tensors = list(tensors)
     if not tensors:
@@ -72,7 +78,8 @@ def _check_group(tensors: Sequence[torch.Tensor], what: str) -> list[torch.Tenso
     return tensors
 
 
-def _check_rows(tensor: torch.Tensor, what: str) -> None:
+def check_rows(tensor: torch.Tensor, what: str) -> None:
+    check_tensor(tensor, what)
     if tensor.dim() == 0:
         raise ValueError(
             f"{what} works on the first dimension, but got a 0-d tensor; reshape it, e.g. tensor.reshape(1)"
@@ -143,6 +150,7 @@ def allreduce_async(
 ) -> int:
     """Start reducing ``tensor`` over the ranks of ``process_set`` (default op Average); the input is not
     modified. Returns a handle for ``poll``/``synchronize``."""
+    check_tensor(tensor, "allreduce")
     op = resolve_op(op, average)
     output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
     return _single(
@@ -162,6 +170,7 @@ def allreduce_async_(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """In-place ``allreduce_async``: the result replaces ``tensor``'s contents."""
+    check_tensor(tensor, "allreduce_")
     op = resolve_op(op, average)
     return _single(
         lambda: _allreduce_launch(
@@ -237,7 +246,7 @@ def sparse_allreduce_async(
 def _allgather_launch(tensors: list[torch.Tensor], name: Optional[str], process_set: ProcessSet) -> int:
     ps_id = id_of(process_set)
     for t in tensors:
-        _check_rows(t, "allgather")
+        check_rows(t, "allgather")
         runtime_dtype(t)
     if _gpu.uses_nccl(tensors):
         return _gpu.allgather(tensors, ps_id)
@@ -329,6 +338,7 @@ def broadcast_async(
 ) -> int:
     """Start sending ``tensor`` from global rank ``root_rank`` to every rank of the set; the input is not
     modified, ``synchronize`` returns a new tensor."""
+    check_tensor(tensor, "broadcast")
     output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
     return _broadcast_launch(tensor, output, root_rank, _check_name(name), process_set)
 
@@ -340,6 +350,7 @@ def broadcast_async_(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """In-place ``broadcast_async``: non-root ranks' ``tensor`` receives the root's values."""
+    check_tensor(tensor, "broadcast_")
     return _broadcast_launch(tensor, tensor, root_rank, _check_name(name), process_set)
 
 
@@ -373,7 +384,7 @@ def alltoall_async(
     """Start sending ``splits[i]`` rows of ``tensor`` to rank i of the set (even split when None);
     ``synchronize`` returns ``(output, received_splits)``."""
     ps_id = id_of(process_set)
-    _check_rows(tensor, "alltoall")
+    check_rows(tensor, "alltoall")
     runtime_dtype(tensor)
     split_rows = _splits_list(splits, tensor.shape[0], common.process_set_size(ps_id))
     splits_dtype = splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
@@ -416,7 +427,7 @@ def _reducescatter_launch(
     if set_rank < 0:
         raise ValueError(f"this rank ({common.rank()}) is not a member of {process_set}")
     for t in tensors:
-        _check_rows(t, "reducescatter")
+        check_rows(t, "reducescatter")
         runtime_dtype(t)
     if _gpu.uses_nccl(tensors):
         return _gpu.reducescatter(tensors, op, prescale_factor, postscale_factor, ps_id)

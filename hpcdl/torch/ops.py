@@ -69,6 +69,7 @@ def allreduce(
     Differentiable: the gradient is the same allreduce of the incoming gradient.
     """
     op = resolve_op(op, average)
+    _a.check_tensor(tensor, "allreduce")
     compressed, ctx = compression.compress(tensor)
     reduced = _Allreduce.apply(compressed, name, op, prescale_factor, postscale_factor, process_set)
     return compression.decompress(reduced, ctx)
@@ -179,6 +180,7 @@ def allgather(
     tensor: torch.Tensor, name: Optional[str] = None, process_set: ProcessSet = global_process_set
 ) -> torch.Tensor:
     """Concatenate ``tensor`` from every rank of the set along dim 0 (its size may differ per rank)."""
+    _a.check_rows(tensor, "allgather")
     return _Allgather.apply(tensor, name, process_set)
 
 
@@ -203,6 +205,8 @@ def grouped_allgather(
     tensors: Sequence[torch.Tensor], name: Optional[str] = None, process_set: ProcessSet = global_process_set
 ) -> list[torch.Tensor]:
     """Allgather a list of tensors as one group."""
+    for t in tensors:
+        _a.check_rows(t, "grouped_allgather")
     return list(_GroupedAllgather.apply(name, process_set, *tensors))
 
 
@@ -270,6 +274,7 @@ def alltoall(
 ) -> Any:
     """Send ``splits[i]`` rows of dim 0 to rank i of the set (an even split when None) and return the rows
     received, in rank order; with ``splits`` given, also the tensor of rows received from each rank."""
+    _a.check_rows(tensor, "alltoall")
     output, received = _Alltoall.apply(tensor, splits, name, process_set)
     if splits is None:
         return output
@@ -310,6 +315,7 @@ def reducescatter(
 ) -> torch.Tensor:
     """Reduce ``tensor`` over the set and return this rank's slice of dim 0 (the first ``rows % size``
     ranks get one extra row)."""
+    _a.check_rows(tensor, "reducescatter")
     compressed, cctx = compression.compress(tensor)
     reduced = _Reducescatter.apply(compressed, name, op, process_set, prescale_factor, postscale_factor)
     return compression.decompress(reduced, cctx)

@@ -335,6 +335,25 @@ def check_mismatch_is_a_clear_error() -> None:
     hvd.barrier()
 
 
+def check_bad_input_is_a_clear_error() -> None:
+    cases = [
+        (lambda: hvd.allreduce([1.0, 2.0]), "allreduce takes a torch.Tensor, got list"),
+        (lambda: hvd.allgather(torch.tensor(1.0)), "got a 0-d tensor; reshape it"),
+        (lambda: hvd.alltoall(torch.ones(hvd.size() + 1)), "do not divide among"),
+        (lambda: hvd.alltoall(torch.ones(2), splits=[5] * hvd.size()), "sum to the tensor's first dimension"),
+        (lambda: hvd.allreduce(torch.ones(1, dtype=torch.complex64)), "not supported by hpcdl collectives"),
+        (lambda: hvd.grouped_allreduce([]), "non-empty list of tensors"),
+    ]
+    for call, message in cases:
+        try:
+            call()
+        except ValueError as exc:
+            assert message in str(exc), str(exc)
+        else:
+            raise AssertionError(f"expected ValueError mentioning {message!r}")
+    hvd.barrier()
+
+
 def check_timeline() -> None:
     path = os.path.join(tempfile.gettempdir(), f"hpcdl-torch-timeline-{os.getpid()}.json")
     path = hvd.broadcast_object(path, root_rank=0)
@@ -707,6 +726,7 @@ SCENARIOS: dict[str, list[Check]] = {
         check_skip_synchronize_and_clipping,
         check_metrics_and_warmup,
         check_mismatch_is_a_clear_error,
+        check_bad_input_is_a_clear_error,
         check_timeline,
         check_process_sets,
         check_adasum_rejected_on_three_ranks,
