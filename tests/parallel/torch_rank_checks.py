@@ -706,6 +706,37 @@ def check_cuda_training_equivalence() -> None:
         assert_close(b, a, f"cuda training parameter {k}", 1e-9)
 
 
+def check_predivide_factor_and_changing_passes() -> None:
+    r = hvd.rank()
+    model = _make_model(torch.float64)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), gradient_predivide_factor=4.0
+    )
+    opt.set_backward_passes_per_step(2)
+    for _ in range(2):  # two local passes, one reduction
+        model(torch.full((2, 6), float(r + 1), dtype=torch.float64)).sum().backward()
+    opt.synchronize()
+    grads = [p.grad.clone() for p in model.parameters()]
+    refs = []
+    for value in (1.0, 2.0):
+        ref = _make_model(torch.float64)
+        ref(torch.full((2, 6), value, dtype=torch.float64)).sum().backward()
+        refs.append([p.grad for p in ref.parameters()])
+    # rank r accumulates 2·g(r + 1); the average over the two ranks is g(1) + g(2)
+    for g, a, b in zip(grads, *refs):
+        assert_close(g, a + b, "predivided average of two accumulated passes", 1e-10)
+    with opt.skip_synchronize():
+        opt.step()
+    try:
+        hvd.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Sum, gradient_predivide_factor=2.0
+        )
+    except ValueError as exc:
+        assert "gradient_predivide_factor not supported with op != Average" in str(exc)
+    else:
+        raise AssertionError("predivide with Sum must raise")
+
+
 SCENARIOS: dict[str, list[Check]] = {
     "collectives": [
         check_topology_and_build_facts,
@@ -739,6 +770,7 @@ SCENARIOS: dict[str, list[Check]] = {
         check_equivalence_adam_two_passes,
         check_equivalence_fp16_compression,
         check_grouped_optimizer_sums_gradients,
+        check_predivide_factor_and_changing_passes,
         check_adasum,
         check_join_with_uneven_batches,
         check_sync_batch_norm,
