@@ -11,7 +11,6 @@ import secrets
 import shlex
 import signal
 import subprocess
-import sys
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -131,6 +130,7 @@ class MpiRun:
         self, command: MpiCommand, flavor: str, slots: list[RankSlot], router: OutputRouter, token: str
     ):
         self._flavor = flavor
+        self._router = router
         self._slots = {slot.rank: slot for slot in slots}
         self._outputs: dict[int, RankOutput] = {slot.rank: router.for_rank(slot.rank) for slot in slots}
         self._token = token.encode()
@@ -173,9 +173,7 @@ class MpiRun:
             rank, stream, text = self._parse(pipe_stream, line)
             if rank is None or rank not in self._outputs:
                 self._launcher_tail.append(line.decode(errors="replace").rstrip("\n"))
-                terminal = sys.stdout if pipe_stream == "stdout" else sys.stderr
-                terminal.buffer.write(line)
-                terminal.flush()
+                self._router.write_untagged(pipe_stream, line)
                 return
             words = text.split()
             if len(words) == 3 and words[0] == self._token and words[1] == b"exit":

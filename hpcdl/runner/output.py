@@ -96,6 +96,13 @@ class OutputRouter:
                 f"cannot create --output-filename directory {directory}: {exc.strerror}"
             ) from None
 
+    def write_untagged(self, stream: str, line: bytes) -> None:
+        """A line that belongs to no rank (mpirun's own messages), passed through as it is."""
+        terminal = sys.stdout.buffer if stream == "stdout" else sys.stderr.buffer
+        with self._lock, contextlib.suppress(BrokenPipeError, ValueError):
+            terminal.write(line if line.endswith(b"\n") else line + b"\n")
+            terminal.flush()
+
     def for_rank(self, rank: int) -> RankOutput:
         files: dict[str, BinaryIO] = {}
         if self._options.output_dir is not None:
