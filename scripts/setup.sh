@@ -11,7 +11,7 @@ if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
 APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config git
-  openmpi-bin libopenmpi-dev mpich
+  openmpi-bin libopenmpi-dev mpich libmpich-dev
   lmod tcl8.6
   slurm-wlm slurm-client slurm-wlm-torque munge
   openssh-server openssh-client iproute2 procps psmisc util-linux
