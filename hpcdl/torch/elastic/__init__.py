@@ -1,10 +1,12 @@
 """Elastic training basics (Horovod's ``hvd.elastic``): state objects that commit, restore and
 synchronize, an elastic sampler, and the ``run`` decorator that retries after a failed collective.
 
-``run`` catches ``HorovodInternalError`` (a peer was lost or a collective failed), restores the last
-committed state, re-initializes hpcdl (``shutdown(); init()``) and synchronizes the state from rank 0
-before calling the training function again. Adding or removing hosts while the job runs needs a
-launcher that restarts ranks (``hpcdl run`` elastic mode); that part is the launcher's.
+``run`` catches ``HorovodInternalError`` (a collective failed or timed out), restores the last committed
+state, re-initializes hpcdl (``shutdown(); init()``) and synchronizes the state from rank 0 before calling
+the training function again. What is not here: ``hpcdl run`` has no elastic mode (no ``--min-np``/
+``--max-np``, no host discovery script) and stops the job when a rank dies, so hosts are never added or
+removed under a running job and ``HostsUpdatedInterrupt`` is only raised when ``State.notify_hosts_updated``
+is called.
 """
 
 from __future__ import annotations
