@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import sys
 import threading
 import time
@@ -19,7 +20,7 @@ import numpy as np
 
 import hpcdl.common as hc
 from hpcdl.common import engine as E
-from hpcdl.common.exceptions import HpcdlError, HpcdlInternalError, HpcdlMismatchError
+from hpcdl.common.exceptions import HpcdlError, HpcdlInternalError, HpcdlMismatchError, HpcdlTimeoutError
 
 SUM = hc.ReduceOp.SUM
 
@@ -181,6 +182,23 @@ def check_other_collectives() -> None:
     passed("other_collectives")
 
 
+def check_wait_timeout_names_the_missing_ranks() -> None:
+    r, n = hc.rank(), hc.size()
+    if r != 0:
+        time.sleep(0.8)
+    h = E.allreduce_async(np.ones(2, np.float32), name="late.op", op=SUM)
+    if r == 0:
+        try:
+            h.wait(timeout=0.3)
+        except HpcdlTimeoutError as exc:
+            missing = ", ".join(str(q) for q in range(1, n))
+            assert f"allreduce 'late.op': ranks {missing} have not submitted it" in str(exc), exc
+        else:
+            raise AssertionError("wait(timeout=0.3) did not time out")
+    np.testing.assert_array_equal(E.synchronize(h), np.full(2, n, np.float32))  # still completes
+    passed("wait_timeout")
+
+
 def check_names_and_cache() -> None:
     r, n = hc.rank(), hc.size()
     # Unnamed operations get the same deterministic names on every rank.
@@ -278,6 +296,16 @@ def check_timeline(path: str) -> None:
     passed("timeline")
 
 
+def check_timeline_survives_kill() -> None:
+    """Rank 0 writes HPCDL_TIMELINE, then dies without shutting down."""
+    timeline_workload("killed")
+    time.sleep(1.5)  # the engine flushes pending events while idle
+    if hc.rank() == 0:
+        print("PASS timeline_survives_kill", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(5)  # the launcher stops this rank when rank 0 dies
+
+
 # ---- scenario: stall --------------------------------------------------------------------------------
 
 
@@ -326,12 +354,14 @@ SCENARIOS: dict[str, Callable[[list[str]], None]] = {
             check_grouped_atomic,
             check_process_sets,
             check_other_collectives,
+            check_wait_timeout_names_the_missing_ranks,
             check_names_and_cache,
         )
     ],
     "fusion": lambda _args: check_fusion_workload(),
     "join": lambda _args: check_join_uneven(),
     "timeline": lambda args: check_timeline(args[0]),
+    "timeline_kill": lambda _args: check_timeline_survives_kill(),
     "stall": lambda _args: check_stall(),
     "autotune": lambda args: check_autotune(int(args[0])),
 }

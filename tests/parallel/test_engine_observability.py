@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from runner_helpers import rank_lines
-from test_engine_ops import passes, results, run_scenario
+from runner_helpers import hpcdl_run, rank_lines
+from test_engine_ops import CHECKS, passes, results, run_scenario
 
 
 def test_timeline_is_a_chrome_trace_with_every_phase(tmp_path: Path) -> None:
@@ -57,6 +57,17 @@ def test_timeline_is_a_chrome_trace_with_every_phase(tmp_path: Path) -> None:
     assert summary.returncode == 0, summary.stderr
     assert "MEMCPY_IN_FUSION_BUFFER" in summary.stdout and "tl.large" in summary.stdout
     assert "rank 1:" in summary.stdout  # who the others waited for
+
+
+def test_timeline_stays_valid_json_when_rank_0_is_killed(tmp_path: Path) -> None:
+    trace = tmp_path / "killed.json"
+    done, _ = hpcdl_run(
+        "-np", "2", sys.executable, CHECKS, "timeline_kill", timeout=60, HPCDL_TIMELINE=str(trace)
+    )  # fmt: skip
+    assert done.returncode != 0 and "PASS timeline_survives_kill" in done.stdout
+    events = json.loads(trace.read_text())  # no shutdown ran, yet the file is complete JSON
+    names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {"killed.large", "killed.bcast"} <= names
 
 
 def test_stall_inspector_warns_then_cancels_naming_the_missing_rank() -> None:

@@ -35,6 +35,7 @@ def test_core_behaviour_on_three_ranks() -> None:
         "grouped_atomic",
         "process_sets",
         "other_collectives",
+        "wait_timeout",
         "names_and_cache",
     ]
     for rank in range(3):

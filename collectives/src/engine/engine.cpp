@@ -208,6 +208,8 @@ bool Engine::wait_while_idle() {
     }
     Deadline until = now + std::chrono::seconds(1);
     if (rank_ == 0 && stall_check_enabled_ && !table_.empty()) until = std::min(until, next_stall_check_);
+    // Events still in memory reach the file soon, so a trace survives the job being killed.
+    if (timeline_.has_pending()) until = std::min(until, now + std::chrono::milliseconds(600));
     bool woke = control_->wait_notify(until);
     bool poked;
     {

@@ -127,6 +127,11 @@ void Timeline::flush(bool force) {
   write_out();
 }
 
+bool Timeline::has_pending() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return fd_ >= 0 && !pending_.empty();
+}
+
 void Timeline::write_out() {
   if (fd_ < 0) return;
   last_flush_ = Clock::now();

@@ -31,6 +31,7 @@ class Timeline {
   void instant(const char* name, Clock::time_point at, const std::string& args_json = "");
   // Writes buffered events when enough accumulated or enough time passed (force: always).
   void flush(bool force);
+  bool has_pending();
 
  private:
   int track(const std::string& tensor);  // caller holds mutex_
