@@ -300,7 +300,15 @@ def new_group_id() -> int:
 def _contiguous(a: np.ndarray) -> np.ndarray:
     if not isinstance(a, np.ndarray):
         raise HpcdlError(f"expected a numpy.ndarray, got {type(a).__name__}")
+    if not a.dtype.isnative:
+        raise HpcdlError("hpcdl needs arrays in native byte order; use a.astype(a.dtype.newbyteorder('='))")
     return np.ascontiguousarray(a)
+
+
+def _buffer(a: np.ndarray, dtype: DType) -> Buffer:
+    """A view of a C-contiguous, native-order array (checked by the caller); cheaper than
+    ``Buffer.from_numpy`` on the per-tensor hot path."""
+    return Buffer(a.__array_interface__["data"][0], dtype, a.shape)
 
 
 def _engine_output(handle: Handle, dtype: np.dtype) -> np.ndarray:
@@ -325,8 +333,8 @@ def allreduce_async(
     dtype = dtype_of(a)
     return enqueue(
         OpType.ALLREDUCE,
-        Buffer.from_numpy(a, dtype),
-        Buffer.from_numpy(out, dtype),
+        _buffer(a, dtype),
+        _buffer(out, dtype),
         name=name,
         process_set=process_set,
         reduce_op=op,
@@ -357,8 +365,8 @@ def grouped_allreduce_async(
         handles.append(
             enqueue(
                 OpType.ALLREDUCE,
-                Buffer.from_numpy(a, dtype),
-                Buffer.from_numpy(out, dtype),
+                _buffer(a, dtype),
+                _buffer(out, dtype),
                 name=names[i] if names is not None else None,
                 process_set=process_set,
                 reduce_op=op,
@@ -380,7 +388,7 @@ def allgather_async(a: np.ndarray, name: Optional[str] = None, process_set: int 
         a = a.reshape(1)
     return enqueue(
         OpType.ALLGATHER,
-        Buffer.from_numpy(a, dtype_of(a)),
+        _buffer(a, dtype_of(a)),
         name=name,
         process_set=process_set,
         keep=(a,),
@@ -392,7 +400,7 @@ def broadcast_async(a: np.ndarray, root: int = 0, name: Optional[str] = None, pr
     """Broadcast ``a`` from world rank ``root`` in place."""
     if not isinstance(a, np.ndarray) or not a.flags.c_contiguous:
         raise HpcdlError("broadcast_async works in place and needs a C-contiguous numpy.ndarray")
-    buffer = Buffer.from_numpy(a, dtype_of(a))
+    buffer = _buffer(_contiguous(a), dtype_of(a))
     return enqueue(
         OpType.BROADCAST,
         buffer,
@@ -413,7 +421,7 @@ def alltoall_async(
     a = _contiguous(a)
     return enqueue(
         OpType.ALLTOALL,
-        Buffer.from_numpy(a, dtype_of(a)),
+        _buffer(a, dtype_of(a)),
         name=name,
         process_set=process_set,
         splits=list(splits) if splits is not None else None,
@@ -445,8 +453,8 @@ def reducescatter_async(
     dtype = dtype_of(a)
     return enqueue(
         OpType.REDUCESCATTER,
-        Buffer.from_numpy(a, dtype),
-        Buffer.from_numpy(out, dtype),
+        _buffer(a, dtype),
+        _buffer(out, dtype),
         name=name,
         process_set=process_set,
         reduce_op=op,

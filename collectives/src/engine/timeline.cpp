@@ -66,6 +66,7 @@ Status Timeline::start(const std::string& path, bool mark_cycles) {
   std::string head = "[\n";
   if (::pwrite(fd_, head.data(), head.size(), 0) < 0) {}
   end_offset_ = static_cast<long long>(head.size());
+  active_ = true;
   append("{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":0,\"args\":{\"name\":\"hpcdl engine (rank 0)\"}}");
   append("{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":0,\"args\":{\"name\":\"engine\"}}");
   write_out();
@@ -78,6 +79,7 @@ void Timeline::stop() {
   write_out();
   ::close(fd_);
   fd_ = -1;
+  active_ = false;
 }
 
 int Timeline::track(const std::string& tensor) {

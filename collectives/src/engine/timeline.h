@@ -7,6 +7,7 @@
 // overwrites, so a trace survives the process being killed between flushes.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <string>
@@ -20,8 +21,8 @@ class Timeline {
   ~Timeline();
   Status start(const std::string& path, bool mark_cycles);
   void stop();
-  bool active() const { return fd_ >= 0; }  // read by the engine thread; set under mutex_
-  bool mark_cycles() const { return mark_cycles_; }
+  bool active() const { return active_.load(std::memory_order_relaxed); }  // a hint; writes re-check
+  bool mark_cycles() const { return mark_cycles_.load(std::memory_order_relaxed); }
 
   // A complete event ("ph":"X") on the track of `tensor`. `args_json` is "" or a JSON object body
   // without braces (e.g. "\"bytes\":4").
@@ -40,7 +41,8 @@ class Timeline {
 
   std::mutex mutex_;
   int fd_ = -1;
-  bool mark_cycles_ = false;
+  std::atomic<bool> active_{false};
+  std::atomic<bool> mark_cycles_{false};
   std::string path_;
   Clock::time_point origin_;
   Clock::time_point last_flush_;
