@@ -247,3 +247,13 @@ def test_process_set_validation() -> None:
     assert unregistered.size() is None and unregistered.rank() is None
     assert hvd.global_process_set.process_set_id == 0
     assert hvd.remove_process_set(unregistered) is False
+
+
+def test_horovod_module_paths_exist() -> None:
+    from hpcdl.torch import compression, functions, mpi_ops, sync_batch_norm
+    from hpcdl.torch import optimizer as optimizer_module
+
+    assert mpi_ops.allreduce_async is hvd.allreduce_async and mpi_ops.Sum == hvd.Sum
+    assert compression.Compression is hvd.Compression and functions.broadcast_object is hvd.broadcast_object
+    assert optimizer_module.DistributedOptimizer is hvd.DistributedOptimizer
+    assert sync_batch_norm.SyncBatchNorm is hvd.SyncBatchNorm
