@@ -1,0 +1,62 @@
+// Constants and small helpers shared by the engine's translation units (not part of any interface).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "comm.h"
+#include "engine/request.h"
+
+namespace hpcdl {
+namespace engine_detail {
+
+constexpr size_t kSlotBytes = 512;  // fixed part of each rank's control message (one allgather when it fits)
+// Allreduces at most this large are packed into the fusion buffer; larger ones run in place, because
+// copying them in and out costs more than the per-operation overhead fusion saves.
+constexpr int64_t kFuseTensorMaxBytes = 256 * 1024;
+constexpr uint32_t kFlagShutdown = 1, kFlagKnobs = 2, kFlagAborts = 4;
+constexpr uint8_t kFullRequest = 0, kCachedRequest = 1;
+constexpr int64_t kInlineMaxBytes = 64;  // allreduces this small carry their data in the control message
+
+// Bytes of data an allreduce carries inside its control message (0: none).
+inline int64_t inline_bytes(const OpRequest& r) {
+  if (r.op_type != HPCDL_OP_ALLREDUCE) return 0;
+  int64_t bytes = r.num_elements() * dtype_size(r.dtype);
+  return bytes > 0 && bytes <= kInlineMaxBytes ? bytes : 0;
+}
+
+// A deadline already passed: wait_notify then only consumes a pending ring.
+inline Deadline past() { return Clock::now() - std::chrono::seconds(1); }
+
+inline double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+inline std::set<std::string> split_commas(const std::string& text) {
+  std::set<std::string> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ','))
+    if (!item.empty()) out.insert(item);
+  return out;
+}
+
+inline std::string ranks_json(const std::vector<int>& ranks) {
+  std::string s = "[";
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? "," : "") + std::to_string(ranks[i]);
+  return s + "]";
+}
+
+// Position of a world rank in a member list, -1 when absent.
+inline int index_of(const std::vector<int>& members, int world_rank) {
+  for (size_t i = 0; i < members.size(); ++i)
+    if (members[i] == world_rank) return static_cast<int>(i);
+  return -1;
+}
+
+}  // namespace engine_detail
+}  // namespace hpcdl

@@ -1,0 +1,221 @@
+// The engine's execution of negotiated batches on the engine-data communicators: single operations,
+// fusion buffers, and tiny allreduces reduced locally from the data that came with the negotiation.
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "engine/detail.h"
+#include "engine/engine.h"
+#include "kernels/reduce.h"
+
+namespace hpcdl {
+
+using namespace engine_detail;
+
+int64_t Engine::entry_bytes(const Pending& e) const {
+  const OpRequest* r = e.any();
+  return r ? r->num_elements() * dtype_size(r->dtype) : 0;
+}
+
+void Engine::record_timeline(const Pending& e, const char* phase, Clock::time_point begin, Clock::time_point end,
+                             const std::string& args) {
+  if (!timeline_.active()) return;
+  const OpRequest* r = e.any();
+  std::string name = r->process_set == 0 ? r->name : r->name + " [set " + std::to_string(r->process_set) + "]";
+  std::string all = args;
+  if (std::strcmp(phase, "NEGOTIATE") == 0) {
+    all = "\"ready_ranks\":" + ranks_json(e.arrived) + (e.arrived.empty() ? "" : ",\"last_ready\":" +
+          std::to_string(e.arrived.back())) + (args.empty() ? "" : "," + args);
+  }
+  timeline_.span(name, phase, begin, end, all);
+}
+
+void Engine::run_batch(const std::vector<Ready>& batch, bool fused) {
+  const Key& first = batch.front().key;
+  std::shared_ptr<Comm> data;
+  if (index_of(batch.front().entry->members, rank_) >= 0)
+    data = runtime_.find_comm_shared(first.first, Channel::kEngineData);
+  const auto start = Clock::now();
+  for (const Ready& r : batch) {
+    const OpRequest& q = *r.entry->any();
+    record_timeline(*r.entry, "NEGOTIATE", r.entry->first_seen, r.entry->decided,
+                    "\"op\":\"" + std::string(op_type_name(q.op_type)) + "\"");
+    record_timeline(*r.entry, "QUEUE", r.entry->decided, start);
+  }
+  Status s;
+  const OpRequest& head = *batch.front().entry->any();
+  if (head.op_type == HPCDL_OP_JOIN) {
+    // Every rank (member or not) keeps the same joined-rank bookkeeping.
+    auto it = last_joined_.find(head.process_set);
+    if (batch.front().entry->local) batch.front().entry->local->join_result = it == last_joined_.end() ? -1 : it->second;
+    joined_.erase(head.process_set);
+  } else if (!data) {
+    // Not a member of this set: nothing to run, the members do.
+  } else if (!fused && batch.front().entry->all_inline()) {
+    run_inline(*batch.front().entry);
+    if (timeline_.active())
+      record_timeline(*batch.front().entry, "ALLREDUCE", start, Clock::now(), "\"inline\":true");
+  } else if (fused) {
+    std::string what = std::string("allreduce of ") + std::to_string(batch.size()) + " fused tensors ('" +
+                       batch.front().key.second + "', ...)";
+    s = run_fused(batch, *data, what);
+  } else {
+    s = run_one(*batch.front().entry, *data, describe(*batch.front().entry->any()));
+    if (timeline_.active() && s.is_ok())
+      record_timeline(*batch.front().entry, op_type_upper(batch.front().entry->any()->op_type), start, Clock::now(),
+                      "\"bytes\":" + std::to_string(entry_bytes(*batch.front().entry)));
+  }
+  for (const Ready& r : batch) {
+    burst_bytes_ += entry_bytes(*r.entry);
+    finish(*r.entry, s.code, s.message);
+  }
+  if (!s.is_ok()) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (failed_.is_ok()) failed_ = s;
+  } else {
+    for (const Ready& r : batch) remember(r.key, *r.entry);
+  }
+}
+
+Status Engine::run_one(Pending& e, Comm& c, const std::string& what) {
+  const OpRequest& any = *e.any();
+  const OpRequest& req = e.local ? e.local->request : any;
+  EngineOp* op = e.local.get();
+  const int n = static_cast<int>(e.members.size());
+  const int me = index_of(e.members, rank_);
+  const int dsize = dtype_size(any.dtype);
+  const int64_t row = any.row_elements();
+  auto scratch = [&](int64_t bytes) -> uint8_t* {
+    if (static_cast<int64_t>(scratch_.size()) < bytes) scratch_.resize(static_cast<size_t>(bytes));
+    std::memset(scratch_.data(), 0, static_cast<size_t>(bytes));
+    return scratch_.data();
+  };
+  switch (any.op_type) {
+    case HPCDL_OP_ALLREDUCE: {
+      int64_t count = any.num_elements();
+      if (op != nullptr)
+        return c.allreduce(op->input, op->output, count, any.dtype, any.reduce_op, any.prescale, any.postscale,
+                           deadline(), what);
+      uint8_t* buf = scratch(2 * count * dsize);  // joined: contribute zeros, discard the result
+      return c.allreduce(buf, buf + count * dsize, count, any.dtype, any.reduce_op, any.prescale, any.postscale, deadline(), what);
+    }
+    case HPCDL_OP_ALLGATHER: {
+      std::vector<int64_t> counts(n, 0);
+      int64_t rows = 0;
+      for (int m = 0; m < n; ++m) {
+        if (!e.by_member[m]) continue;
+        counts[m] = e.by_member[m]->rows() * row;
+        rows += e.by_member[m]->rows();
+      }
+      void* out;
+      if (op != nullptr) {
+        op->owned_output.resize(static_cast<size_t>(rows * row * dsize));
+        op->output_shape = req.shape;
+        op->output_shape[0] = rows;
+        out = op->owned_output.data();
+      } else {
+        out = scratch(rows * row * dsize);
+      }
+      const void* send = op != nullptr ? op->input : out;
+      return c.allgatherv(send, out, counts, any.dtype, deadline(), what);
+    }
+    case HPCDL_OP_BROADCAST: {
+      int root = index_of(e.members, any.root);
+      int64_t count = any.num_elements();
+      void* buf;
+      if (op != nullptr) {
+        if (me == root && op->output != op->input && count > 0)
+          std::memcpy(op->output, op->input, static_cast<size_t>(count * dsize));
+        buf = op->output;
+      } else {
+        buf = scratch(count * dsize);
+      }
+      return c.broadcast(buf, count, any.dtype, root, deadline(), what);
+    }
+    case HPCDL_OP_ALLTOALL: {
+      std::vector<std::vector<int64_t>> splits(n);
+      for (int m = 0; m < n; ++m) {
+        const OpRequest& q = *e.by_member[m];
+        splits[m] = q.splits.empty() ? std::vector<int64_t>(n, q.rows() / n) : q.splits;
+      }
+      std::vector<int64_t> send_counts(n), recv_counts(n);
+      int64_t rows = 0;
+      op->received_splits.assign(n, 0);
+      for (int j = 0; j < n; ++j) {
+        send_counts[j] = splits[me][j] * row;
+        recv_counts[j] = splits[j][me] * row;
+        op->received_splits[j] = splits[j][me];
+        rows += splits[j][me];
+      }
+      op->owned_output.resize(static_cast<size_t>(rows * row * dsize));
+      op->output_shape = req.shape;
+      op->output_shape[0] = rows;
+      return c.alltoallv(op->input, send_counts, op->owned_output.data(), recv_counts, any.dtype, deadline(), what);
+    }
+    case HPCDL_OP_REDUCESCATTER: {
+      int64_t rows = any.rows();
+      std::vector<int64_t> counts(n);
+      for (int j = 0; j < n; ++j) counts[j] = (rows / n + (j < rows % n ? 1 : 0)) * row;
+      return c.reducescatter(op->input, op->output, counts, any.dtype, any.reduce_op, any.prescale, any.postscale,
+                             deadline(), what);
+    }
+    case HPCDL_OP_BARRIER:
+      return c.barrier(deadline(), what);
+    default:
+      return Status::error(HPCDL_ERR_INTERNAL, "unknown operation type in " + what);
+  }
+}
+
+void Engine::run_inline(Pending& e) {
+  const OpRequest& q = *e.any();
+  std::vector<const void*> sources;
+  for (const auto& p : e.payload) sources.push_back(p.data());
+  std::vector<uint8_t> result(e.payload.front().size());
+  reduce(result.data(), sources.data(), static_cast<int>(sources.size()), q.num_elements(), q.dtype, q.reduce_op,
+         q.prescale, q.postscale, static_cast<int64_t>(sources.size()));
+  if (e.local) std::memcpy(e.local->output, result.data(), result.size());
+}
+
+Status Engine::run_fused(const std::vector<Ready>& batch, Comm& comm, const std::string& what) {
+  const OpRequest& first = *batch.front().entry->any();
+  const int dsize = dtype_size(first.dtype);
+  int64_t total = 0;
+  for (const Ready& r : batch) total += r.entry->any()->num_elements();
+  // Separate input and output halves: an out-of-place reduction lets the data plane skip a staging copy.
+  if (static_cast<int64_t>(fusion_buffer_.size()) < 2 * total * dsize)
+    fusion_buffer_.resize(static_cast<size_t>(2 * total * dsize));
+  uint8_t* buf = fusion_buffer_.data();
+  uint8_t* reduced = buf + total * dsize;
+  const auto t0 = Clock::now();
+  int64_t off = 0;
+  for (const Ready& r : batch) {
+    size_t bytes = static_cast<size_t>(r.entry->any()->num_elements() * dsize);
+    if (r.entry->local) std::memcpy(buf + off, r.entry->local->input, bytes);
+    else std::memset(buf + off, 0, bytes);  // joined: contribute zeros
+    off += static_cast<int64_t>(bytes);
+  }
+  const auto t1 = Clock::now();
+  Status s = comm.allreduce(buf, reduced, total, first.dtype, first.reduce_op, first.prescale, first.postscale,
+                                  deadline(), what);
+  if (!s.is_ok()) return s;
+  const auto t2 = Clock::now();
+  off = 0;
+  for (const Ready& r : batch) {
+    size_t bytes = static_cast<size_t>(r.entry->any()->num_elements() * dsize);
+    if (r.entry->local) std::memcpy(r.entry->local->output, reduced + off, bytes);
+    off += static_cast<int64_t>(bytes);
+  }
+  const auto t3 = Clock::now();
+  if (timeline_.active()) {
+    std::string args = "\"fused_tensors\":" + std::to_string(batch.size()) +
+                       ",\"fused_bytes\":" + std::to_string(total * dsize);
+    for (const Ready& r : batch) {
+      record_timeline(*r.entry, "MEMCPY_IN_FUSION_BUFFER", t0, t1, args);
+      record_timeline(*r.entry, "ALLREDUCE", t1, t2, args);
+      record_timeline(*r.entry, "MEMCPY_OUT_FUSION_BUFFER", t2, t3, args);
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace hpcdl

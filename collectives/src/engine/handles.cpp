@@ -1,0 +1,234 @@
+// The callers' side of the engine: enqueue (validation, naming) and the handle queries of c_api.h.
+#include <algorithm>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "engine/detail.h"
+#include "engine/engine.h"
+
+namespace hpcdl {
+
+using namespace engine_detail;
+
+Status Engine::enqueue(const hpcdl_request& r, int64_t* handle) {
+  auto invalid = [](const std::string& m) { return Status::error(HPCDL_ERR_INVALID, m); };
+  if (r.op_type < HPCDL_OP_ALLREDUCE || r.op_type > HPCDL_OP_JOIN)
+    return invalid("unknown operation type " + std::to_string(r.op_type) + " (expected 0..6, see hpcdl_op_type)");
+  auto op = std::make_shared<EngineOp>();
+  OpRequest& q = op->request;
+  q.op_type = r.op_type;
+  q.process_set = r.process_set;
+  q.dtype = r.op_type == HPCDL_OP_BARRIER || r.op_type == HPCDL_OP_JOIN ? HPCDL_UINT8 : r.dtype;
+  q.reduce_op = r.reduce_op;
+  q.root = r.root;
+  q.prescale = r.prescale;
+  q.postscale = r.postscale;
+  q.group_id = r.group_id;
+  q.group_size = r.group_size;
+  if (r.op_type != HPCDL_OP_BARRIER && r.op_type != HPCDL_OP_JOIN) {
+    if (dtype_size(r.dtype) == 0)
+      return invalid("unknown dtype " + std::to_string(r.dtype) + " (expected 0..9, see hpcdl_dtype)");
+    if (r.ndim < 0 || (r.ndim > 0 && r.shape == nullptr)) return invalid("the request's shape is missing");
+    q.shape.assign(r.shape, r.shape + r.ndim);
+    for (int64_t d : q.shape)
+      if (d < 0) return invalid("negative dimension in shape " + shape_text(q.shape));
+  }
+  if ((r.op_type == HPCDL_OP_ALLREDUCE || r.op_type == HPCDL_OP_REDUCESCATTER) &&
+      (r.reduce_op < HPCDL_SUM || r.reduce_op > HPCDL_PRODUCT))
+    return invalid("unknown reduction " + std::to_string(r.reduce_op) + " (expected 0..4, see hpcdl_reduce_op)");
+  if (r.group_id != 0 && r.group_size < 1) return invalid("a grouped operation needs group_size >= 1");
+  ProcessSet set;
+  if (!runtime_.process_set(r.process_set, &set))
+    return invalid("process set " + std::to_string(r.process_set) + " does not exist; create it with "
+                   "add_process_set() on every rank or pass it to init()");
+  if (set.my_rank < 0)
+    return invalid("rank " + std::to_string(rank_) + " is not a member of process set " +
+                   std::to_string(r.process_set) + " (members: " + ranks_text(set.ranks) + ")");
+  const int n = static_cast<int>(set.ranks.size());
+  if (r.process_set != 0) q.members.assign(set.ranks.begin(), set.ranks.end());
+  const int64_t elements = q.num_elements();
+  const bool has_data = r.op_type != HPCDL_OP_BARRIER && r.op_type != HPCDL_OP_JOIN && elements > 0;
+  if (has_data && r.input == nullptr) return invalid("the request has no input buffer");
+  if (has_data && r.output == nullptr &&
+      (r.op_type == HPCDL_OP_ALLREDUCE || r.op_type == HPCDL_OP_BROADCAST || r.op_type == HPCDL_OP_REDUCESCATTER))
+    return invalid(std::string(op_type_name(r.op_type)) + " needs a caller-owned output buffer (it may equal the input)");
+  if ((r.op_type == HPCDL_OP_ALLGATHER || r.op_type == HPCDL_OP_ALLTOALL || r.op_type == HPCDL_OP_REDUCESCATTER) &&
+      q.shape.empty())
+    return invalid(std::string(op_type_name(r.op_type)) + " needs a tensor with at least one dimension");
+  if (r.op_type == HPCDL_OP_BROADCAST && std::find(set.ranks.begin(), set.ranks.end(), r.root) == set.ranks.end())
+    return invalid("broadcast root " + std::to_string(r.root) + " is not a member of process set " +
+                   std::to_string(r.process_set) + " (members: " + ranks_text(set.ranks) + ")");
+  if (r.op_type == HPCDL_OP_ALLTOALL) {
+    if (r.splits != nullptr && r.nsplits > 0) {
+      if (r.nsplits != n)
+        return invalid("alltoall splits has " + std::to_string(r.nsplits) + " entries; the process set has " +
+                       std::to_string(n) + " members");
+      q.splits.assign(r.splits, r.splits + r.nsplits);
+      int64_t sum = 0;
+      for (int64_t s : q.splits) {
+        if (s < 0) return invalid("alltoall splits must not be negative: " + shape_text(q.splits));
+        sum += s;
+      }
+      if (sum != q.rows())
+        return invalid("alltoall splits " + shape_text(q.splits) + " sum to " + std::to_string(sum) +
+                       " rows but the tensor has " + std::to_string(q.rows()));
+    } else if (q.rows() % n != 0) {
+      return invalid("alltoall without splits needs the first dimension (" + std::to_string(q.rows()) +
+                     ") to divide evenly among the " + std::to_string(n) + " ranks; pass splits");
+    }
+  }
+  op->input = r.input;
+  op->output = r.output;
+  op->submitted = Clock::now();
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!failed_.is_ok()) return Status::error(failed_.code, failed_.message + "; the engine accepts no more operations");
+  if (shutdown_requested_) return Status::error(HPCDL_ERR_SHUTDOWN, "hpcdl is shutting down");
+  if (r.name != nullptr && r.name[0] != '\0') {
+    q.name = r.name;
+  } else if (r.op_type == HPCDL_OP_JOIN) {
+    q.name = "join";
+  } else {
+    int64_t k = unnamed_counter_[{r.process_set, r.op_type}]++;
+    q.name = std::string(op_type_name(r.op_type)) + ".noname." + std::to_string(k);
+  }
+  Key key{q.process_set, q.name};
+  if (pending_names_.count(key))
+    return invalid("an operation named '" + q.name + "' is already pending" +
+                   (q.process_set ? " in process set " + std::to_string(q.process_set) : std::string()) +
+                   " on this rank; wait for it before submitting the name again, or use another name");
+  op->id = next_handle_++;
+  handles_[op->id] = op;
+  pending_names_.insert(key);
+  queue_bytes_ += elements * dtype_size(q.dtype);
+  queue_.push_back(op);
+  if (waiting_) {
+    control_->notify_self();
+    waiting_ = false;
+  }
+  queue_cv_.notify_one();
+  *handle = op->id;
+  return Status::ok();
+}
+
+std::shared_ptr<EngineOp> Engine::find(int64_t handle) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = handles_.find(handle);
+  return it == handles_.end() ? nullptr : it->second;
+}
+
+namespace {
+Status unknown_handle(int64_t handle) {
+  return Status::error(HPCDL_ERR_INVALID, "unknown handle " + std::to_string(handle) +
+                                              " (never returned by enqueue, or already released)");
+}
+Status op_status(const EngineOp& op) {
+  int code = op.status.load(std::memory_order_acquire);
+  if (code == HPCDL_OK) return Status::ok();
+  if (code == HPCDL_PENDING) return Status::error(HPCDL_PENDING, "");
+  return Status::error(code, op.error);
+}
+}  // namespace
+
+Status Engine::poll(int64_t handle) {
+  auto op = find(handle);
+  if (!op) return unknown_handle(handle);
+  return op_status(*op);
+}
+
+Status Engine::wait(int64_t handle, double timeout_s) {
+  auto op = find(handle);
+  if (!op) return unknown_handle(handle);
+  // The result is usually microseconds away: look a few times before sleeping.
+  const auto spin_until = Clock::now() + std::chrono::microseconds(20);
+  while (op->status.load(std::memory_order_acquire) == HPCDL_PENDING && Clock::now() < spin_until)
+    std::this_thread::yield();
+  if (op->status.load(std::memory_order_acquire) == HPCDL_PENDING) {
+    double limit = timeout_s < 0 ? timeout_s_ : timeout_s;
+    auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(limit));
+    std::unique_lock<std::mutex> lock(mutex_);
+    bool done = done_cv_.wait_until(lock, until, [&] { return op->status.load() != HPCDL_PENDING; });
+    if (!done) {
+      std::ostringstream m;
+      m << "timed out after " << limit << " s waiting for " << describe(op->request);
+      if (!op->waiting_for.empty()) {
+        const std::vector<int>& missing = op->waiting_for;
+        m << ": " << ranks_text(missing) << (missing.size() == 1 ? " has" : " have") << " not submitted it";
+      } else {
+        m << ": the other ranks have not all submitted it";
+      }
+      m << " (a rank may be stuck, slower, or have taken a different code path)";
+      return Status::error(HPCDL_ERR_TIMEOUT, m.str());
+    }
+  }
+  return op_status(*op);
+}
+
+Status Engine::output(int64_t handle, void** data, int64_t* nbytes, int64_t* shape) {
+  auto op = find(handle);
+  if (!op) return unknown_handle(handle);
+  Status s = op_status(*op);
+  if (s.code == HPCDL_PENDING) return Status::error(HPCDL_ERR_INVALID, describe(op->request) + " has not finished yet");
+  if (!s.is_ok()) return s;
+  if (op->request.op_type != HPCDL_OP_ALLGATHER && op->request.op_type != HPCDL_OP_ALLTOALL)
+    return Status::error(HPCDL_ERR_INVALID, describe(op->request) + " writes into the caller's output buffer; "
+                                            "only allgather and alltoall have an engine-allocated output");
+  if (data) *data = op->owned_output.data();
+  if (nbytes) *nbytes = static_cast<int64_t>(op->owned_output.size());
+  if (shape) std::copy(op->output_shape.begin(), op->output_shape.end(), shape);
+  return Status::ok();
+}
+
+Status Engine::received_splits(int64_t handle, int64_t* splits, int capacity, int* count) {
+  auto op = find(handle);
+  if (!op) return unknown_handle(handle);
+  Status s = op_status(*op);
+  if (s.code == HPCDL_PENDING) return Status::error(HPCDL_ERR_INVALID, describe(op->request) + " has not finished yet");
+  if (!s.is_ok()) return s;
+  if (op->request.op_type != HPCDL_OP_ALLTOALL)
+    return Status::error(HPCDL_ERR_INVALID, describe(op->request) + " is not an alltoall");
+  int n = static_cast<int>(op->received_splits.size());
+  for (int i = 0; i < n && i < capacity; ++i) splits[i] = op->received_splits[i];
+  *count = n;
+  return Status::ok();
+}
+
+Status Engine::join_result(int64_t handle, int* rank) {
+  auto op = find(handle);
+  if (!op) return unknown_handle(handle);
+  Status s = op_status(*op);
+  if (s.code == HPCDL_PENDING) return Status::error(HPCDL_ERR_INVALID, "join has not finished yet");
+  if (!s.is_ok()) return s;
+  if (op->request.op_type != HPCDL_OP_JOIN) return Status::error(HPCDL_ERR_INVALID, describe(op->request) + " is not a join");
+  *rank = op->join_result;
+  return Status::ok();
+}
+
+Status Engine::release(int64_t handle) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  handles_.erase(handle);  // idempotent; a pending op stays alive inside the engine until it finishes
+  return Status::ok();
+}
+
+Status Engine::start_timeline(const std::string& path, bool mark_cycles) {
+  if (path.empty()) return Status::error(HPCDL_ERR_INVALID, "start_timeline needs a file path");
+  if (rank_ != 0) return Status::ok();  // rank 0 writes the job's timeline
+  return timeline_.start(path, mark_cycles);
+}
+
+Status Engine::stop_timeline() {
+  timeline_.stop();
+  return Status::ok();
+}
+
+bool Engine::knob(const std::string& name, double* value) const {
+  std::lock_guard<std::mutex> lock(knob_mutex_);
+  if (name == "fusion_threshold") *value = knobs_.fusion_threshold;
+  else if (name == "cycle_time_ms") *value = knobs_.cycle_time_ms;
+  else if (name == "small_message_bytes") *value = knobs_.small_message_bytes;
+  else if (name == "cache_capacity") *value = cache_capacity_;
+  else return false;
+  return true;
+}
+
+}  // namespace hpcdl
