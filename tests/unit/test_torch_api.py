@@ -3,6 +3,7 @@ learning-rate warmup, Adasum arithmetic, tensor views, the optimizer's argument 
 
 from __future__ import annotations
 
+import ast
 import warnings
 
 import numpy as np
@@ -257,3 +258,92 @@ def test_horovod_module_paths_exist() -> None:
     assert compression.Compression is hvd.Compression and functions.broadcast_object is hvd.broadcast_object
     assert optimizer_module.DistributedOptimizer is hvd.DistributedOptimizer
     assert sync_batch_norm.SyncBatchNorm is hvd.SyncBatchNorm
+
+
+# Parameters and defaults of Horovod 0.28.1's public torch functions (read from its source with `ast`).
+HOROVOD_SIGNATURES = {
+    "DistributedOptimizer": "optimizer, named_parameters=None, compression=Compression.none, "
+    "backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0, num_groups=0, groups=None, "
+    "sparse_as_dense=False, process_set=global_process_set",
+    "add_process_set": "process_set",
+    "allgather": "tensor, name=None, process_set=global_process_set",
+    "allgather_async": "tensor, name=None, process_set=global_process_set",
+    "allgather_object": "obj, name=None",
+    "allreduce": "tensor, average=None, name=None, compression=Compression.none, op=None, "
+    "prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set",
+    "allreduce_": "tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0, "
+    "process_set=global_process_set",
+    "allreduce_async": "tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0, "
+    "process_set=global_process_set",
+    "allreduce_async_": "tensor, average=None, name=None, op=None, prescale_factor=1.0, "
+    "postscale_factor=1.0, process_set=global_process_set",
+    "alltoall": "tensor, splits=None, name=None, process_set=global_process_set",
+    "alltoall_async": "tensor, splits=None, name=None, process_set=global_process_set",
+    "barrier": "process_set=global_process_set",
+    "broadcast": "tensor, root_rank, name=None, process_set=global_process_set",
+    "broadcast_": "tensor, root_rank, name=None, process_set=global_process_set",
+    "broadcast_async": "tensor, root_rank, name=None, process_set=global_process_set",
+    "broadcast_async_": "tensor, root_rank, name=None, process_set=global_process_set",
+    "broadcast_object": "obj, root_rank=0, name=None, process_set=global_process_set",
+    "broadcast_optimizer_state": "optimizer, root_rank, model=None",
+    "broadcast_parameters": "params, root_rank",
+    "grouped_allgather": "tensors, name=None, process_set=global_process_set",
+    "grouped_allgather_async": "tensors, name=None, process_set=global_process_set",
+    "grouped_allreduce": "tensors, average=None, name=None, compression=Compression.none, op=None, "
+    "prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set",
+    "grouped_allreduce_": "tensors, average=None, name=None, op=None, prescale_factor=1.0, "
+    "postscale_factor=1.0, process_set=global_process_set",
+    "grouped_allreduce_async": "tensors, average=None, name=None, op=None, prescale_factor=1.0, "
+    "postscale_factor=1.0, process_set=global_process_set",
+    "grouped_allreduce_async_": "tensors, average=None, name=None, op=None, prescale_factor=1.0, "
+    "postscale_factor=1.0, process_set=global_process_set",
+    "grouped_reducescatter": "tensors, name=None, compression=Compression.none, op=Average, "
+    "process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0",
+    "grouped_reducescatter_async": "tensors, name=None, op=Average, process_set=global_process_set, "
+    "prescale_factor=1.0, postscale_factor=1.0",
+    "init": "comm=None, process_sets=None",
+    "join": "device=-1",
+    "poll": "handle",
+    "reducescatter": "tensor, name=None, compression=Compression.none, op=Average, "
+    "process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0",
+    "reducescatter_async": "tensor, name=None, op=Average, process_set=global_process_set, "
+    "prescale_factor=1.0, postscale_factor=1.0",
+    "remove_process_set": "process_set",
+    "shutdown": "",
+    "sparse_allreduce_async": "tensor, name, op, process_set=global_process_set",
+    "start_timeline": "file_path, mark_cycles=False",
+    "synchronize": "handle",
+}
+_NO_DEFAULT = object()
+_SYMBOLS = {
+    "Compression.none": hvd.Compression.none,
+    "Average": hvd.Average,
+    "global_process_set": hvd.global_process_set,
+}
+
+
+def _horovod_parameters(text: str) -> list[tuple[str, object]]:
+    params = []
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        name, _, default = item.partition("=")
+        if not default:
+            params.append((name, _NO_DEFAULT))
+        else:
+            params.append((name, _SYMBOLS[default] if default in _SYMBOLS else ast.literal_eval(default)))
+    return params
+
+
+@pytest.mark.parametrize("function", sorted(HOROVOD_SIGNATURES))
+def test_signature_matches_horovod(function: str) -> None:
+    """Same parameters, in the same order, with the same defaults; hpcdl may only append optional ones."""
+    import inspect
+
+    ours = list(inspect.signature(getattr(hvd, function)).parameters.values())
+    theirs = _horovod_parameters(HOROVOD_SIGNATURES[function])
+    assert [p.name for p in ours[: len(theirs)]] == [name for name, _ in theirs]
+    for parameter, (name, default) in zip(ours, theirs):
+        if default is _NO_DEFAULT:
+            assert parameter.default is inspect.Parameter.empty, name
+        else:
+            assert parameter.default == default or parameter.default is default, name
+    assert all(p.default is not inspect.Parameter.empty for p in ours[len(theirs) :])
