@@ -551,6 +551,20 @@ def check_elastic_run_restores_and_reinitializes() -> None:
     )
 
 
+def check_elastic_sampler_shards_and_resumes() -> None:
+    n, r = hvd.size(), hvd.rank()
+    sampler = hvd.elastic.ElasticSampler(list(range(10)), shuffle=False)
+    assert list(sampler) == list(range(10))[r::n] and len(sampler) == 10 // n
+    everyone = hvd.allgather_object(list(sampler))
+    assert sorted(i for shard in everyone for i in shard) == list(range(10))
+    sampler.record_batch(0, 2)  # every rank processed 2 samples: 2 * n are done
+    sampler.load_state_dict(hvd.broadcast_object(sampler.state_dict()))
+    remaining = list(range(2 * n, 10))
+    assert list(sampler) == (remaining + remaining[: (-len(remaining)) % n])[r::n]
+    sampler.set_epoch(1)
+    assert len(sampler) == 10 // n
+
+
 # ---- training equivalence (2 ranks) -----------------------------------------------------------------
 
 
@@ -775,6 +789,7 @@ SCENARIOS: dict[str, list[Check]] = {
         check_join_with_uneven_batches,
         check_sync_batch_norm,
         check_elastic_run_restores_and_reinitializes,
+        check_elastic_sampler_shards_and_resumes,
     ],
     "cuda": [check_cuda_collectives, check_cuda_training_equivalence],
     "distributed_path": [
