@@ -4,17 +4,22 @@ memory (the CPU path of ``async_ops`` copies device tensors to host, runs the en
 NCCL path: at ``hvd.init()`` world rank 0 opens a ``torch.distributed.TCPStore`` and its address travels
 to the other ranks through hpcdl's own broadcast; one ``ProcessGroupNCCL`` per process set is created on
 first use. NCCL needs every rank to issue its collectives in the same order (as DDP does): gradient
-hooks fire in the same autograd order on every rank, so ``DistributedOptimizer`` satisfies this. Grouped
-ops are fused into one flat buffer per dtype. Set ``HPCDL_GPU_OPERATIONS=host`` to force staging through
-the engine instead (negotiation by name, fusion and timeline of the engine).
+hooks fire in the same autograd order on every rank, so ``DistributedOptimizer`` satisfies this.
+Single-tensor allreduces are fused DDP-style: they fill buckets (per process set, dtype, op and scaling;
+up to the fusion threshold, at most 32 MiB) that start when full or at the next wait, poll or other
+collective; grouped allreduces are fused into one flat buffer per dtype. The NCCL path has no timeline.
+Set ``HPCDL_GPU_OPERATIONS=host`` to stage through the engine instead (negotiation by name, fusion and
+timeline of the engine).
 
-This module cannot be exercised on a machine without a GPU; its tests are marked ``gpu``.
+Without a GPU, tests run this module's torch.distributed logic with gloo standing in for NCCL on CPU
+tensors; the CUDA tests themselves are marked ``gpu``.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -35,6 +40,7 @@ _ADDRESS_BYTES = 256
 @dataclass
 class _NcclState:
     store: Any
+    bucket_bytes: int
     groups: dict[int, Any] = field(default_factory=dict)
 
 
@@ -73,12 +79,21 @@ def on_init() -> None:
     if store is None:
         host, port = bytes(address).rstrip(b"\0").decode().rsplit(":", 1)
         store = dist.TCPStore(host, int(port), common.size(), False, timeout=timeout)
-    _state = _NcclState(store=store)
+    _state = _NcclState(store=store, bucket_bytes=_bucket_bytes())
+
+
+def _bucket_bytes() -> int:
+    """Bucket size of the NCCL path: the fusion threshold, at most 32 MiB so that buckets fill (and
+    start) while backward is still running, as DDP's 25 MiB buckets do."""
+    threshold = int(config.resolve().get("fusion_threshold"))
+    return min(threshold, 32 << 20) if threshold > 0 else 1
 
 
 def on_shutdown() -> None:
     global _state
     _state = None
+    with _bucket_lock:
+        _open_buckets.clear()
 
 
 def uses_nccl(tensors: Sequence[torch.Tensor]) -> bool:
@@ -146,6 +161,82 @@ def _scale(t: torch.Tensor, factor: float) -> None:
         t.copy_((t.to(torch.float64) * factor).trunc().to(t.dtype))
 
 
+def _launch_allreduce(
+    group: Any, tensors: list[torch.Tensor], op: int, prescale: float
+) -> tuple[Any, torch.Tensor]:
+    """One NCCL allreduce of the tensors (one dtype) packed into a flat buffer."""
+    flat = torch.cat([t.detach().reshape(-1) for t in tensors])
+    _scale(flat, prescale)
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = getattr(dist.ReduceOp, _NCCL_OPS[op])
+    return group.allreduce([flat], opts), flat
+
+
+def _unpack(flat: torch.Tensor, op: int, postscale: float, set_size: int, pairs: list[tuple]) -> None:
+    """Finish a reduced flat buffer (postscale, average) and copy each slice into its output."""
+    _scale(flat, postscale)
+    if op == Average:
+        if flat.dtype.is_floating_point:
+            flat.div_(set_size)
+        else:
+            flat.copy_(torch.div(flat, set_size, rounding_mode="trunc"))
+    offset = 0
+    for tensor, output in pairs:
+        n = tensor.numel()
+        with torch.no_grad():
+            output.copy_(flat[offset : offset + n].view(tensor.shape))
+        offset += n
+
+
+@dataclass
+class _Bucket:
+    """Single-tensor allreduces of one process set, dtype, device, op and scaling, fused into one NCCL
+    call (DDP-style bucketing: launched when full, or at the next wait/poll/other collective)."""
+
+    key: tuple
+    pairs: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    nbytes: int = 0
+    work: Any = None
+    flat: Optional[torch.Tensor] = None
+    unpacked: bool = False
+
+
+_bucket_lock = threading.RLock()
+_open_buckets: dict[tuple, _Bucket] = {}
+
+
+def _launch_bucket(bucket: _Bucket) -> None:
+    ps_id, _, _, op, prescale, _ = bucket.key
+    bucket.work, bucket.flat = _launch_allreduce(_group(ps_id), [t for t, _ in bucket.pairs], op, prescale)
+
+
+def flush() -> None:
+    """Launch every open bucket, oldest first. Every rank reaches the same flush points in the same
+    order (they follow the program's submissions), so the NCCL calls match across ranks."""
+    with _bucket_lock:
+        for bucket in list(_open_buckets.values()):
+            _launch_bucket(bucket)
+        _open_buckets.clear()
+
+
+class _BucketMember:
+    """The handle of one tensor in a bucket: waiting or polling launches the open buckets first."""
+
+    def __init__(self, bucket: _Bucket) -> None:
+        self._bucket = bucket
+
+    def poll(self) -> bool:
+        flush()
+        return bool(self._bucket.work.is_completed())
+
+    def wait(self, timeout: Optional[float] = None) -> None:
+        flush()
+        self._bucket.work.wait()
+
+    def release(self) -> None:
+        return None
+
+
 def allreduce(
     tensors: list[torch.Tensor],
     outputs: list[torch.Tensor],
@@ -154,36 +245,58 @@ def allreduce(
     postscale: float,
     ps_id: int,
 ) -> int:
-    """One fused NCCL allreduce per dtype; outputs[i] may be tensors[i]."""
-    group = _group(ps_id)
+    """Allreduce over NCCL; outputs[i] may be tensors[i]. A single tensor joins a bucket; a group is
+    launched at once as one fused call per dtype."""
     set_size = common.process_set_size(ps_id)
-    flats, works = [], []
+    if len(tensors) == 1:
+        return _bucketed_allreduce(tensors[0], outputs[0], op, prescale, postscale, ps_id, set_size)
+    flush()
+    group = _group(ps_id)
+    launched = []
     for dtype in dict.fromkeys(t.dtype for t in tensors):
-        members = [i for i, t in enumerate(tensors) if t.dtype == dtype]
-        flat = torch.cat([tensors[i].detach().reshape(-1) for i in members])
-        _scale(flat, prescale)
-        opts = dist.AllreduceOptions()
-        opts.reduceOp = getattr(dist.ReduceOp, _NCCL_OPS[op])
-        works.append(group.allreduce([flat], opts))
-        flats.append((members, flat))
+        pairs = [(t, o) for t, o in zip(tensors, outputs) if t.dtype == dtype]
+        work, flat = _launch_allreduce(group, [t for t, _ in pairs], op, prescale)
+        launched.append((work, flat, pairs))
 
     def finish() -> list[torch.Tensor]:
-        for members, flat in flats:
-            _scale(flat, postscale)
-            if op == Average:
-                if flat.dtype.is_floating_point:
-                    flat.div_(set_size)
-                else:
-                    flat.copy_(torch.div(flat, set_size, rounding_mode="trunc"))
-            offset = 0
-            for i in members:
-                n = tensors[i].numel()
-                with torch.no_grad():
-                    outputs[i].copy_(flat[offset : offset + n].view(tensors[i].shape))
-                offset += n
+        for _, flat, pairs in launched:
+            _unpack(flat, op, postscale, set_size, pairs)
         return list(outputs)
 
-    return _handles.register([_Work(works)], finish, keep_alive=(tensors, outputs, flats))
+    return _handles.register(
+        [_Work([w for w, _, _ in launched])], finish, keep_alive=(tensors, outputs, launched)
+    )
+
+
+def _bucketed_allreduce(
+    tensor: torch.Tensor,
+    output: torch.Tensor,
+    op: int,
+    prescale: float,
+    postscale: float,
+    ps_id: int,
+    set_size: int,
+) -> int:
+    assert _state is not None
+    key = (ps_id, tensor.dtype, tensor.device, op, float(prescale), float(postscale))
+    with _bucket_lock:
+        bucket = _open_buckets.get(key)
+        if bucket is None:
+            bucket = _open_buckets[key] = _Bucket(key)
+        bucket.pairs.append((tensor, output))
+        bucket.nbytes += tensor.numel() * tensor.element_size()
+        if bucket.nbytes >= _state.bucket_bytes:
+            _launch_bucket(_open_buckets.pop(key))
+
+    def finish() -> list[torch.Tensor]:
+        with _bucket_lock:
+            if not bucket.unpacked:
+                assert bucket.flat is not None
+                _unpack(bucket.flat, op, postscale, set_size, bucket.pairs)
+                bucket.unpacked = True
+        return [output]
+
+    return _handles.register([_BucketMember(bucket)], finish, keep_alive=(tensor, output, bucket))
 
 
 def _exchange_rows(group: Any, rows: int, set_size: int, device: torch.device) -> list[int]:
@@ -195,6 +308,7 @@ def _exchange_rows(group: Any, rows: int, set_size: int, device: torch.device) -
 
 def allgather(tensors: list[torch.Tensor], ps_id: int) -> int:
     """Allgather with per-rank first dimensions: sizes first, then the rows padded to the largest."""
+    flush()
     group = _group(ps_id)
     set_size = common.process_set_size(ps_id)
     works, pieces = [], []
@@ -214,6 +328,7 @@ def allgather(tensors: list[torch.Tensor], ps_id: int) -> int:
 
 
 def broadcast(tensor: torch.Tensor, output: torch.Tensor, root_rank: int, ps_id: int) -> int:
+    flush()
     group = _group(ps_id)
     buf = output if (output is tensor and tensor.is_contiguous()) else tensor.detach().contiguous().clone()
     opts = dist.BroadcastOptions()
@@ -231,6 +346,7 @@ def broadcast(tensor: torch.Tensor, output: torch.Tensor, root_rank: int, ps_id:
 
 
 def alltoall(tensor: torch.Tensor, splits: Optional[list[int]], splits_dtype: torch.dtype, ps_id: int) -> int:
+    flush()
     group = _group(ps_id)
     set_size = common.process_set_size(ps_id)
     src = tensor.detach().contiguous()
