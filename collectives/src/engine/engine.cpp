@@ -1,5 +1,8 @@
 #include "engine/engine.h"
 
+#include <pthread.h>
+#include <sched.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -92,7 +95,25 @@ void Engine::stop() {
 
 // ---- the engine thread -------------------------------------------------------------------------------
 
+// Two engine threads that share a core make every handshake between them wait for the scheduler (the
+// data plane spins briefly before yielding). When this host has at least a core per local rank, keep this
+// rank's engine thread on a core of its own; the caller's threads stay where they are.
+void Engine::place_thread() {
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return;
+  const int local_size = runtime_.local_size();
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+  if (local_size < 2 || static_cast<int>(cpus.size()) < local_size) return;
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  CPU_SET(cpus[static_cast<size_t>(runtime_.local_rank()) % cpus.size()], &mine);
+  pthread_setaffinity_np(pthread_self(), sizeof mine, &mine);
+}
+
 void Engine::loop() {
+  if (runtime_.options().get_bool("engine_pin_thread", true)) place_thread();
   bool active = false;
   while (true) {
     if (!active) {

@@ -121,6 +121,7 @@ class Engine {
   };
 
   void loop();
+  void place_thread();
   bool wait_while_idle();
   void wait_for_batch();
   Status go_idle();
