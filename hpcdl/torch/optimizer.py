@@ -76,10 +76,6 @@ def _named(named_parameters: Optional[Iterable], param_groups: list[dict]) -> di
     return {v: k for k, v in sorted(named, key=lambda kv: kv[0])}
 
 
-def _register_post_accumulate(p: torch.Tensor, hook: Callable[[torch.Tensor], None]) -> Any:
-    return p.register_post_accumulate_grad_hook(hook)
-
-
 class _DistributedOptimizer(torch.optim.Optimizer):
     """Mixed in before the wrapped optimizer's class; see ``DistributedOptimizer``."""
 
@@ -125,13 +121,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._form_groups()
         for p in self._trainable():
             self._requires_update.add(p)
-            self._hook_handles.append(_register_post_accumulate(p, self._make_hook(p)))
+            self._hook_handles.append(p.register_post_accumulate_grad_hook(self._make_hook(p)))
 
     def _form_groups(self) -> None:
         params = self._trainable()
-        # Every rank must form the same groups in the same order: take rank 0's order of names.
+        # Every rank must form the same groups in the same order: take the set's first rank's order.
+        root = min(self.process_set.ranks) if self.process_set.ranks else 0
         names = broadcast_object(
-            [self._parameter_names.get(p) for p in params], root_rank=0, process_set=self.process_set
+            [self._parameter_names.get(p) for p in params], root_rank=root, process_set=self.process_set
         )
         params.sort(key=lambda p: names.index(self._parameter_names.get(p)))
         if isinstance(self._groups, list):
@@ -320,7 +317,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         for p in [p for group in self.param_groups for p in group["params"] if p.requires_grad]:
             p.grad = torch.zeros_like(p)
             self._requires_update.add(p)
-            self._hook_handles.append(_register_post_accumulate(p, self._make_hook(p)))
+            self._hook_handles.append(p.register_post_accumulate_grad_hook(self._make_hook(p)))
 
     def set_backward_passes_per_step(self, passes: int) -> None:
         self.backward_passes_per_step = passes

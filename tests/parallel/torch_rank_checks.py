@@ -412,6 +412,15 @@ def check_process_sets() -> None:
     else:
         out = hvd.allreduce(data(r, (3,)), op=hvd.Sum, process_set=odds)
         assert_close(out, data(r, (3,)), "single-rank set")
+    # An optimizer reducing over the evens only; rank 1 is outside the set and just steps locally.
+    weight = torch.nn.Parameter(torch.zeros(2))
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD([weight], lr=1.0), named_parameters=[("w", weight)], process_set=evens, groups=1
+    )
+    (weight * float(r + 1)).sum().backward()
+    opt.step()
+    expected = -(1.0 + 3.0) / 2 if r in (0, 2) else -2.0
+    assert_close(weight.detach(), torch.full((2,), expected), "DistributedOptimizer on a process set")
     try:
         hvd.allreduce(torch.ones(1), process_set=hvd.ProcessSet([0, 1]))
     except ValueError as exc:
