@@ -430,6 +430,20 @@ def check_process_sets() -> None:
     hvd.barrier()
 
 
+def check_init_with_a_subset_comm_is_refused() -> None:
+    n = hvd.size()
+    hvd.shutdown()
+    try:
+        hvd.init(comm=[0, 1])
+    except NotImplementedError as exc:
+        assert "hpcdl's world is always all of them" in str(exc), str(exc)
+    else:
+        raise AssertionError("init(comm=<subset>) must raise")
+    assert not hvd.is_initialized()
+    hvd.init(comm=list(range(n)))
+    assert hvd.is_initialized() and hvd.size() == n
+
+
 def check_dynamic_process_sets() -> None:
     hvd.shutdown()
     hvd.init(process_sets="dynamic")
@@ -784,6 +798,7 @@ SCENARIOS: dict[str, list[Check]] = {
         check_timeline,
         check_process_sets,
         check_adasum_rejected_on_three_ranks,
+        check_init_with_a_subset_comm_is_refused,
         check_dynamic_process_sets,
     ],
     "training": [
