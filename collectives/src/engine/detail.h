@@ -21,6 +21,7 @@ constexpr int64_t kFuseTensorMaxBytes = 256 * 1024;
 constexpr uint32_t kFlagShutdown = 1, kFlagKnobs = 2, kFlagAborts = 4;
 constexpr uint8_t kFullRequest = 0, kCachedRequest = 1;
 constexpr int64_t kInlineMaxBytes = 64;  // allreduces this small carry their data in the control message
+constexpr int64_t kWideBytes = 1 << 20;  // batches this large may run on any core (see place_thread)
 
 // Bytes of data an allreduce carries inside its control message (0: none).
 inline int64_t inline_bytes(const OpRequest& r) {

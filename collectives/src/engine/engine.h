@@ -21,6 +21,8 @@
 // burst that is being fused waits for more tensors before packing.
 #pragma once
 
+#include <sched.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -122,6 +124,7 @@ class Engine {
 
   void loop();
   void place_thread();
+  void keep_to_own_core(bool own);
   bool wait_while_idle();
   void wait_for_batch();
   Status go_idle();
@@ -207,6 +210,8 @@ class Engine {
   int64_t burst_bytes_ = 0;
 
   Timeline timeline_;  // written on world rank 0 only
+  bool pinned_ = false, on_own_core_ = false;
+  cpu_set_t own_core_, all_cores_;
 };
 
 }  // namespace hpcdl

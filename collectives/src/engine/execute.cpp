@@ -31,6 +31,9 @@ void Engine::record_timeline(const Pending& e, const char* phase, Clock::time_po
 }
 
 void Engine::run_batch(const std::vector<Ready>& batch, bool fused) {
+  int64_t bytes = 0;
+  for (const Ready& r : batch) bytes += entry_bytes(*r.entry);
+  if (bytes >= kWideBytes) keep_to_own_core(false);  // bandwidth-bound: let the scheduler place it
   const Key& first = batch.front().key;
   std::shared_ptr<Comm> data;
   if (index_of(batch.front().entry->members, rank_) >= 0)
