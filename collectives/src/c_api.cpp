@@ -21,7 +21,11 @@ thread_local std::string t_last_error;
 }
 
 int set_error(const Status& status) {
-  t_last_error = status.is_ok() ? "" : status.message;
+  if (status.is_ok()) {
+    if (!t_last_error.empty()) t_last_error.clear();
+  } else {
+    t_last_error = status.message;
+  }
   return status.code;
 }
 
@@ -73,8 +77,13 @@ int check_reduce(int dtype, int reduce_op, const char* op) {
   return HPCDL_OK;
 }
 
-std::string label(const char* op, int process_set) {
-  return std::string(op) + " (direct, process set " + std::to_string(process_set) + ")";
+// "allreduce (direct, process set 0)": built once per op and set, since small collectives take microseconds.
+const std::string& label(const char* op, int process_set) {
+  thread_local std::map<std::pair<const char*, int>, std::string> cache;
+  auto key = std::make_pair(op, process_set);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  return cache[key] = std::string(op) + " (direct, process set " + std::to_string(process_set) + ")";
 }
 
 bool counts_ok(const int64_t* counts, int n) {

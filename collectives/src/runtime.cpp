@@ -302,7 +302,7 @@ Status Runtime::make_shm_comm(const std::vector<int>& ranks, int my, const std::
                               Deadline deadline, std::shared_ptr<ShmComm>* out) {
   ShmParams params;
   params.small_message_bytes = size_t(options_.get_int("small_message_bytes", 65536));
-  params.chunk_bytes = size_t(options_.get_int("shm_chunk_bytes", 1 << 20));
+  params.chunk_bytes = size_t(options_.get_int("shm_chunk_bytes", 2 << 20));
   if (channel == Channel::kEngineControl) params.chunk_bytes = 64 << 10;
   std::vector<int> pids;
   for (int r : ranks) pids.push_back(peers_[size_t(r)].pid);

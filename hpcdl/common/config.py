@@ -42,7 +42,7 @@ SETTINGS: tuple[Setting, ...] = (
         int,
         tunable=True,
     ),
-    Setting("shm_chunk_bytes", "shm_chunk_bytes", "HPCDL_SHM_CHUNK_BYTES", None, 1 << 20, int),
+    Setting("shm_chunk_bytes", "shm_chunk_bytes", "HPCDL_SHM_CHUNK_BYTES", None, 2 << 20, int),
     Setting(
         "hierarchical_allreduce",
         "hierarchical",

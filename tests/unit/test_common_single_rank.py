@@ -75,5 +75,5 @@ def test_bad_arguments(runtime) -> None:
         hc.broadcast(np.ones(2), root=1)
     with pytest.raises(hc.HpcdlConfigError, match="no process set with id 9"):
         hc.allreduce(np.ones(2), process_set=9)
-    with pytest.raises(hc.HpcdlConfigError, match="shape and dtype"):
+    with pytest.raises(hc.HpcdlConfigError, match="shape, dtype"):
         hc.allreduce(np.ones(2), out=np.ones(3))

@@ -241,26 +241,35 @@ Status ShmComm::allreduce(const void* send, void* recv, int64_t count, int dtype
   if (!st.is_ok()) return st;
   const size_t es = dtype_bytes(dtype);
   const size_t bytes = size_t(count) * es;
-  const OpDesc desc = make_desc(HPCDL_OP_ALLREDUCE, dtype, op, count);
   const auto* in = static_cast<const char*>(send);
   auto* out = static_cast<char*>(recv);
-  std::vector<const void*> srcs(size_t(size_), nullptr);
+  const void* few[16];
+  std::vector<const void*> many(size_ > 16 ? size_t(size_) : 0);
+  const void** srcs = size_ > 16 ? many.data() : few;
 
   if (bytes <= params_.small_message_bytes && bytes <= params_.chunk_bytes) {
     // One step: everybody stages its input, then reduces all inputs in rank order (bitwise identical).
-    desc.serialize(desc_area(rank_, step_ + 1), size_);
-    std::memcpy(slot(rank_, step_ + 1), in, bytes);
+    // The descriptor is the fixed 24-byte header (no count vectors for allreduce): compare it raw.
+    char* mine = desc_area(rank_, step_ + 1);
+    const int32_t head[4] = {HPCDL_OP_ALLREDUCE, dtype, op, 0};
+    std::memcpy(mine, head, sizeof(head));
+    std::memcpy(mine + 16, &count, 8);
+    if (bytes) std::memcpy(slot(rank_, step_ + 1), in, bytes);
     publish();
     st = wait_all(deadline, what);
     if (!st.is_ok()) return st;
-    std::vector<OpDesc> descs;
-    for (int r = 0; r < size_; ++r) descs.push_back(OpDesc::deserialize(desc_area(r, step_), size_));
-    st = check_descs(descs, world_, what);
-    if (!st.is_ok()) return st;
-    for (int r = 0; r < size_; ++r) srcs[size_t(r)] = r == rank_ ? static_cast<const void*>(in) : slot(r, step_);
-    reduce(out, srcs.data(), size_, count, dtype, op, prescale, postscale, size_);
+    for (int r = 0; r < size_; ++r) {
+      if (r != rank_ && std::memcmp(desc_area(r, step_), mine, 24) != 0) {
+        std::vector<OpDesc> descs;
+        for (int q = 0; q < size_; ++q) descs.push_back(OpDesc::deserialize(desc_area(q, step_), size_));
+        return check_descs(descs, world_, what);
+      }
+    }
+    for (int r = 0; r < size_; ++r) srcs[r] = r == rank_ ? static_cast<const void*>(in) : slot(r, step_);
+    reduce(out, srcs, size_, count, dtype, op, prescale, postscale, size_);
     return Status::ok();
   }
+  const OpDesc desc = make_desc(HPCDL_OP_ALLREDUCE, dtype, op, count);
 
   st = agree(desc, deadline, what);
   if (!st.is_ok()) return st;
@@ -287,9 +296,9 @@ Status ShmComm::allreduce(const void* send, void* recv, int64_t count, int dtype
     char* result = slot(rank_, step_ + 1) + size_t(mine_at) * es;
     if (mine > 0) {
       for (int r = 0; r < size_; ++r)
-        srcs[size_t(r)] = r == rank_ ? static_cast<const void*>(in + size_t(off + mine_at) * es)
-                                     : slot(r, staged) + size_t(mine_at) * es;
-      reduce(result, srcs.data(), size_, mine, dtype, op, prescale, postscale, size_);
+        srcs[r] = r == rank_ ? static_cast<const void*>(in + size_t(off + mine_at) * es)
+                             : slot(r, staged) + size_t(mine_at) * es;
+      reduce(result, srcs, size_, mine, dtype, op, prescale, postscale, size_);
       std::memcpy(out + size_t(off + mine_at) * es, result, size_t(mine) * es);
     }
     publish();

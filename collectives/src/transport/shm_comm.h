@@ -20,7 +20,7 @@
 namespace hpcdl {
 
 struct ShmParams {
-  size_t chunk_bytes = 1 << 20;       // staging buffer size per rank and step
+  size_t chunk_bytes = 2 << 20;       // staging buffer size per rank and step
   size_t small_message_bytes = 65536;  // allreduce below this: one step, everybody reduces everything
 };
 
