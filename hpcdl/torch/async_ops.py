@@ -235,7 +235,7 @@ def sparse_allreduce_async(
             values = values / process_set.size()
         if indices.dim() == 0 or values.dim() == 0:
             return t.new().resize_as_(t)
-        return torch.sparse_coo_tensor(indices.transpose(0, 1), values, t.size())
+        return torch.sparse_coo_tensor(indices.transpose(0, 1), values, t.size(), check_invariants=True)
 
     return result
 

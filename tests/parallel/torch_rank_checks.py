@@ -774,6 +774,26 @@ def check_predivide_factor_and_changing_passes() -> None:
         raise AssertionError("predivide with Sum must raise")
 
 
+def check_sparse_gradients_in_the_optimizer() -> None:
+    r, n = hvd.rank(), hvd.size()
+    rows = [torch.tensor([0, 2]), torch.tensor([2, 3])]  # rank k looks up rows[k % 2]
+    for sparse_as_dense in (False, True):
+        torch.manual_seed(0)
+        emb = torch.nn.Embedding(5, 3, sparse=True)
+        start = emb.weight.detach().clone()
+        opt = hvd.DistributedOptimizer(
+            torch.optim.SGD(emb.parameters(), lr=1.0),
+            named_parameters=emb.named_parameters(),
+            sparse_as_dense=sparse_as_dense,
+        )
+        emb(rows[r % 2]).sum().backward()
+        opt.step()
+        expected = start.clone()
+        for k in range(n):
+            expected[rows[k % 2]] -= 1.0 / n  # the average of every rank's sparse gradient
+        assert_close(emb.weight.detach(), expected, f"sparse gradients (sparse_as_dense={sparse_as_dense})")
+
+
 SCENARIOS: dict[str, list[Check]] = {
     "collectives": [
         check_topology_and_build_facts,
@@ -809,6 +829,7 @@ SCENARIOS: dict[str, list[Check]] = {
         check_equivalence_fp16_compression,
         check_grouped_optimizer_sums_gradients,
         check_predivide_factor_and_changing_passes,
+        check_sparse_gradients_in_the_optimizer,
         check_adasum,
         check_join_with_uneven_batches,
         check_sync_batch_norm,
