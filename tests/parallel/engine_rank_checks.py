@@ -275,7 +275,9 @@ def check_join_uneven() -> None:
 
 def timeline_workload(prefix: str) -> None:
     r = hc.rank()
-    handles = [E.allreduce_async(values(r, 100, i), name=f"{prefix}.small.{i}", op=SUM) for i in range(8)]
+    # A group runs in one cycle, so its members are certainly fused together.
+    small = [values(r, 100, i) for i in range(8)]
+    handles = E.grouped_allreduce_async(small, names=[f"{prefix}.small.{i}" for i in range(8)], op=SUM)
     handles.append(E.allreduce_async(values(r, 4), name=f"{prefix}.tiny", op=SUM))
     handles.append(E.allreduce_async(values(r, 200000), name=f"{prefix}.large", op=SUM))
     handles.append(E.allgather_async(np.full(3, r, np.int32), name=f"{prefix}.gather"))
