@@ -60,13 +60,15 @@ def _free_port() -> int:
 
 def _interleaved(steps_by_name: dict[str, Callable[[], None]], args: argparse.Namespace, barrier) -> dict:
     """Median seconds per step of each variant. The variants take turns, one timed window of
-    ``args.steps`` steps each per round, so that a change in machine load hits them alike."""
+    ``args.steps`` steps each per round, in alternating order (ABBA...), so that changes in machine load
+    and any first-in-round effect hit them alike."""
     for step in steps_by_name.values():
         for _ in range(args.warmup):
             step()
     windows: dict[str, list[float]] = {name: [] for name in steps_by_name}
-    for _ in range(args.repeats):
-        for name, step in steps_by_name.items():
+    for round_index in range(args.repeats):
+        order = list(steps_by_name.items())
+        for name, step in order if round_index % 2 == 0 else reversed(order):
             barrier()
             started = time.perf_counter()
             for _ in range(args.steps):
@@ -196,7 +198,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--launch", help="comma list of rank counts to launch with hpcdl run, e.g. 1,2")
     parser.add_argument("--batch-size", type=int, default=32, help="samples per rank per step")
     parser.add_argument("--steps", type=int, default=5, help="steps per timed window")
-    parser.add_argument("--repeats", type=int, default=5, help="timed windows per variant (median kept)")
+    parser.add_argument("--repeats", type=int, default=6, help="timed windows per variant (median kept)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument(
         "--threads", type=int, default=0, help="torch threads per rank (0: cores / local ranks)"
