@@ -88,7 +88,7 @@ def test_autotune_converges_and_leaves_user_knobs_alone(tmp_path: Path) -> None:
     done = run_scenario(
         2,
         "autotune",
-        "16",
+        "24",
         HPCDL_AUTOTUNE="1",
         HPCDL_AUTOTUNE_LOG=str(log),
         HPCDL_AUTOTUNE_WARMUP_SAMPLES="1",
