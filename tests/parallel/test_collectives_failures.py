@@ -113,3 +113,23 @@ def test_a_rank_with_the_wrong_secret_is_refused() -> None:
         timeout=60,
     )
     assert results[1].result == "refused", results[1].stderr
+
+
+def test_interface_selection_and_static_process_sets() -> None:
+    code = (
+        "import json, hpcdl.common as hc, numpy as np\n"
+        "hc.init(process_sets=[[0, 1]], transport='tcp')\n"
+        "got = hc.allreduce(np.ones(3), process_set=1) if hc.rank() < 2 else [0]\n"
+        "seen = [hc.process_set_ids(), int(got[0]), hc.transport_name(True)]\n"
+        "print('RESULT', json.dumps(seen), flush=True)\n"
+        "hc.shutdown()\n"
+    )
+    results = run_ranks(3, code, env={"HPCDL_IFACE": "lo"}, launcher="manual", timeout=60)
+    assert [r.result for r in results[:2]] == [[[0, 1], 2, "tcp"]] * 2, [r.stderr for r in results]
+    bad = (
+        "import json, hpcdl.common as hc\ntry:\n    hc.init(timeout=5)\nexcept hc.HpcdlError as e:\n"
+        "    print('RESULT', json.dumps(str(e)))\n"
+    )
+    results = run_ranks(2, bad, env={"HPCDL_IFACE": "no-such-nic0"}, launcher="manual", timeout=60)
+    for r in results:
+        assert "no-such-nic0" in r.result and "lo" in r.result, r.result  # names the interfaces there are

@@ -293,13 +293,22 @@ Status ShmComm::allreduce(const void* send, void* recv, int64_t count, int dtype
     if (!st.is_ok()) return st;
     const uint32_t staged = step_;
     const int64_t mine = part_len(rank_), mine_at = part_begin(rank_);
-    char* result = slot(rank_, step_ + 1) + size_t(mine_at) * es;
     if (mine > 0) {
-      for (int r = 0; r < size_; ++r)
-        srcs[r] = r == rank_ ? static_cast<const void*>(in + size_t(off + mine_at) * es)
-                             : slot(r, staged) + size_t(mine_at) * es;
-      reduce(result, srcs, size_, mine, dtype, op, prescale, postscale, size_);
-      std::memcpy(out + size_t(off + mine_at) * es, result, size_t(mine) * es);
+      // Reduce straight into the output (in place, its lines are already cached from reading the
+      // input), then stage the result for the peers from there.
+      // Works in L1-sized blocks so that the copy to the staging buffer reads what was just written.
+      char* result = out + size_t(off + mine_at) * es;
+      char* staged_result = slot(rank_, step_ + 1) + size_t(mine_at) * es;
+      const int64_t block = int64_t(16384 / es);
+      for (int64_t at = 0; at < mine; at += block) {
+        const int64_t len = std::min(block, mine - at);
+        const size_t byte_at = size_t(at) * es;
+        for (int r = 0; r < size_; ++r)
+          srcs[r] = r == rank_ ? static_cast<const void*>(in + size_t(off + mine_at) * es + byte_at)
+                               : slot(r, staged) + size_t(mine_at) * es + byte_at;
+        reduce(result + byte_at, srcs, size_, len, dtype, op, prescale, postscale, size_);
+        std::memcpy(staged_result + byte_at, result + byte_at, size_t(len) * es);
+      }
     }
     publish();
     st = wait_all(deadline, what);

@@ -117,23 +117,29 @@ void TcpComm::notify_self() {
 
 bool TcpComm::wait_notify(Deadline until) {
   std::vector<pollfd> fds;
+  std::vector<size_t> owner;  // index into bell_fds_ of each polled doorbell (self: npos)
   fds.push_back({self_bell_, POLLIN, 0});
-  for (int fd : bell_fds_)
-    if (fd >= 0) fds.push_back({fd, POLLIN, 0});
+  owner.push_back(size_t(-1));
+  if (bell_quiet_.size() != bell_fds_.size()) bell_quiet_.assign(bell_fds_.size(), false);
+  for (size_t i = 0; i < bell_fds_.size(); ++i) {
+    if (bell_fds_[i] < 0 || bell_quiet_[i]) continue;
+    fds.push_back({bell_fds_[i], POLLIN, 0});
+    owner.push_back(i);
+  }
   while (true) {
     int rc = poll(fds.data(), nfds_t(fds.size()), poll_timeout_ms(until));
     if (rc > 0) {
       bool rung = false;
       char buf[256];
-      for (auto& p : fds) {
-        if (!(p.revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      for (size_t k = 0; k < fds.size(); ++k) {
+        if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
         rung = true;
-        if (p.fd == self_bell_) {
+        if (fds[k].fd == self_bell_) {
           uint64_t v;
           (void)!read(self_bell_, &v, sizeof(v));
-        } else {
-          ssize_t n = recv(p.fd, buf, sizeof(buf), MSG_DONTWAIT);
-          if (n == 0) p.fd = -p.fd - 1;  // peer gone: stop polling it; data ops will report the loss
+        } else if (recv(fds[k].fd, buf, sizeof(buf), MSG_DONTWAIT) == 0) {
+          // The peer is gone: stop listening to its doorbell (the data ops report the loss by name).
+          bell_quiet_[owner[k]] = true;
         }
       }
       if (rung) return true;

@@ -59,6 +59,7 @@ class TcpComm : public Comm, public P2P {
   std::vector<int> world_;
   std::vector<std::string> hosts_;
   std::vector<int> fds_, bell_fds_;
+  std::vector<bool> bell_quiet_;  // doorbells whose peer hung up (only wait_notify's thread touches it)
   int self_bell_ = -1;
   size_t small_message_bytes_ = 65536;
   Status broken_;
