@@ -19,9 +19,9 @@ def assert_all_passed(results: list[RankResult], np: int) -> None:
         assert r.result["rank"] == r.rank and r.result["size"] == np
 
 
-@pytest.mark.parametrize("np", [1, 2, 3, 5])
-def test_every_op_and_dtype_over_shared_memory(np: int) -> None:
-    results = run_ranks(np, CHECKS, timeout=180)
+@pytest.mark.parametrize(("np", "mode"), [(1, "full"), (2, "full"), (3, "full"), (5, "full"), (8, "quick")])
+def test_every_op_and_dtype_over_shared_memory(np: int, mode: str) -> None:
+    results = run_ranks(np, CHECKS, args=(mode,), timeout=180)
     assert_all_passed(results, np)
     for r in results:
         assert r.result["local_size"] == np and r.result["local_rank"] == r.rank
