@@ -672,7 +672,7 @@ void Engine::finish(Pending& e, int code, const std::string& message) {
   pending_names_.erase({op->request.process_set, op->request.name});
   if (code != HPCDL_OK) op->error = message;
   op->status.store(code, std::memory_order_release);
-  done_cv_.notify_all();
+  if (op->waiters > 0) op->done.notify_all();
 }
 
 // Response cache: operations that ran with every member's submission are remembered under a small id; a
@@ -773,7 +773,8 @@ void Engine::fail_everything(const Status& status) {
     op->status.store(failed_.code == HPCDL_OK ? HPCDL_ERR_SHUTDOWN : failed_.code, std::memory_order_release);
   }
   pending_names_.clear();
-  done_cv_.notify_all();
+  for (auto& op : ops)
+    if (op->waiters > 0) op->done.notify_all();
 }
 
 }  // namespace hpcdl

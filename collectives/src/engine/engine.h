@@ -59,6 +59,10 @@ struct EngineOp {
   std::vector<int64_t> received_splits;
   int join_result = -1;
   std::vector<int> waiting_for;  // ranks that have not submitted it yet (under Engine::mutex_)
+  // Callers blocked in wait() on this operation (under Engine::mutex_): only they are woken when it
+  // finishes, so a caller waiting on one of many operations is not woken by every other one.
+  int waiters = 0;
+  std::condition_variable done;
 };
 
 class Engine {
@@ -170,7 +174,6 @@ class Engine {
 
   // Shared with callers, under mutex_.
   mutable std::mutex mutex_;
-  std::condition_variable done_cv_;   // an operation finished
   std::condition_variable queue_cv_;  // an operation was queued (batching wait)
   std::vector<std::shared_ptr<EngineOp>> queue_;
   int64_t queue_bytes_ = 0;

@@ -147,7 +147,9 @@ Status Engine::wait(int64_t handle, double timeout_s) {
     double limit = timeout_s < 0 ? timeout_s_ : timeout_s;
     auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(limit));
     std::unique_lock<std::mutex> lock(mutex_);
-    bool done = done_cv_.wait_until(lock, until, [&] { return op->status.load() != HPCDL_PENDING; });
+    ++op->waiters;
+    bool done = op->done.wait_until(lock, until, [&] { return op->status.load() != HPCDL_PENDING; });
+    --op->waiters;
     if (!done) {
       std::ostringstream m;
       m << "timed out after " << limit << " s waiting for " << describe(op->request);
