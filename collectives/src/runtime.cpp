@@ -128,9 +128,9 @@ Status Runtime::start(const Options& options) {
   std::string secret = options.get("secret");
   const Deadline deadline = this->deadline();
 
+  int mpi_rank = -1, mpi_size = -1;
   if (bootstrap == "mpi" || transport_ == "mpi") {
 #ifdef HPCDL_HAVE_MPI
-    int mpi_rank = 0, mpi_size = 1;
     Status st = mpi_bootstrap_init(&mpi_initialized_here_, &mpi_threads_supported_, &mpi_rank, &mpi_size);
     if (!st.is_ok()) return st;
     mpi_enabled_ = true;
@@ -154,6 +154,12 @@ Status Runtime::start(const Options& options) {
   if (size_ < 1 || rank_ < 0 || rank_ >= size_)
     return Status::error(HPCDL_ERR_INVALID, "rank=" + options_.get("rank") + " size=" + options_.get("size") +
                                                 " is not a valid rank/size pair (need 0 <= rank < size)");
+  if (transport_ == "mpi" && (mpi_rank != rank_ || mpi_size != size_))
+    return Status::error(HPCDL_ERR_INVALID,
+                         "transport=mpi: MPI sees rank " + std::to_string(mpi_rank) + " of " +
+                             std::to_string(mpi_size) + ", not rank " + std::to_string(rank_) + " of " +
+                             std::to_string(size_) + "; the ranks must be started by the mpirun of the MPI hpcdl "
+                             "was built with (see hpcdl check-build), or use transport=auto or tcp");
   std::string host = options_.get("host");
   if (host.empty()) return Status::error(HPCDL_ERR_INVALID, "the host identity (option 'host') is required");
   for (char c : host)

@@ -1,0 +1,25 @@
+"""The allreduce benchmark runs end to end and prints the records tools read."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+
+def test_allreduce_benchmark_json_records() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_COMM", "PMI_"))}
+    command = [sys.executable, "-m", "hpcdl", "bench", "allreduce", "-np", "2", "--sizes", "4,65536"]
+    done = subprocess.run(
+        [*command, "--repeats", "1", "--json"], capture_output=True, text=True, timeout=240, env=env
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    records = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    impls = {r["impl"] for r in records}
+    assert {"memcpy", "hpcdl", "gloo"} <= impls
+    for r in records:
+        assert set(r) >= {"impl", "ranks", "bytes", "time_s", "busbw_gbs"} and r["time_s"] > 0
+    hpcdl = {r["bytes"]: r for r in records if r["impl"] == "hpcdl"}
+    assert set(hpcdl) == {4, 65536} and all(r["ranks"] == 2 for r in hpcdl.values())
+    assert hpcdl[65536]["busbw_gbs"] == 65536 / hpcdl[65536]["time_s"] / 1e9  # 2 ranks: busbw = algbw
