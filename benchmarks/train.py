@@ -6,9 +6,11 @@ timed over the same number of steps. Run the comparison and the scaling efficien
     python benchmarks/train.py --launch 1,2
 
 which starts ``hpcdl run -np 1`` and ``hpcdl run -np 2`` of this script and prints one table: samples/s
-of each, their ratio, and each one's scaling efficiency (samples/s on N ranks / (N × samples/s on 1
-rank)). Run directly on every rank (``hpcdl run -np 2 python benchmarks/train.py``) it prints that job's
-figures from rank 0 (``--json`` for tools).
+of each, their ratio, each one's scaling efficiency (samples/s on N ranks / (N × samples/s on 1 rank)),
+and each one against the same ranks taking the same steps without communicating ("no-comm", timed in
+the same job, turn about): an efficiency that a busy shared machine distorts less, since both sides of
+the ratio see the same load. Run directly on every rank (``hpcdl run -np 2 python
+benchmarks/train.py``) it prints that job's figures from rank 0 (``--json`` for tools).
 
 Each rank gets its own share of the cores as torch threads: ``cores / largest rank count`` with
 ``--launch`` (so 1 rank is measured with the share each of N ranks has), ``cores / ranks on the host`` when
@@ -117,8 +119,18 @@ def worker(args: argparse.Namespace) -> Optional[dict]:
     ddp_model = torch.nn.parallel.DistributedDataParallel(SmallCNN())
     ddp_optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.01, momentum=0.9)
 
+    # The same step without any communication, on the same ranks at the same time: what the machine
+    # (however busy it is) gives when distribution costs nothing.
+    torch.manual_seed(0)
+    local_model = SmallCNN()
+    local_optimizer = torch.optim.SGD(local_model.parameters(), lr=0.01, momentum=0.9)
+
     step_s = _interleaved(
-        {"hpcdl": train_step(model, optimizer), "ddp": train_step(ddp_model, ddp_optimizer)},
+        {
+            "hpcdl": train_step(model, optimizer),
+            "ddp": train_step(ddp_model, ddp_optimizer),
+            "local": train_step(local_model, local_optimizer),
+        },
         args,
         hvd.barrier,
     )
@@ -135,6 +147,8 @@ def worker(args: argparse.Namespace) -> Optional[dict]:
         "hpcdl_samples_per_s": round(global_batch / step_s["hpcdl"], 1),
         "ddp_gloo_samples_per_s": round(global_batch / step_s["ddp"], 1),
         "hpcdl_over_ddp": round(step_s["ddp"] / step_s["hpcdl"], 3),
+        "hpcdl_vs_no_communication": round(step_s["local"] / step_s["hpcdl"], 3),
+        "ddp_vs_no_communication": round(step_s["local"] / step_s["ddp"], 3),
     }
 
 
@@ -170,6 +184,8 @@ def launch(args: argparse.Namespace) -> None:
         for key in ("hpcdl", "ddp_gloo"):
             single = base[f"{key}_samples_per_s"] if base else None
             eff[key] = f"{100 * r[f'{key}_samples_per_s'] / (ranks * single):.1f}%" if single else "n/a"
+        eff["hpcdl_local"] = f"{100 * r['hpcdl_vs_no_communication']:.1f}%"
+        eff["ddp_local"] = f"{100 * r['ddp_vs_no_communication']:.1f}%"
         rows.append((ranks, r["hpcdl_samples_per_s"], r["ddp_gloo_samples_per_s"], r["hpcdl_over_ddp"], eff))
     if args.json:
         print(json.dumps({"results": results}, indent=2))
@@ -179,8 +195,11 @@ def launch(args: argparse.Namespace) -> None:
         f"SmallCNN ({first['parameters']:,} parameters), synthetic 3x32x32 images, "
         f"batch {args.batch_size} per rank, {first['threads_per_rank']} thread(s) per rank"
     )
-    print("| ranks | hpcdl samples/s | DDP-gloo samples/s | hpcdl / DDP | hpcdl scaling | DDP scaling |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    print(
+        "| ranks | hpcdl samples/s | DDP-gloo samples/s | hpcdl / DDP | hpcdl scaling | DDP scaling "
+        "| hpcdl vs no-comm | DDP vs no-comm |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for ranks, hpcdl_sps, ddp_sps, ratio, eff in rows:
         cells = [
             str(ranks),
@@ -189,6 +208,8 @@ def launch(args: argparse.Namespace) -> None:
             f"{ratio:.3f}",
             eff["hpcdl"],
             eff["ddp_gloo"],
+            eff["hpcdl_local"],
+            eff["ddp_local"],
         ]
         print("| " + " | ".join(cells) + " |")
 
@@ -197,8 +218,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--launch", help="comma list of rank counts to launch with hpcdl run, e.g. 1,2")
     parser.add_argument("--batch-size", type=int, default=32, help="samples per rank per step")
-    parser.add_argument("--steps", type=int, default=5, help="steps per timed window")
-    parser.add_argument("--repeats", type=int, default=6, help="timed windows per variant (median kept)")
+    parser.add_argument("--steps", type=int, default=2, help="steps per timed window")
+    parser.add_argument("--repeats", type=int, default=20, help="timed windows per variant (median kept)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument(
         "--threads", type=int, default=0, help="torch threads per rank (0: cores / local ranks)"
