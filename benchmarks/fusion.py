@@ -1,9 +1,8 @@
 """Tensor fusion benchmark: ResNet-50's 161 gradients, reduced the way a training step does.
 
-Run on every rank, for example::
-
-    hpcdl run --mpi --mpirun /usr/bin/mpirun.openmpi \
-        --mpi-args "--allow-run-as-root --oversubscribe" -np 2 python3 benchmarks/fusion.py
+Run it as ``hpcdl bench fusion -np 2`` or ``python benchmarks/fusion.py -np 2``: it launches itself on N
+ranks with ``hpcdl run --mpi`` through Open MPI's mpirun (so mpi4py runs in the same job; without
+mpirun.openmpi or mpi4py, or with ``--no-mpi``, only hpcdl and gloo are measured).
 
 Each variant reduces the same 161 float32 tensors (25,557,032 parameters, 102 MB), submitted in backward
 order (last layer first):
@@ -23,8 +22,11 @@ import argparse
 import ctypes
 import json
 import os
+import shutil
 import socket
 import statistics
+import subprocess
+import sys
 import time
 from typing import Callable, Optional
 
@@ -112,18 +114,13 @@ def lone_latency_us(repeats: int) -> dict[str, float]:
     return result
 
 
-def main(argv: Optional[list[str]] = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--iterations", type=int, default=10)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--latency-repeats", type=int, default=2000)
-    parser.add_argument("--skip", default="", help="comma list of variants to skip (gloo, mpi4py)")
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args(argv)
-    skip = set(filter(None, args.skip.split(",")))
+OPENMPI = "/usr/bin/mpirun.openmpi"
 
+
+def worker(iterations: int, warmup: int, latency_repeats: int, skip: set[str]) -> None:
+    """One rank's share of the benchmark; rank 0 prints the report as a ``REPORT {json}`` line."""
     mpi_comm = None
-    if ("mpi4py" not in skip and "OMPI_COMM_WORLD_RANK" in os.environ) or "PMI_RANK" in os.environ:
+    if "mpi4py" not in skip and ("OMPI_COMM_WORLD_RANK" in os.environ or "PMI_RANK" in os.environ):
         try:
             from mpi4py import MPI  # initialises MPI before hpcdl looks for it
 
@@ -150,9 +147,9 @@ def main(argv: Optional[list[str]] = None) -> None:
         for h in handles:
             h.wait()
 
-    results["engine"] = timed(engine_step, args.warmup, args.iterations, barrier)
+    results["engine"] = timed(engine_step, warmup, iterations, barrier)
     results["flat"] = timed(
-        lambda: hc.allreduce(flat, op=hc.ReduceOp.SUM, out=flat), args.warmup, args.iterations, barrier
+        lambda: hc.allreduce(flat, op=hc.ReduceOp.SUM, out=flat), warmup, iterations, barrier
     )
 
     if "gloo" not in skip:
@@ -171,7 +168,7 @@ def main(argv: Optional[list[str]] = None) -> None:
             for w in works:
                 w.wait()
 
-        results["gloo"] = timed(gloo_step, args.warmup, args.iterations, barrier)
+        results["gloo"] = timed(gloo_step, warmup, iterations, barrier)
         dist.destroy_process_group()
 
     if mpi_comm is not None:
@@ -183,9 +180,9 @@ def main(argv: Optional[list[str]] = None) -> None:
             for i in backward:
                 mpi_comm.Allreduce(MPI.IN_PLACE, buffers[i], op=MPI.SUM)
 
-        results["mpi4py"] = timed(mpi_step, args.warmup, args.iterations, barrier)
+        results["mpi4py"] = timed(mpi_step, warmup, iterations, barrier)
 
-    latency = lone_latency_us(args.latency_repeats)
+    latency = lone_latency_us(latency_repeats)
     hc.shutdown()
     if rank != 0:
         return
@@ -200,20 +197,74 @@ def main(argv: Optional[list[str]] = None) -> None:
         "mpi4py_vs_engine": round(median["mpi4py"] / median["engine"], 2) if "mpi4py" in median else None,
         "lone_4_byte_allreduce_us": {k: round(v, 1) for k, v in latency.items()},
     }
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return
-    print(f"ResNet-50 gradients: {len(SHAPES)} tensors, {flat.size:,} float32, {size} ranks")
-    print(f"{'variant':<10}{'median step':>14}")
-    for name, value in median.items():
-        print(f"{name:<10}{value * 1e3:>11.2f} ms")
-    print(f"engine / flat: {report['engine_vs_flat']}  (target <= 1.15)")
+    print("REPORT " + json.dumps(report), flush=True)
+
+
+def render(report: dict) -> str:
+    lines = [
+        f"ResNet-50 gradients: {report['tensors']} tensors, {report['parameters']:,} float32, "
+        f"{report['ranks']} ranks",
+        f"{'variant':<10}{'median step':>14}",
+    ]
+    for name, ms in report["median_step_ms"].items():
+        lines.append(f"{name:<10}{ms:>11.2f} ms")
+    lines.append(f"engine / flat: {report['engine_vs_flat']}  (target <= 1.15)")
     if report["gloo_vs_engine"] is not None:
-        print(f"gloo / engine: {report['gloo_vs_engine']}  (target >= 4)")
+        lines.append(f"gloo / engine: {report['gloo_vs_engine']}  (target >= 4)")
     if report["mpi4py_vs_engine"] is not None:
-        print(f"mpi4py / engine: {report['mpi4py_vs_engine']}  (target >= 1)")
+        lines.append(f"mpi4py / engine: {report['mpi4py_vs_engine']}  (target >= 1)")
     for key, value in report["lone_4_byte_allreduce_us"].items():
-        print(f"lone 4-byte allreduce, {key[:-3]}: {value} us")
+        target = "  (target < 50 us)" if key.startswith("engine") else ""
+        lines.append(f"lone 4-byte allreduce, {key[:-3]}: {value} us{target}")
+    return "\n".join(lines)
+
+
+def launch(ranks: int, use_mpi: bool, worker_args: list[str]) -> dict:
+    command = [sys.executable, "-m", "hpcdl", "run"]
+    if use_mpi:
+        command += [
+            "--mpi",
+            "--mpirun",
+            OPENMPI,
+            "--mpi-args",
+            "--allow-run-as-root --oversubscribe --bind-to none",
+        ]
+    command += ["-np", str(ranks), sys.executable, os.path.abspath(__file__), "--worker", *worker_args]
+    env = dict(os.environ)
+    env.setdefault("OMPI_MCA_btl_tcp_if_include", "lo")
+    env.setdefault("OMPI_MCA_oob_tcp_if_include", "lo")
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    for line in done.stdout.splitlines():
+        at = line.find("REPORT {")
+        if at >= 0 and done.returncode == 0:
+            return json.loads(line[at + len("REPORT ") :])
+    sys.exit(
+        f"the benchmark ranks failed (exit {done.returncode}):\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    )
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = argparse.ArgumentParser(prog="hpcdl bench fusion", description=__doc__.split("\n\n")[0])
+    parser.add_argument("-np", "--num-proc", type=int, default=2, help="number of ranks (default 2)")
+    parser.add_argument("--iterations", type=int, default=10, help="timed steps per variant (median kept)")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--latency-repeats", type=int, default=2000)
+    parser.add_argument("--skip", default="", help="comma list of variants to skip: gloo, mpi4py")
+    parser.add_argument("--no-mpi", action="store_true", help="launch with hpcdl run only (no mpi4py)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    skip = set(filter(None, args.skip.split(",")))
+    if args.worker:
+        worker(args.iterations, args.warmup, args.latency_repeats, skip)
+        return
+    if args.num_proc < 1:
+        parser.error("-np must be at least 1")
+    use_mpi = not args.no_mpi and "mpi4py" not in skip and shutil.which(OPENMPI) is not None
+    worker_args = ["--iterations", str(args.iterations), "--warmup", str(args.warmup)]
+    worker_args += ["--latency-repeats", str(args.latency_repeats), "--skip", ",".join(sorted(skip)) or ","]
+    report = launch(args.num_proc, use_mpi, worker_args)
+    print(json.dumps(report, indent=2) if args.json else render(report))
 
 
 if __name__ == "__main__":
