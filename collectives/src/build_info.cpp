@@ -2,6 +2,7 @@
 #include <string>
 
 #include "hpcdl/c_api.h"
+#include "kernels/reduce.h"
 
 #ifdef HPCDL_HAVE_MPI
 #include <mpi.h>
@@ -36,16 +37,8 @@ std::string make_build_info() {
   version = HPCDL_STR(MPI_VERSION) "." HPCDL_STR(MPI_SUBVERSION);
 #endif
 #endif
-  std::string simd = "generic";
-#if defined(__AVX512F__)
-  simd = "avx512";
-#elif defined(__AVX2__)
-  simd = "avx2";
-#elif defined(__SSE2__)
-  simd = "sse2";
-#elif defined(__ARM_NEON)
-  simd = "neon";
-#endif
+  // The kernels are compiled for baseline x86-64 and for AVX2/FMA/F16C; this is the set this CPU runs.
+  std::string simd = hpcdl::kernel_isa();
   return std::string("{") + "\"version\":\"" + HPCDL_VERSION + "\"," + "\"abi\":" +
          std::to_string(HPCDL_ABI_VERSION) + "," + "\"compiler\":\"" + json_escape(HPCDL_COMPILER) + "\"," +
          "\"shm\":true,\"tcp\":true," + "\"mpi\":" + mpi + "," + "\"mpi_vendor\":\"" + json_escape(vendor) +

@@ -242,7 +242,7 @@ Status Runtime::start(const Options& options) {
     local_transport_ = cross_transport_ = "mpi";
   } else {
     local_transport_ = size_ == 1 || local_size_ == 1 ? "self" : (transport_ == "tcp" || spans ? "tcp" : "shm");
-    if (spans && transport_ != "tcp" && options_.get_bool("hierarchical", false) && local_size_ > 1) local_transport_ = "shm";
+    if (spans && transport_ != "tcp" && options_.get_bool("hierarchical", true) && local_size_ > 1) local_transport_ = "shm";
     cross_transport_ = spans ? "tcp" : "self";
   }
 
@@ -287,7 +287,7 @@ Status Runtime::make_comm(const std::vector<int>& ranks, int set_id, Channel cha
     std::shared_ptr<TcpComm> tcp;
     Status st = make_tcp_comm(ranks, my, key, deadline, &tcp);
     if (!st.is_ok()) return st;
-    if (!one_host && transport_ != "tcp" && options_.get_bool("hierarchical", false)) {
+    if (!one_host && transport_ != "tcp" && options_.get_bool("hierarchical", true)) {
       std::shared_ptr<Comm> hier;
       st = HierarchicalComm::create(*this, ranks, my, key, tcp, deadline, &hier);
       if (!st.is_ok()) return st;

@@ -48,7 +48,7 @@ SETTINGS: tuple[Setting, ...] = (
         "hierarchical",
         "HPCDL_HIERARCHICAL_ALLREDUCE",
         "HOROVOD_HIERARCHICAL_ALLREDUCE",
-        False,
+        True,  # only matters when ranks span hosts: shared memory first, then TCP between hosts
         bool,
     ),
     Setting(

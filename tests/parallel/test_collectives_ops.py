@@ -48,8 +48,7 @@ def test_hierarchical_allreduce_across_simulated_hosts() -> None:
     results = run_ranks(
         5,
         CHECKS,
-        env={"HPCDL_HIERARCHICAL_ALLREDUCE": "1"},
-        launcher="manual",
+        launcher="manual",  # hierarchical is the default when ranks span hosts
         rank_env=lambda r: {"HPCDL_HOSTNAME": hosts[r]},
         timeout=180,
     )
@@ -57,3 +56,17 @@ def test_hierarchical_allreduce_across_simulated_hosts() -> None:
     topology = [(r.result["local_rank"], r.result["local_size"], r.result["cross_rank"]) for r in results]
     assert topology == [(0, 2, 0), (1, 2, 0), (0, 3, 1), (1, 3, 1), (2, 3, 0)]
     assert {(r.result["transport_local"], r.result["transport_cross"]) for r in results} == {("shm", "tcp")}
+
+
+def test_flat_tcp_ring_across_simulated_hosts() -> None:
+    hosts = ["node-a", "node-b", "node-a"]
+    results = run_ranks(
+        3,
+        CHECKS,
+        env={"HPCDL_HIERARCHICAL_ALLREDUCE": "0"},
+        launcher="manual",
+        rank_env=lambda r: {"HPCDL_HOSTNAME": hosts[r]},
+        timeout=180,
+    )
+    assert_all_passed(results, 3)
+    assert [r.result["transport_local"] for r in results] == ["tcp", "self", "tcp"]
