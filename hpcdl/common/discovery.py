@@ -9,7 +9,7 @@ right whatever the launcher.
 Where the ranks meet: ``HPCDL_RENDEZVOUS_ADDR``/``_PORT`` (set by ``hpcdl run``), else ``MASTER_ADDR``/
 ``MASTER_PORT`` (rank 0 hosts the rendezvous), else under Slurm the first host of the allocation and a
 port derived from the job id (rank 0 hosts), else under OpenMPI's ``mpirun`` (which this build links)
-MPI itself (``bootstrap=mpi``).
+MPI itself (``bootstrap=mpi``; likewise MPICH's ``mpiexec`` for a build linking MPICH).
 
 The job secret is ``HPCDL_SECRET``. Without it (a launcher other than ``hpcdl run``), ranks derive one
 from what they share (job id, rendezvous address, user id) and warn: that keeps stray jobs apart but is
@@ -57,6 +57,10 @@ _LAUNCHERS: tuple[tuple[str, str, str, Optional[str], Optional[str]], ...] = (
     ("Flux", "FLUX_TASK_RANK", "FLUX_JOB_SIZE", "FLUX_TASK_LOCAL_ID", None),
     ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
 )
+
+
+# The launcher whose ranks can meet through the MPI library of that vendor.
+_MPI_LAUNCHER = {"Open MPI": "OpenMPI mpirun", "MPICH": "MPICH/PMI mpiexec"}
 
 
 @dataclass(frozen=True)
@@ -154,7 +158,7 @@ def meeting(info: RankInfo, env: Mapping[str, str] | None = None, mpi_vendor: st
     if info.launcher == "Slurm srun" and env.get("SLURM_JOB_NODELIST") and env.get("SLURM_JOB_ID"):
         port = 20000 + _int(env, "SLURM_JOB_ID") % 20000
         return tcp(_first_slurm_host(env["SLURM_JOB_NODELIST"]), port, True, "the Slurm allocation")
-    if info.launcher == "OpenMPI mpirun" and mpi_vendor == "Open MPI":
+    if _MPI_LAUNCHER.get(mpi_vendor) == info.launcher:  # launched by the MPI this build links
         return Meeting("mpi", secret=secret)
     hint = ""
     if info.launcher.startswith("MPICH") or info.launcher == "OpenMPI mpirun":

@@ -69,6 +69,7 @@ def test_meeting_places_in_order() -> None:
     meet = discovery.meeting(info("Slurm srun"), slurm)
     assert (meet.addr, meet.port, meet.serve) == ("gpu07", 20000 + 123456 % 20000, True)
     assert discovery.meeting(info("OpenMPI mpirun"), {}, mpi_vendor="Open MPI").bootstrap == "mpi"
+    assert discovery.meeting(info("MPICH/PMI mpiexec"), {}, mpi_vendor="MPICH").bootstrap == "mpi"
 
 
 def test_no_meeting_place_says_how_to_launch() -> None:

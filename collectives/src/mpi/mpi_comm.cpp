@@ -51,6 +51,13 @@ class MpiComm : public Comm {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) {
+      // Receive doorbells nobody waited for, so MPI has no unmatched messages left at finalize.
+      int flag = 1;
+      while (flag) {
+        MPI_Status status;
+        MPI_Iprobe(MPI_ANY_SOURCE, kBellTag, bell_comm_, &flag, &status);
+        if (flag) MPI_Recv(nullptr, 0, MPI_BYTE, status.MPI_SOURCE, kBellTag, bell_comm_, MPI_STATUS_IGNORE);
+      }
       MPI_Comm_free(&comm_);
       MPI_Comm_free(&bell_comm_);
     }
