@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -133,3 +137,19 @@ def test_interface_selection_and_static_process_sets() -> None:
     results = run_ranks(2, bad, env={"HPCDL_IFACE": "no-such-nic0"}, launcher="manual", timeout=60)
     for r in results:
         assert "no-such-nic0" in r.result and "lo" in r.result, r.result  # names the interfaces there are
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare")
+def test_a_full_dev_shm_is_a_clear_error_not_a_crash() -> None:
+    # The ranks run in a private mount namespace whose /dev/shm holds 1 MiB (less than one segment).
+    inner = (
+        f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from _ranks import run_ranks\n"
+        "code = 'import json, hpcdl.common as hc\\ntry:\\n    hc.init(timeout=10)\\n"
+        'except hc.HpcdlError as e:\\n    print("RESULT", json.dumps(str(e)))\\n\'\n'
+        "print([r.result for r in run_ranks(2, code, launcher='manual', timeout=60)])\n"
+    )
+    script = f"mount -t tmpfs -o size=1m tmpfs /dev/shm && exec {sys.executable} -c {shlex.quote(inner)}"
+    done = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stderr
+    assert "/dev/shm" in done.stdout and "HPCDL_SHM_CHUNK_BYTES" in done.stdout, done.stdout + done.stderr

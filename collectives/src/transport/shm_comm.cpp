@@ -76,12 +76,15 @@ Status ShmComm::create(const std::vector<int>& world_ranks, int my_rank, const s
     if (fd < 0)
       return Status::error(HPCDL_ERR_INTERNAL, "cannot create shared memory " + name + ": " + errno_text(errno) +
                                                    "; is /dev/shm mounted and writable?");
-    if (ftruncate(fd, off_t(c->total_)) != 0) {
-      int err = errno;
+    // Reserve the pages now: a full /dev/shm then fails here with a message, not later with SIGBUS.
+    int err = ftruncate(fd, off_t(c->total_)) != 0 ? errno : posix_fallocate(fd, 0, off_t(c->total_));
+    if (err != 0) {
       close(fd);
       shm_unlink(name.c_str());
-      return Status::error(HPCDL_ERR_INTERNAL, "cannot size shared memory segment to " + std::to_string(c->total_) +
-                                                   " bytes: " + errno_text(err) + "; /dev/shm may be too small");
+      return Status::error(HPCDL_ERR_INTERNAL,
+                           "cannot reserve " + std::to_string(c->total_ >> 20) + " MiB of shared memory in /dev/shm (" +
+                               errno_text(err) + "); enlarge /dev/shm (containers: --shm-size) or lower "
+                               "HPCDL_SHM_CHUNK_BYTES (each rank stages 2 x that per communicator)");
     }
   } else {
     Status st = recv(world_ranks[0], &name);
