@@ -153,3 +153,25 @@ def test_a_full_dev_shm_is_a_clear_error_not_a_crash() -> None:
     done = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=90)
     assert done.returncode == 0, done.stderr
     assert "/dev/shm" in done.stdout and "HPCDL_SHM_CHUNK_BYTES" in done.stdout, done.stdout + done.stderr
+
+
+def test_a_missing_rank_is_named_at_the_rendezvous() -> None:
+    from hpcdl.common.rendezvous import RendezvousServer, make_secret
+
+    secret = make_secret()
+    code = (
+        "import hpcdl.common as hc\ntry:\n    hc.init(timeout=3)\n"
+        "except hc.HpcdlTimeoutError as e:\n    print(e)\n"
+    )
+    with RendezvousServer(4, secret, host="127.0.0.1") as server:
+        procs = []
+        for rank in (0, 2):  # ranks 1 and 3 never start
+            env = dict(os.environ, HPCDL_RANK=str(rank), HPCDL_SIZE="4", HPCDL_RENDEZVOUS_ADDR="127.0.0.1")
+            env.update(HPCDL_RENDEZVOUS_PORT=str(server.port), HPCDL_SECRET=secret)
+            procs.append(
+                subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+            )
+        outputs = [p.communicate(timeout=60)[0] for p in procs]
+        assert server.arrived() == [0, 2]
+    for out in outputs:
+        assert "still missing: rank 1, 3" in out and "same size, secret" in out, out

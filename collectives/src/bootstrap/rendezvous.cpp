@@ -37,7 +37,27 @@ std::string encode_peer(const PeerInfo& p) {
 Status RendezvousServer::start(const std::string& host, int port, const std::string& secret, int size) {
   if (size < 1) return Status::error(HPCDL_ERR_INVALID, "rendezvous server: size must be at least 1");
   size_ = size;
-  return server_.start(host, port, secret, [this](int fd, const std::string& header) { on_client(fd, header); });
+  return server_.start(
+      host, port, secret, [this](int fd, const std::string& header) { on_client(fd, header); },
+      [this] { send_progress(); });
+}
+
+// Tells the waiting ranks, about once a second, who has arrived, so that a rank that gives up can name
+// the ranks it waited for.
+void RendezvousServer::send_progress() {
+  auto now = Clock::now();
+  if (now - last_progress_ < std::chrono::seconds(1)) return;
+  last_progress_ = now;
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::string text = "progress=";
+  for (auto& entry : round_) text += std::to_string(entry.first) + ",";
+  text += "\n";
+  uint32_t len = uint32_t(text.size());
+  std::string frame(reinterpret_cast<const char*>(&len), 4);
+  frame += text;
+  for (auto& entry : round_)
+    send_all(entry.second.first, frame.data(), frame.size(), now + std::chrono::milliseconds(100), "rank",
+             "rendezvous progress");
 }
 
 void RendezvousServer::stop() {
@@ -116,16 +136,29 @@ Status rendezvous_register(const std::string& addr, int port, const std::string&
     close(fd);
     return st;
   }
-  uint32_t len = 0;
-  st = recv_all(fd, &len, 4, deadline, where, "waiting at the rendezvous for all " + std::to_string(size) + " ranks");
-  if (st.is_ok() && len > (1u << 24)) st = Status::error(HPCDL_ERR_INTERNAL, "rendezvous: oversized table");
-  std::string table(len, '\0');
-  if (st.is_ok()) st = recv_all(fd, &table[0], len, deadline, where, "reading the rendezvous table");
+  std::string table, arrived;
+  while (st.is_ok()) {  // progress frames ("progress=0,2,"), then the table
+    uint32_t len = 0;
+    st = recv_all(fd, &len, 4, deadline, where, "waiting at the rendezvous for all " + std::to_string(size) + " ranks");
+    if (st.is_ok() && len > (1u << 24)) st = Status::error(HPCDL_ERR_INTERNAL, "rendezvous: oversized message");
+    if (!st.is_ok()) break;
+    table.assign(len, '\0');
+    st = recv_all(fd, &table[0], len, deadline, where, "reading the rendezvous table");
+    if (!st.is_ok() || table.rfind("progress=", 0) != 0) break;
+    arrived = table.substr(9);
+  }
   close(fd);
   if (!st.is_ok()) {
-    if (st.code == HPCDL_ERR_TIMEOUT)
-      st.message += "; not every rank arrived: check that all " + std::to_string(size) +
-                    " ranks were started with the same size, secret and rendezvous address";
+    if (st.code == HPCDL_ERR_TIMEOUT) {
+      std::string missing;
+      for (int r = 0; r < size; ++r)
+        if (("," + arrived).find("," + std::to_string(r) + ",") == std::string::npos)
+          missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      st.message = "rank " + std::to_string(self.rank) + " waited at " + where + " until its deadline " +
+                   "(HPCDL_TIMEOUT) for all " + std::to_string(size) + " ranks" +
+                   (arrived.empty() ? std::string() : "; still missing: rank " + missing) +
+                   ". Check that every rank was started, with the same size, secret and rendezvous address";
+    }
     return st;
   }
   auto fields = parse_lines(table);

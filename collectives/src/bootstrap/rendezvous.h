@@ -28,12 +28,14 @@ class RendezvousServer {
 
  private:
   void on_client(int fd, const std::string& header);
+  void send_progress();
 
   AuthServer server_;
   int size_ = 0;
   mutable std::mutex mutex_;
   std::map<int, std::pair<int, PeerInfo>> round_;  // rank -> (fd, what it registered)
   std::set<int> last_complete_;
+  Clock::time_point last_progress_{};
 };
 
 // Registers `self` with the server at addr:port and returns the table of all `size` ranks, by rank.
