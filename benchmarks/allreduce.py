@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -27,6 +28,7 @@ from typing import Callable, Optional
 import numpy as np
 
 OPENMPI = "/usr/bin/mpirun.openmpi"
+_TAG = re.compile(r"\[\d+(?:,\d+)?\]<std(?:out|err)>:")
 DEFAULT_SIZES = [4 * 4**k for k in range(14)]  # 4 B .. 256 MiB
 
 
@@ -206,8 +208,9 @@ def launch(ranks: int, sizes: list[int], use_mpi: bool, repeats: int) -> list[Re
     records = []
     for line in done.stdout.splitlines():
         at = line.find("RECORD {")
-        if at >= 0:
-            records.append(Record(**json.loads(line[at + len("RECORD ") :])))
+        if at >= 0:  # mpirun may cut a line and tag the pieces: drop the tags
+            text = _TAG.sub("", line[at + len("RECORD ") :])
+            records.append(Record(**json.loads(text)))
     if records and done.returncode == 0:
         return records
     sys.exit(
