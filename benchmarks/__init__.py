@@ -1,1 +1,4 @@
-"""Benchmarks comparing hpcdl with its peers; run with ``hpcdl bench NAME`` or ``python benchmarks/NAME.py``."""
+"""Benchmarks comparing hpcdl with its peers.
+
+Run with ``hpcdl bench NAME`` or ``python benchmarks/NAME.py``.
+"""

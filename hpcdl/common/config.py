@@ -56,7 +56,7 @@ SETTINGS: tuple[Setting, ...] = (
         "fusion_threshold",
         "HPCDL_FUSION_THRESHOLD",
         "HOROVOD_FUSION_THRESHOLD",
-        64 << 20,
+        128 << 20,
         int,
         tunable=True,
     ),
@@ -125,6 +125,9 @@ SETTINGS: tuple[Setting, ...] = (
         float,
     ),
     Setting("log_level", "log_level", "HPCDL_LOG_LEVEL", "HOROVOD_LOG_LEVEL", "warning", str),
+    # Read by hpcdl.torch, not the runtime: how CUDA tensors are reduced (auto: NCCL when PyTorch has it
+    # and a GPU is visible, else staged through host memory and the engine).
+    Setting("gpu_operations", "gpu_operations", "HPCDL_GPU_OPERATIONS", None, "auto", str),
     Setting(
         "dynamic_process_sets",
         "dynamic_process_sets",
@@ -140,6 +143,7 @@ _BY_NAME: dict[str, Setting] = {**{s.key: s for s in SETTINGS}, **{s.name: s for
 _CHOICES = {
     "transport": ("auto", "shm", "tcp", "mpi"),
     "log_level": ("trace", "debug", "info", "warning", "error", "fatal"),
+    "gpu_operations": ("auto", "nccl", "host"),
 }
 
 

@@ -86,6 +86,9 @@ TUNABLES: tuple[Tunable, ...] = (
     Tunable("small_message_bytes", int, "small_message_bytes",
             "Below this size use latency-optimal algorithms, at/above it the ring.", minimum=0),
     Tunable("shm_chunk_bytes", int, "shm_chunk_bytes", "Chunk size of shared-memory transfers.", minimum=1),
+    Tunable("gpu_operations", str, "gpu_operations",
+            "How CUDA tensors are reduced: nccl, host (staged through the engine) or auto.", str.lower,
+            choices=("auto", "nccl", "host")),
     Tunable("dynamic_process_sets", bool, "dynamic_process_sets",
             "Allow process sets to be added and removed after init.", _flag),
 )  # fmt: skip

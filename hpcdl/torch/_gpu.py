@@ -17,7 +17,6 @@ tensors; the CUDA tests themselves are marked ``gpu``.
 
 from __future__ import annotations
 
-import os
 import socket
 import threading
 from collections.abc import Sequence
@@ -48,10 +47,8 @@ _state: Optional[_NcclState] = None
 
 
 def gpu_operations() -> str:
-    """``nccl`` or ``host`` (``HPCDL_GPU_OPERATIONS``, default nccl when PyTorch has NCCL and a GPU)."""
-    choice = os.environ.get("HPCDL_GPU_OPERATIONS", "").strip().lower()
-    if choice not in ("", "nccl", "host"):
-        raise ValueError(f"HPCDL_GPU_OPERATIONS={choice!r}: use 'nccl' or 'host'")
+    """``nccl`` or ``host`` (setting ``gpu_operations``; auto: nccl when PyTorch has NCCL and a GPU)."""
+    choice = config.resolve().get("gpu_operations")
     if choice == "host":
         return "host"
     if dist.is_available() and dist.is_nccl_available() and torch.cuda.is_available():
