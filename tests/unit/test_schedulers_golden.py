@@ -55,7 +55,7 @@ CASES = {
     ),
     "array": dict(command=["bash", "run.sh"], array=ArraySpec.parse("1-8"), walltime="15m", output="out.txt"),
 }
-# Cobalt has no job arrays: asking for one is an error, tested in test_schedulers_job.py.
+# Cobalt has no job arrays: asking for one is an error (test_schedulers_cli.py, test_schedulers_lint.py).
 UNSUPPORTED = {("cobalt", "sweep"), ("cobalt", "array")}
 
 
