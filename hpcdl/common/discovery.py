@@ -6,7 +6,9 @@ Rank and size come from the first launcher whose variables are present: ``hpcdl 
 are computed by the runtime from the host identity (HPCDL_HOSTNAME, else the hostname), so they are
 right whatever the launcher.
 
-Where the ranks meet: ``HPCDL_RENDEZVOUS_ADDR``/``_PORT`` (set by ``hpcdl run``), else ``MASTER_ADDR``/
+Where the ranks meet: ``HPCDL_RENDEZVOUS_ADDR``/``_PORT`` (set by ``hpcdl run``, whose server is already
+listening; with ``HPCDL_RENDEZVOUS_SERVE=1``, as batch scripts from ``hpcdl submit`` set, rank 0 serves
+there itself, leaving ``MASTER_ADDR``/``MASTER_PORT`` free for torch.distributed), else ``MASTER_ADDR``/
 ``MASTER_PORT`` (rank 0 hosts the rendezvous), else under Slurm the first host of the allocation and a
 port derived from the job id (rank 0 hosts), else under OpenMPI's ``mpirun`` (which this build links)
 MPI itself (``bootstrap=mpi``; likewise MPICH's ``mpiexec`` for a build linking MPICH).
@@ -152,7 +154,8 @@ def meeting(info: RankInfo, env: Mapping[str, str] | None = None, mpi_vendor: st
         if not env.get("HPCDL_RENDEZVOUS_PORT"):
             raise HpcdlConfigError("HPCDL_RENDEZVOUS_ADDR is set but HPCDL_RENDEZVOUS_PORT is not")
         port = _int(env, "HPCDL_RENDEZVOUS_PORT")
-        return tcp(env["HPCDL_RENDEZVOUS_ADDR"], port, False, "HPCDL_RENDEZVOUS_ADDR")
+        serve = env.get("HPCDL_RENDEZVOUS_SERVE", "").strip().lower() in ("1", "true", "yes", "on")
+        return tcp(env["HPCDL_RENDEZVOUS_ADDR"], port, serve, "HPCDL_RENDEZVOUS_ADDR")
     if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
         return tcp(env["MASTER_ADDR"], _int(env, "MASTER_PORT"), True, "MASTER_ADDR/MASTER_PORT")
     if info.launcher == "Slurm srun" and env.get("SLURM_JOB_NODELIST") and env.get("SLURM_JOB_ID"):

@@ -24,7 +24,7 @@ from hpcdl.runner.tunables import tunable_environment
 
 DEFAULT_START_TIMEOUT = 30.0
 # Inherited values that would point ranks at another job's rendezvous.
-_JOB_SPECIFIC = ("HPCDL_RENDEZVOUS_ADDR", "HPCDL_RENDEZVOUS_PORT", "HPCDL_SECRET")
+_JOB_SPECIFIC = ("HPCDL_RENDEZVOUS_ADDR", "HPCDL_RENDEZVOUS_PORT", "HPCDL_RENDEZVOUS_SERVE", "HPCDL_SECRET")
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ COMMAND_TIMEOUT_S = 60.0
 PLACEHOLDERS = ("name", "job_id", "array_index")
 
 # Prints "HOST PORT": this host's name and a port free on it, where rank 0 will serve the rendezvous
-# (hpcdl.common reads them as MASTER_ADDR/MASTER_PORT: rank 0 serves there, the others connect).
+# (exported as HPCDL_RENDEZVOUS_ADDR/_PORT with HPCDL_RENDEZVOUS_SERVE=1: rank 0 serves there, the others
+# connect).
 _RENDEZVOUS_PROBE = (
     'import socket; s = socket.socket(); s.bind(("", 0)); print(socket.gethostname(), s.getsockname()[1])'
 )

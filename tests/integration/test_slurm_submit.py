@@ -127,7 +127,8 @@ def test_sbatch_test_only_refuses_what_the_cluster_lacks(
 def test_ranks_get_their_gpu_threads_and_rendezvous(cluster: SlurmCluster, workdir: Path) -> None:
     probe = (
         'echo "rank=$SLURM_PROCID cvd=$CUDA_VISIBLE_DEVICES omp=$OMP_NUM_THREADS '
-        'secret=$HPCDL_SECRET at=$MASTER_ADDR:$MASTER_PORT"'
+        "secret=$HPCDL_SECRET at=$HPCDL_RENDEZVOUS_ADDR:$HPCDL_RENDEZVOUS_PORT serve=$HPCDL_RENDEZVOUS_SERVE "
+        'master=${MASTER_ADDR:-unset}"'
     )
     job_id = submit(cluster, workdir, "--gpus", "2", "--cpus-per-rank", "1", "-t", "5", "bash", "-c", probe)
     assert cluster.wait_done(job_id) == "COMPLETED"
@@ -140,6 +141,8 @@ def test_ranks_get_their_gpu_threads_and_rendezvous(cluster: SlurmCluster, workd
     assert len({f["secret"] for f in fields}) == 1 and re.fullmatch(r"[0-9a-f]{64}", fields[0]["secret"])
     host, port = fields[0]["at"].split(":")
     assert host and 1024 <= int(port) < 65536
+    assert {f["serve"] for f in fields} == {"1"}
+    assert {f["master"] for f in fields} == {"unset"}  # left free for torch.distributed
 
     code, out, err = hpcdl(cluster, workdir, "jobs", "logs", job_id)
     assert code == 0, err

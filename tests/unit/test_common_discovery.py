@@ -85,3 +85,11 @@ def test_missing_secret_warns_and_derives_one_shared_by_all_ranks() -> None:
     with pytest.warns(UserWarning):
         second = discovery.meeting(info("torchrun", rank=3), env)
     assert first.secret == second.secret and len(first.secret) == 64 and first.secret_derived
+
+
+def test_rendezvous_serve_makes_rank_zero_host_the_given_address() -> None:
+    env = {"HPCDL_RENDEZVOUS_ADDR": "node1", "HPCDL_RENDEZVOUS_PORT": "29555", "HPCDL_SECRET": "ab" * 32}
+    launched = discovery.meeting(info("Slurm srun"), env)
+    assert (launched.addr, launched.port, launched.serve) == ("node1", 29555, False)
+    served = discovery.meeting(info("Slurm srun"), {**env, "HPCDL_RENDEZVOUS_SERVE": "1"})
+    assert (served.addr, served.port, served.serve) == ("node1", 29555, True)

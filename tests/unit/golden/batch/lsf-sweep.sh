@@ -18,10 +18,12 @@ case "$LSB_JOBINDEX" in
   *) echo "hpcdl: array task '$LSB_JOBINDEX' has no sweep point (submit this script as an array job)" >&2; exit 1 ;;
 esac
 
-# rendezvous of the hpcdl ranks: a fresh secret per job; rank 0 serves at MASTER_ADDR:MASTER_PORT
+# rendezvous of the hpcdl ranks: a fresh secret per job; rank 0 serves at HPCDL_RENDEZVOUS_ADDR:_PORT
+# (MASTER_ADDR/MASTER_PORT stay free for torch.distributed)
 HPCDL_SECRET="$(python3 -c 'import secrets; print(secrets.token_hex(32))')" || { echo "hpcdl: could not make the job secret" >&2; exit 1; }
-read -r MASTER_ADDR MASTER_PORT < <(jsrun -n 1 -r 1 -a 1 -c 1 python3 -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(socket.gethostname(), s.getsockname()[1])')
-if [ -z "${MASTER_PORT:-}" ]; then echo "hpcdl: could not find a host and port for the rendezvous" >&2; exit 1; fi
-export HPCDL_SECRET MASTER_ADDR MASTER_PORT
+read -r HPCDL_RENDEZVOUS_ADDR HPCDL_RENDEZVOUS_PORT < <(jsrun -n 1 -r 1 -a 1 -c 1 python3 -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(socket.gethostname(), s.getsockname()[1])')
+if [ -z "${HPCDL_RENDEZVOUS_PORT:-}" ]; then echo "hpcdl: could not find a host and port for the rendezvous" >&2; exit 1; fi
+HPCDL_RENDEZVOUS_SERVE=1
+export HPCDL_SECRET HPCDL_RENDEZVOUS_ADDR HPCDL_RENDEZVOUS_PORT HPCDL_RENDEZVOUS_SERVE
 
 jsrun -n 2 -r 2 -a 2 -c 2 -g 1 -b packed:1 bash -c 'lr=${JSM_NAMESPACE_LOCAL_RANK:?not started by jsrun}; if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then IFS=, read -r -a g <<< "$CUDA_VISIBLE_DEVICES"; else g=(0 1); fi; p=("${g[@]:$(( lr * 1 / 2 % ${#g[@]} )):1}"); export CUDA_VISIBLE_DEVICES="$(IFS=,; echo "${p[*]}")"; exec "$@"' hpcdl-rank python3 train.py
