@@ -27,6 +27,14 @@ struct Status {
   bool is_ok() const { return code == HPCDL_OK; }
 };
 
+// One piece of a segmented allreduce: `count` elements read from `send`, results written to `recv`
+// (which may equal `send`). Segments of one call must not overlap each other.
+struct Segment {
+  const void* send;
+  void* recv;
+  int64_t count;
+};
+
 enum class Channel : int { kDirect = 0, kEngineData = 1, kEngineControl = 2 };
 
 class Comm {
@@ -40,6 +48,14 @@ class Comm {
   // `what` names the operation in timeout/peer-loss messages (e.g. "allreduce 'grad.fc1.weight'").
   virtual Status allreduce(const void* send, void* recv, int64_t count, int dtype, int op, double prescale,
                            double postscale, Deadline deadline, const std::string& what) = 0;
+  // Reduces the segments as if they were one buffer holding their concatenation: every member passes
+  // segments with the same total count, and element k of that concatenation is reduced with element k of
+  // everyone else's. This default copies into a temporary buffer, reduces it and copies the result out;
+  // transports that can stage straight from the segments override it and say so in native_segments().
+  virtual Status allreduce_segments(const std::vector<Segment>& segments, int dtype, int op, double prescale,
+                                    double postscale, Deadline deadline, const std::string& what);
+  // True when allreduce_segments reads and writes the segments in place (no copy of the data).
+  virtual bool native_segments() const { return false; }
   // counts[i] = elements contributed by comm rank i; recv holds their concatenation in rank order.
   virtual Status allgatherv(const void* send, void* recv, const std::vector<int64_t>& counts, int dtype,
                             Deadline deadline, const std::string& what) = 0;

@@ -15,9 +15,14 @@ namespace hpcdl {
 namespace engine_detail {
 
 constexpr size_t kSlotBytes = 512;  // fixed part of each rank's control message (one allgather when it fits)
-// Allreduces at most this large are packed into the fusion buffer; larger ones run in place, because
+// On a communicator that reduces segments natively (shared memory), a fused allreduce reduces its tensors
+// where they are, one segment each, except those at most kPackTensorMaxBytes: they are copied into the
+// fusion buffer, which is one segment, since for them a copy is cheaper than a piece of every kernel call
+// and copy of the collective. Elsewhere a segmented allreduce copies anyway, so only allreduces at most
+// kFuseTensorMaxBytes are fused, all through the fusion buffer; larger ones run alone, in place, because
 // copying them in and out costs more than the per-operation overhead fusion saves.
 constexpr int64_t kFuseTensorMaxBytes = 256 * 1024;
+constexpr int64_t kPackTensorMaxBytes = 4 * 1024;
 constexpr uint32_t kFlagShutdown = 1, kFlagKnobs = 2, kFlagAborts = 4;
 constexpr uint8_t kFullRequest = 0, kCachedRequest = 1;
 constexpr int64_t kInlineMaxBytes = 64;  // allreduces this small carry their data in the control message

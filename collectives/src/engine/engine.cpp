@@ -632,11 +632,18 @@ void Engine::decide_and_run(const std::set<Key>& work) {
   };
   std::vector<Batch> batches;
   std::map<std::tuple<int, int, int, double, double>, size_t> open;
+  std::map<int, bool> native;  // process set -> its engine-data comm reduces segments in place
+  auto fuses_large = [&](int set) {
+    auto it = native.find(set);
+    if (it != native.end()) return it->second;
+    std::shared_ptr<Comm> c = runtime_.find_comm_shared(set, Channel::kEngineData);
+    return native[set] = c && c->native_segments();
+  };
   for (const Ready& r : runnable) {
     const OpRequest& q = *r.entry->any();
     int64_t bytes = entry_bytes(*r.entry);
-    bool fusable = q.op_type == HPCDL_OP_ALLREDUCE && threshold > 0 && bytes <= kFuseTensorMaxBytes &&
-                   bytes <= threshold && !r.entry->all_inline();
+    bool fusable = q.op_type == HPCDL_OP_ALLREDUCE && threshold > 0 && bytes <= threshold &&
+                   !r.entry->all_inline() && (bytes <= kFuseTensorMaxBytes || fuses_large(q.process_set));
     if (fusable) {
       auto fkey = std::make_tuple(q.process_set, q.dtype, q.reduce_op, q.prescale, q.postscale);
       auto it = open.find(fkey);

@@ -182,28 +182,59 @@ void Engine::run_inline(Pending& e) {
 Status Engine::run_fused(const std::vector<Ready>& batch, Comm& comm, const std::string& what) {
   const OpRequest& first = *batch.front().entry->any();
   const int dsize = dtype_size(first.dtype);
-  int64_t total = 0;
-  for (const Ready& r : batch) total += r.entry->any()->num_elements();
+  const bool native = comm.native_segments();
+  // Which tensors go through the fusion buffer depends only on sizes, the same on every rank, so every
+  // rank lists the same segments in the same order (the fusion buffer first).
+  auto packed = [&](const Pending& e) { return !native || entry_bytes(e) <= kPackTensorMaxBytes; };
+  int64_t packed_count = 0, total = 0, joined_bytes = 0;
+  for (const Ready& r : batch) {
+    const int64_t count = r.entry->any()->num_elements();
+    total += count;
+    if (packed(*r.entry)) packed_count += count;
+    else if (!r.entry->local) joined_bytes += count * dsize;
+  }
   // Separate input and output halves: an out-of-place reduction lets the data plane skip a staging copy.
-  if (static_cast<int64_t>(fusion_buffer_.size()) < 2 * total * dsize)
-    fusion_buffer_.resize(static_cast<size_t>(2 * total * dsize));
+  if (static_cast<int64_t>(fusion_buffer_.size()) < 2 * packed_count * dsize)
+    fusion_buffer_.resize(static_cast<size_t>(2 * packed_count * dsize));
   uint8_t* buf = fusion_buffer_.data();
-  uint8_t* reduced = buf + total * dsize;
+  uint8_t* reduced = buf + packed_count * dsize;
+  // Joined: a large tensor this rank never submitted contributes zeros and its result is dropped.
+  if (static_cast<int64_t>(scratch_.size()) < 2 * joined_bytes) scratch_.resize(static_cast<size_t>(2 * joined_bytes));
+  if (joined_bytes > 0) std::memset(scratch_.data(), 0, static_cast<size_t>(joined_bytes));
+  uint8_t* zeros = scratch_.data();
+  uint8_t* dropped = scratch_.data() + joined_bytes;
+  std::vector<Segment> segments;
+  if (packed_count > 0) segments.push_back({buf, reduced, packed_count});
   const auto t0 = Clock::now();
   int64_t off = 0;
   for (const Ready& r : batch) {
-    size_t bytes = static_cast<size_t>(r.entry->any()->num_elements() * dsize);
+    const int64_t count = r.entry->any()->num_elements();
+    const size_t bytes = static_cast<size_t>(count * dsize);
+    if (!packed(*r.entry)) {
+      if (r.entry->local) {
+        segments.push_back({r.entry->local->input, r.entry->local->output, count});
+      } else {
+        segments.push_back({zeros, dropped, count});
+        dropped += bytes;
+      }
+      continue;
+    }
     if (r.entry->local) std::memcpy(buf + off, r.entry->local->input, bytes);
     else std::memset(buf + off, 0, bytes);  // joined: contribute zeros
     off += static_cast<int64_t>(bytes);
   }
   const auto t1 = Clock::now();
-  Status s = comm.allreduce(buf, reduced, total, first.dtype, first.reduce_op, first.prescale, first.postscale,
-                                  deadline(), what);
+  const Segment& only = segments.front();
+  Status s = segments.size() == 1
+                 ? comm.allreduce(only.send, only.recv, only.count, first.dtype, first.reduce_op, first.prescale,
+                                  first.postscale, deadline(), what)
+                 : comm.allreduce_segments(segments, first.dtype, first.reduce_op, first.prescale, first.postscale,
+                                           deadline(), what);
   if (!s.is_ok()) return s;
   const auto t2 = Clock::now();
   off = 0;
   for (const Ready& r : batch) {
+    if (!packed(*r.entry)) continue;
     size_t bytes = static_cast<size_t>(r.entry->any()->num_elements() * dsize);
     if (r.entry->local) std::memcpy(r.entry->local->output, reduced + off, bytes);
     off += static_cast<int64_t>(bytes);
@@ -211,8 +242,13 @@ Status Engine::run_fused(const std::vector<Ready>& batch, Comm& comm, const std:
   const auto t3 = Clock::now();
   if (timeline_.active()) {
     std::string args = "\"fused_tensors\":" + std::to_string(batch.size()) +
-                       ",\"fused_bytes\":" + std::to_string(total * dsize);
+                       ",\"fused_bytes\":" + std::to_string(total * dsize) +
+                       ",\"copied_bytes\":" + std::to_string(packed_count * dsize);
     for (const Ready& r : batch) {
+      if (!packed(*r.entry)) {
+        record_timeline(*r.entry, "ALLREDUCE", t1, t2, args + ",\"in_place\":true");
+        continue;
+      }
       record_timeline(*r.entry, "MEMCPY_IN_FUSION_BUFFER", t0, t1, args);
       record_timeline(*r.entry, "ALLREDUCE", t1, t2, args);
       record_timeline(*r.entry, "MEMCPY_OUT_FUSION_BUFFER", t2, t3, args);

@@ -238,17 +238,61 @@ Status ShmComm::agree(const OpDesc& desc, Deadline deadline, const std::string& 
 }
 
 // ---- allreduce ---------------------------------------------------------------------------------------
+namespace {
+// A list of segments seen as their concatenation: visits the pieces of an element range [at, at + len).
+class Concatenation {
+ public:
+  Concatenation(const Segment* segments, size_t n) : segments_(segments), n_(n), start_(n + 1, 0) {
+    for (size_t i = 0; i < n; ++i) start_[i + 1] = start_[i] + segments[i].count;
+  }
+  int64_t total() const { return start_[n_]; }
+  // Calls visit(segment, offset in segment, offset in the range, length) for each piece, in order.
+  template <class Visit>
+  void each(int64_t at, int64_t len, Visit visit) const {
+    size_t i = size_t(std::upper_bound(start_.begin(), start_.end(), at) - start_.begin()) - 1;
+    for (int64_t done = 0; done < len; ++i) {
+      if (segments_[i].count == 0) continue;
+      const int64_t in_seg = at + done - start_[i];
+      const int64_t piece = std::min(len - done, segments_[i].count - in_seg);
+      visit(segments_[i], in_seg, done, piece);
+      done += piece;
+    }
+  }
+
+ private:
+  const Segment* segments_;
+  size_t n_;
+  std::vector<int64_t> start_;
+};
+}  // namespace
+
 Status ShmComm::allreduce(const void* send, void* recv, int64_t count, int dtype, int op, double prescale,
                           double postscale, Deadline deadline, const std::string& what) {
+  const Segment whole{send, recv, count};
+  return reduce_segments(&whole, 1, dtype, op, prescale, postscale, deadline, what);
+}
+
+Status ShmComm::allreduce_segments(const std::vector<Segment>& segments, int dtype, int op, double prescale,
+                                   double postscale, Deadline deadline, const std::string& what) {
+  return reduce_segments(segments.data(), segments.size(), dtype, op, prescale, postscale, deadline, what);
+}
+
+// Stages straight from the segments' inputs and reduces straight into their outputs: a segmented
+// allreduce moves exactly the bytes a single-buffer one of the same total would. Kernel calls and copies
+// are split where a segment ends.
+Status ShmComm::reduce_segments(const Segment* segments, size_t nseg, int dtype, int op, double prescale,
+                                double postscale, Deadline deadline, const std::string& what) {
   Status st = check_usable();
   if (!st.is_ok()) return st;
   const size_t es = dtype_bytes(dtype);
+  const Concatenation all(segments, nseg);
+  const int64_t count = all.total();
   const size_t bytes = size_t(count) * es;
-  const auto* in = static_cast<const char*>(send);
-  auto* out = static_cast<char*>(recv);
   const void* few[16];
   std::vector<const void*> many(size_ > 16 ? size_t(size_) : 0);
   const void** srcs = size_ > 16 ? many.data() : few;
+  auto input = [&](const Segment& s, int64_t at) { return static_cast<const char*>(s.send) + size_t(at) * es; };
+  auto output = [&](const Segment& s, int64_t at) { return static_cast<char*>(s.recv) + size_t(at) * es; };
 
   if (bytes <= params_.small_message_bytes && bytes <= params_.chunk_bytes) {
     // One step: everybody stages its input, then reduces all inputs in rank order (bitwise identical).
@@ -257,7 +301,10 @@ Status ShmComm::allreduce(const void* send, void* recv, int64_t count, int dtype
     const int32_t head[4] = {HPCDL_OP_ALLREDUCE, dtype, op, 0};
     std::memcpy(mine, head, sizeof(head));
     std::memcpy(mine + 16, &count, 8);
-    if (bytes) std::memcpy(slot(rank_, step_ + 1), in, bytes);
+    char* stage = slot(rank_, step_ + 1);
+    all.each(0, count, [&](const Segment& s, int64_t at, int64_t rel, int64_t len) {
+      std::memcpy(stage + size_t(rel) * es, input(s, at), size_t(len) * es);
+    });
     publish();
     st = wait_all(deadline, what);
     if (!st.is_ok()) return st;
@@ -268,8 +315,11 @@ Status ShmComm::allreduce(const void* send, void* recv, int64_t count, int dtype
         return check_descs(descs, world_, what);
       }
     }
-    for (int r = 0; r < size_; ++r) srcs[r] = r == rank_ ? static_cast<const void*>(in) : slot(r, step_);
-    reduce(out, srcs, size_, count, dtype, op, prescale, postscale, size_);
+    all.each(0, count, [&](const Segment& s, int64_t at, int64_t rel, int64_t len) {
+      for (int r = 0; r < size_; ++r)
+        srcs[r] = r == rank_ ? static_cast<const void*>(input(s, at)) : slot(r, step_) + size_t(rel) * es;
+      reduce(output(s, at), srcs, size_, len, dtype, op, prescale, postscale, size_);
+    });
     return Status::ok();
   }
   const OpDesc desc = make_desc(HPCDL_OP_ALLREDUCE, dtype, op, count);
@@ -287,10 +337,13 @@ Status ShmComm::allreduce(const void* send, void* recv, int64_t count, int dtype
     auto part_begin = [&](int p) { return std::min<int64_t>(int64_t(p) * part, ce); };
     auto part_len = [&](int p) { return part_begin(p + 1) - part_begin(p); };
     char* stage = slot(rank_, step_ + 1);
-    for (int p = 0; p < size_; ++p)
-      if (p != rank_ && part_len(p) > 0)
-        std::memcpy(stage + size_t(part_begin(p)) * es, in + size_t(off + part_begin(p)) * es,
-                    size_t(part_len(p)) * es);
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_ || part_len(p) == 0) continue;
+      char* to = stage + size_t(part_begin(p)) * es;
+      all.each(off + part_begin(p), part_len(p), [&](const Segment& s, int64_t at, int64_t rel, int64_t len) {
+        std::memcpy(to + size_t(rel) * es, input(s, at), size_t(len) * es);
+      });
+    }
     publish();
     st = wait_all(deadline, what);
     if (!st.is_ok()) return st;
@@ -300,26 +353,29 @@ Status ShmComm::allreduce(const void* send, void* recv, int64_t count, int dtype
       // Reduce straight into the output (in place, its lines are already cached from reading the
       // input), then stage the result for the peers from there.
       // Works in L1-sized blocks so that the copy to the staging buffer reads what was just written.
-      char* result = out + size_t(off + mine_at) * es;
       char* staged_result = slot(rank_, step_ + 1) + size_t(mine_at) * es;
       const int64_t block = int64_t(16384 / es);
       for (int64_t at = 0; at < mine; at += block) {
         const int64_t len = std::min(block, mine - at);
-        const size_t byte_at = size_t(at) * es;
-        for (int r = 0; r < size_; ++r)
-          srcs[r] = r == rank_ ? static_cast<const void*>(in + size_t(off + mine_at) * es + byte_at)
-                               : slot(r, staged) + size_t(mine_at) * es + byte_at;
-        reduce(result + byte_at, srcs, size_, len, dtype, op, prescale, postscale, size_);
-        std::memcpy(staged_result + byte_at, result + byte_at, size_t(len) * es);
+        all.each(off + mine_at + at, len, [&](const Segment& s, int64_t seg_at, int64_t rel, int64_t n) {
+          const size_t from = size_t(mine_at + at + rel) * es;
+          for (int r = 0; r < size_; ++r)
+            srcs[r] = r == rank_ ? static_cast<const void*>(input(s, seg_at)) : slot(r, staged) + from;
+          reduce(output(s, seg_at), srcs, size_, n, dtype, op, prescale, postscale, size_);
+          std::memcpy(staged_result + size_t(at + rel) * es, output(s, seg_at), size_t(n) * es);
+        });
       }
     }
     publish();
     st = wait_all(deadline, what);
     if (!st.is_ok()) return st;
-    for (int p = 0; p < size_; ++p)
-      if (p != rank_ && part_len(p) > 0)
-        std::memcpy(out + size_t(off + part_begin(p)) * es, slot(p, step_) + size_t(part_begin(p)) * es,
-                    size_t(part_len(p)) * es);
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_ || part_len(p) == 0) continue;
+      const char* from = slot(p, step_) + size_t(part_begin(p)) * es;
+      all.each(off + part_begin(p), part_len(p), [&](const Segment& s, int64_t at, int64_t rel, int64_t len) {
+        std::memcpy(output(s, at), from + size_t(rel) * es, size_t(len) * es);
+      });
+    }
   }
   return Status::ok();
 }

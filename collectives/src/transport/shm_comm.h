@@ -41,6 +41,9 @@ class ShmComm : public Comm {
 
   Status allreduce(const void* send, void* recv, int64_t count, int dtype, int op, double prescale, double postscale,
                    Deadline deadline, const std::string& what) override;
+  Status allreduce_segments(const std::vector<Segment>& segments, int dtype, int op, double prescale,
+                            double postscale, Deadline deadline, const std::string& what) override;
+  bool native_segments() const override { return true; }
   Status allgatherv(const void* send, void* recv, const std::vector<int64_t>& counts, int dtype, Deadline deadline,
                     const std::string& what) override;
   Status broadcast(void* buf, int64_t count, int dtype, int root, Deadline deadline, const std::string& what) override;
@@ -70,6 +73,8 @@ class ShmComm : public Comm {
   Status wait_until(Missing missing, Deadline deadline, const std::string& what);
   // Publishes `desc` as its own step, waits for everyone, checks agreement; fills *all when non-null.
   Status agree(const OpDesc& desc, Deadline deadline, const std::string& what, std::vector<OpDesc>* all = nullptr);
+  Status reduce_segments(const Segment* segments, size_t nseg, int dtype, int op, double prescale,
+                         double postscale, Deadline deadline, const std::string& what);
   Status check_usable() const;
   Status fail(Status status);
 
