@@ -23,10 +23,10 @@ SMALL_SIZES = [1023, 17, 2049, 7]  # under 64 KiB in all: the data plane's one-s
 PASSES = ["dtypes", "join"]
 
 
-def run_ranks(np_: int, timeline: str, threshold: int):
+def run_ranks(np_: int, timeline: str, threshold: int, transport: str = "auto"):
     done, _ = hpcdl_run(
         "-np", str(np_), sys.executable, __file__, timeline, timeout=120,
-        HPCDL_FUSION_THRESHOLD=str(threshold),
+        HPCDL_FUSION_THRESHOLD=str(threshold), HPCDL_TRANSPORT=transport,
     )  # fmt: skip
     assert done.returncode == 0, f"ranks failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
     digests = {}
@@ -61,6 +61,11 @@ def test_segmented_fusion_matches_unfused_on_2_and_3_ranks(tmp_path: Path) -> No
         # The tiny one travelled through the fusion buffer of the same collective.
         tiny = {e["name"] for e in phases["tl.tiny"]}
         assert {"MEMCPY_IN_FUSION_BUFFER", "ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER"} <= tiny
+
+
+def test_fusion_over_tcp_matches_unfused() -> None:
+    """TCP copies segments anyway: the engine fuses only small tensors there, through its fusion buffer."""
+    assert run_ranks(2, "-", 64 << 20, "tcp") == run_ranks(2, "-", 0, "tcp")
 
 
 # ---- rank side ------------------------------------------------------------------------------------------
