@@ -50,12 +50,14 @@ class Comm {
                            double postscale, Deadline deadline, const std::string& what) = 0;
   // Reduces the segments as if they were one buffer holding their concatenation: every member passes
   // segments with the same total count, and element k of that concatenation is reduced with element k of
-  // everyone else's. This default copies into a temporary buffer, reduces it and copies the result out;
-  // transports that can stage straight from the segments override it and say so in native_segments().
-  virtual Status allreduce_segments(const std::vector<Segment>& segments, int dtype, int op, double prescale,
-                                    double postscale, Deadline deadline, const std::string& what);
-  // True when allreduce_segments reads and writes the segments in place (no copy of the data).
+  // everyone else's, reading and writing the segments in place. Only transports that can stage straight
+  // from the segments (native_segments()) offer it; on the others the engine packs tensors into its
+  // fusion buffer itself, where the timeline can show the copies.
   virtual bool native_segments() const { return false; }
+  virtual Status allreduce_segments(const std::vector<Segment>& segments, int dtype, int op, double prescale,
+                                    double postscale, Deadline deadline, const std::string& what) {
+    return Status::error(HPCDL_ERR_UNSUPPORTED, what + ": this transport has no in-place segmented allreduce");
+  }
   // counts[i] = elements contributed by comm rank i; recv holds their concatenation in rank order.
   virtual Status allgatherv(const void* send, void* recv, const std::vector<int64_t>& counts, int dtype,
                             Deadline deadline, const std::string& what) = 0;
