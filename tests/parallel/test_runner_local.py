@@ -40,21 +40,21 @@ MISBEHAVE = r"""
 import os, signal, subprocess, sys, time
 rank = int(os.environ["HPCDL_RANK"])
 out = sys.argv[1]
-child = subprocess.Popen(["sleep", "60"])
-for name, pid in (("child", child.pid), ("rank", os.getpid())):
-    with open(f"{out}/{name}{rank}.tmp", "w") as f:
-        f.write(str(pid))
-    os.rename(f"{out}/{name}{rank}.tmp", f"{out}/{name}{rank}.pid")
-if rank == 1 and sys.argv[2] != "wait":
-    size = int(os.environ["HPCDL_SIZE"])
-    while len([p for p in os.listdir(out) if p.startswith("rank") and p.endswith(".pid")]) < size:
-        time.sleep(0.05)
-    print("rank 1 is about to fail", file=sys.stderr, flush=True)
-    if sys.argv[2] == "exit":
-        sys.exit(3)
-    if sys.argv[2] == "kill":
-        os.kill(os.getpid(), signal.SIGKILL)
-try:
+try:  # Ctrl-C may arrive as soon as the pid files exist, even while rank 1 still waits for the others
+    child = subprocess.Popen(["sleep", "60"])
+    for name, pid in (("child", child.pid), ("rank", os.getpid())):
+        with open(f"{out}/{name}{rank}.tmp", "w") as f:
+            f.write(str(pid))
+        os.rename(f"{out}/{name}{rank}.tmp", f"{out}/{name}{rank}.pid")
+    if rank == 1 and sys.argv[2] != "wait":
+        size = int(os.environ["HPCDL_SIZE"])
+        while len([p for p in os.listdir(out) if p.startswith("rank") and p.endswith(".pid")]) < size:
+            time.sleep(0.05)
+        print("rank 1 is about to fail", file=sys.stderr, flush=True)
+        if sys.argv[2] == "exit":
+            sys.exit(3)
+        if sys.argv[2] == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(60)
 except KeyboardInterrupt:
     print(f"rank {rank} got SIGINT", flush=True)
