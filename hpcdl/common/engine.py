@@ -26,6 +26,7 @@ import numpy as np
 
 from hpcdl.common.exceptions import HpcdlError, error_for
 from hpcdl.common.library import load
+from hpcdl.common.ops import reducescatter_rows
 from hpcdl.common.types import Buffer, DType, OpType, ReduceOp, dtype_of
 
 __all__ = [
@@ -448,8 +449,7 @@ def reducescatter_async(
     me = lib.hpcdl_process_set_rank(process_set)
     if size <= 0 or me < 0:
         raise HpcdlError(f"this rank is not a member of process set {process_set}")
-    rows = a.shape[0] // size + (1 if me < a.shape[0] % size else 0)
-    out = np.empty((rows, *a.shape[1:]), dtype=a.dtype)
+    out = np.empty((reducescatter_rows(a.shape[0], size, me), *a.shape[1:]), dtype=a.dtype)
     dtype = dtype_of(a)
     return enqueue(
         OpType.REDUCESCATTER,

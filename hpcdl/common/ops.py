@@ -50,6 +50,12 @@ def _resolve_dtype(a: np.ndarray, dtype: Optional[DType]) -> DType:
     return dtype
 
 
+def reducescatter_rows(rows: int, size: int, rank: int) -> int:
+    """Rows of dim 0 that member `rank` of `size` gets from reducescatter (Horovod's split: the first
+    ``rows % size`` members get one extra row)."""
+    return rows // size + (1 if rank < rows % size else 0)
+
+
 def _set_size(process_set: int) -> tuple[int, int]:
     """(size, my rank) of a process set."""
     if process_set == 0:
@@ -215,7 +221,7 @@ def reducescatter(
         raise HpcdlConfigError("reducescatter needs at least one dimension to split")
     size, me = _set_size(process_set)
     rows = src.shape[0]
-    per = [rows // size + (1 if i < rows % size else 0) for i in range(size)]
+    per = [reducescatter_rows(rows, size, i) for i in range(size)]
     row = int(np.prod(src.shape[1:], dtype=np.int64))
     out = np.empty((per[me], *src.shape[1:]), dtype=src.dtype)
     code = library.load().hpcdl_reducescatter(

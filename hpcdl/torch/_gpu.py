@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from hpcdl import common
 from hpcdl.common import config
+from hpcdl.common.ops import reducescatter_rows
 from hpcdl.torch import _handles
 from hpcdl.torch.reduce_ops import Average, Max, Min, Product, Sum
 
@@ -364,8 +365,6 @@ def alltoall(tensor: torch.Tensor, splits: Optional[list[int]], splits_dtype: to
 def reducescatter(tensors: list[torch.Tensor], op: int, prescale: float, postscale: float, ps_id: int) -> int:
     """Reducescatter as a fused allreduce followed by this rank's slice (first ``rows % size`` ranks get
     one extra row, as in Horovod)."""
-    from hpcdl.torch.async_ops import rows_for
-
     set_size, set_rank = common.process_set_size(ps_id), common.process_set_rank(ps_id)
     outputs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
     inner = allreduce(tensors, outputs, op, prescale, postscale, ps_id)
@@ -375,8 +374,8 @@ def reducescatter(tensors: list[torch.Tensor], op: int, prescale: float, postsca
         results = []
         for t in reduced:
             rows = t.shape[0]
-            start = sum(rows_for(rows, set_size, r) for r in range(set_rank))
-            results.append(t[start : start + rows_for(rows, set_size, set_rank)].clone())
+            start = sum(reducescatter_rows(rows, set_size, r) for r in range(set_rank))
+            results.append(t[start : start + reducescatter_rows(rows, set_size, set_rank)].clone())
         return results
 
     return _handles.register([_Chained(inner)], finish, keep_alive=(tensors, outputs))

@@ -15,6 +15,7 @@ import torch
 
 from hpcdl import common
 from hpcdl.common import engine
+from hpcdl.common.ops import reducescatter_rows
 from hpcdl.common.types import OpType
 from hpcdl.torch import _adasum, _gpu, _handles
 from hpcdl.torch._tensors import buffer_of, runtime_dtype, tensor_from_bytes
@@ -406,11 +407,6 @@ def alltoall_async(
 # ---- reducescatter --------------------------------------------------------------------------------
 
 
-def rows_for(rows: int, set_size: int, set_rank: int) -> int:
-    """Rows of dim 0 a rank gets from reducescatter: the first ``rows % size`` ranks get one extra."""
-    return rows // set_size + (1 if set_rank < rows % set_size else 0)
-
-
 def _reducescatter_launch(
     tensors: list[torch.Tensor],
     name: Optional[str],
@@ -435,7 +431,7 @@ def _reducescatter_launch(
     handles, inputs, outputs = [], [], []
     for i, t in enumerate(tensors):
         src = _host_input(t)
-        out = torch.empty((rows_for(t.shape[0], set_size, set_rank), *t.shape[1:]), dtype=t.dtype)
+        out = torch.empty((reducescatter_rows(t.shape[0], set_size, set_rank), *t.shape[1:]), dtype=t.dtype)
         inputs.append(src)
         outputs.append(out)
         handles.append(

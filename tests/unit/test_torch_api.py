@@ -11,8 +11,9 @@ import pytest
 import torch
 
 import hpcdl.torch as hvd
+from hpcdl.common.ops import reducescatter_rows
 from hpcdl.common.types import DType
-from hpcdl.torch import _adasum, _tensors, async_ops, optimizer, reduce_ops
+from hpcdl.torch import _adasum, _tensors, optimizer, reduce_ops
 
 # Every name `import horovod.torch as hvd` offers in Horovod 0.28 (horovod/torch/__init__.py).
 HOROVOD_TORCH_NAMES = [
@@ -219,8 +220,8 @@ def test_engine_bytes_become_a_tensor_of_the_right_dtype() -> None:
 
 
 def test_reducescatter_rows_follow_horovod() -> None:
-    assert [async_ops.rows_for(7, 3, r) for r in range(3)] == [3, 2, 2]
-    assert [async_ops.rows_for(2, 3, r) for r in range(3)] == [1, 1, 0]
+    assert [reducescatter_rows(7, 3, r) for r in range(3)] == [3, 2, 2]
+    assert [reducescatter_rows(2, 3, r) for r in range(3)] == [1, 1, 0]
 
 
 def test_split_list_balances_groups() -> None:
