@@ -50,6 +50,19 @@ Runtime* need_runtime(int* code) {
   return rt;
 }
 
+// Looks a process set up for the hpcdl_process_set_* queries; on failure sets the error and returns false.
+bool find_process_set(int process_set, ProcessSet* set) {
+  int code = HPCDL_OK;
+  Runtime* rt = need_runtime(&code);
+  if (!rt) return false;
+  if (!rt->process_set(process_set, set)) {
+    set_error(HPCDL_ERR_INVALID, "no process set with id " + std::to_string(process_set));
+    return false;
+  }
+  set_error(HPCDL_OK, "");
+  return true;
+}
+
 // Resolves the direct-channel communicator of a process set, or sets the error.
 Comm* direct_comm(Runtime* rt, int process_set, const char* op, int* code) {
   Comm* c = rt->find_comm(process_set, Channel::kDirect);
@@ -298,41 +311,20 @@ int hpcdl_remove_process_set(int process_set) {
 }
 
 int hpcdl_process_set_rank(int process_set) {
-  int code = HPCDL_OK;
-  Runtime* rt = need_runtime(&code);
-  if (!rt) return -1;
   ProcessSet set;
-  set_error(HPCDL_OK, "");
-  if (!rt->process_set(process_set, &set)) {
-    set_error(HPCDL_ERR_INVALID, "no process set with id " + std::to_string(process_set));
-    return -1;
-  }
+  if (!find_process_set(process_set, &set)) return -1;
   return set.my_rank;
 }
 
 int hpcdl_process_set_size(int process_set) {
-  int code = HPCDL_OK;
-  Runtime* rt = need_runtime(&code);
-  if (!rt) return -1;
   ProcessSet set;
-  set_error(HPCDL_OK, "");
-  if (!rt->process_set(process_set, &set)) {
-    set_error(HPCDL_ERR_INVALID, "no process set with id " + std::to_string(process_set));
-    return -1;
-  }
+  if (!find_process_set(process_set, &set)) return -1;
   return int(set.ranks.size());
 }
 
 int hpcdl_process_set_ranks(int process_set, int32_t* ranks, int capacity) {
-  int code = HPCDL_OK;
-  Runtime* rt = need_runtime(&code);
-  if (!rt) return -1;
   ProcessSet set;
-  set_error(HPCDL_OK, "");
-  if (!rt->process_set(process_set, &set)) {
-    set_error(HPCDL_ERR_INVALID, "no process set with id " + std::to_string(process_set));
-    return -1;
-  }
+  if (!find_process_set(process_set, &set)) return -1;
   for (int i = 0; i < capacity && i < int(set.ranks.size()); ++i) ranks[i] = set.ranks[size_t(i)];
   return int(set.ranks.size());
 }
