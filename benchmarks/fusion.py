@@ -12,14 +12,13 @@ order (last layer first):
 - ``gloo``: per-tensor ``torch.distributed.all_reduce(async_op=True)`` on a gloo group, then wait all;
 - ``mpi4py``: per-tensor blocking ``comm.Allreduce`` (only when mpi4py and an MPI launcher are present).
 
-It also measures a lone 4-byte allreduce through the engine (the Python helper and the raw C ABI) and
-through the direct path. Rank 0 prints a table; ``--json`` prints it as JSON. Benchmarks do not assert.
+It also measures a lone 4-byte allreduce through the engine (``allreduce_async``, ``wait``, ``release``)
+and through the direct path. Rank 0 prints a table; ``--json`` prints it as JSON. Benchmarks do not assert.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import shutil
@@ -78,29 +77,19 @@ def free_port() -> int:
 
 
 def lone_latency_us(repeats: int) -> dict[str, float]:
-    """Median microseconds of one 4-byte allreduce: engine (Python helper), engine (C ABI), direct."""
+    """Median microseconds of one 4-byte allreduce: through the engine (submit, wait, release) and direct."""
     import hpcdl.common as hc
     from hpcdl.common import engine
 
     x = np.zeros(1, dtype=np.float32)
-    lib = engine._lib()
-    shape = (ctypes.c_int64 * 1)(1)
-    request = engine._Request(
-        op_type=int(hc.OpType.ALLREDUCE), name=b"lone.c", dtype=int(hc.DType.FLOAT32), ndim=1,
-        shape=shape, input=x.ctypes.data, output=x.ctypes.data, reduce_op=int(hc.ReduceOp.SUM),
-        prescale=1.0, postscale=1.0,
-    )  # fmt: skip
 
-    def via_c() -> None:
-        handle = lib.hpcdl_enqueue(ctypes.byref(request))
-        lib.hpcdl_wait(handle, -1.0)
-        lib.hpcdl_release(handle)
+    def via_engine() -> None:
+        handle = engine.allreduce_async(x, name="lone", op=hc.ReduceOp.SUM, out=x)
+        handle.wait()
+        handle.release()
 
     variants: dict[str, Callable[[], None]] = {
-        "engine_python_us": lambda: engine.synchronize(
-            engine.allreduce_async(x, name="lone.py", op=hc.ReduceOp.SUM, out=x)
-        ),
-        "engine_c_abi_us": via_c,
+        "engine_us": via_engine,
         "direct_us": lambda: hc.allreduce(x, op=hc.ReduceOp.SUM, out=x),
     }
     result = {}

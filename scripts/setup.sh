@@ -10,7 +10,7 @@ SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
 APT_PACKAGES=(
-  build-essential cmake ninja-build pkg-config git
+  build-essential cmake ninja-build pkg-config git python3-dev
   openmpi-bin libopenmpi-dev mpich libmpich-dev
   lmod tcl8.6
   slurm-wlm slurm-client slurm-wlm-torque munge

@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from hpcdl.common import _hotpath
 from hpcdl.common.exceptions import HpcdlError, error_for
 from hpcdl.common.library import load
 from hpcdl.common.ops import reducescatter_rows
@@ -53,29 +54,6 @@ _ERR_TIMEOUT = 3
 _PENDING = 10
 
 
-class _Request(ctypes.Structure):
-    """Mirror of ``hpcdl_request`` in c_api.h."""
-
-    _fields_ = [
-        ("op_type", ctypes.c_int32),
-        ("name", ctypes.c_char_p),
-        ("process_set", ctypes.c_int32),
-        ("dtype", ctypes.c_int32),
-        ("ndim", ctypes.c_int32),
-        ("shape", ctypes.POINTER(ctypes.c_int64)),
-        ("input", ctypes.c_void_p),
-        ("output", ctypes.c_void_p),
-        ("reduce_op", ctypes.c_int32),
-        ("prescale", ctypes.c_double),
-        ("postscale", ctypes.c_double),
-        ("root", ctypes.c_int32),
-        ("splits", ctypes.POINTER(ctypes.c_int64)),
-        ("nsplits", ctypes.c_int32),
-        ("group_id", ctypes.c_int32),
-        ("group_size", ctypes.c_int32),
-    ]
-
-
 _declared = False
 _declare_lock = threading.Lock()
 
@@ -86,8 +64,6 @@ def _lib() -> ctypes.CDLL:
     if not _declared:
         with _declare_lock:
             i64, p = ctypes.c_int64, ctypes.POINTER
-            lib.hpcdl_enqueue.argtypes = [p(_Request)]
-            lib.hpcdl_enqueue.restype = i64
             lib.hpcdl_poll.argtypes = [i64]
             lib.hpcdl_wait.argtypes = [i64, ctypes.c_double]
             lib.hpcdl_output.argtypes = [i64, p(ctypes.c_void_p), p(i64), p(i64)]
@@ -100,6 +76,8 @@ def _lib() -> ctypes.CDLL:
             lib.hpcdl_last_error.restype = ctypes.c_char_p
             lib.hpcdl_process_set_size.argtypes = [ctypes.c_int]
             lib.hpcdl_process_set_rank.argtypes = [ctypes.c_int]
+            hot = (lib.hpcdl_enqueue, lib.hpcdl_wait, lib.hpcdl_poll, lib.hpcdl_release)
+            _hotpath.bind(*(ctypes.cast(f, ctypes.c_void_p).value for f in hot))
             _declared = True
     return lib
 
@@ -118,15 +96,17 @@ def _reap_orphans() -> None:
     with _orphans_lock:
         still_running = []
         for handle in _orphans:
-            if _lib().hpcdl_poll(handle.id) == _PENDING:
+            if _hotpath.poll(handle.id) == _PENDING:
                 still_running.append(handle)
             else:
-                _lib().hpcdl_release(handle.id)
+                _hotpath.release(handle.id)
         _orphans[:] = still_running
 
 
 class Handle:
     """One submitted operation. Keeps the buffers it refers to alive until it is released."""
+
+    __slots__ = ("_finished", "_keep", "_ndim", "_released", "_result", "id", "op_type")
 
     def __init__(
         self,
@@ -138,7 +118,7 @@ class Handle:
     ) -> None:
         self.id = handle_id
         self.op_type = op_type
-        self._ndim = max(ndim, 1)
+        self._ndim = ndim if ndim > 1 else 1
         self._keep = keep
         self._result = result
         self._released = False
@@ -147,7 +127,7 @@ class Handle:
     def poll(self) -> bool:
         """True when the operation finished; raises if it failed."""
         self._check_live()
-        status = _lib().hpcdl_poll(self.id)
+        status = _hotpath.poll(self.id)
         if status == _PENDING:
             return False
         if status != _OK:
@@ -159,7 +139,7 @@ class Handle:
     def wait(self, timeout: Optional[float] = None) -> None:
         """Block until the operation finished (``timeout`` seconds; None: the runtime's timeout)."""
         self._check_live()
-        status = _lib().hpcdl_wait(self.id, -1.0 if timeout is None else float(timeout))
+        status = _hotpath.wait(self.id, -1.0 if timeout is None else float(timeout))
         if status != _ERR_TIMEOUT:
             self._finished = True
         if status != _OK:
@@ -205,11 +185,11 @@ class Handle:
         if self._released:
             return
         self._released = True
-        if not self._finished and _lib().hpcdl_poll(self.id) == _PENDING:
+        if not self._finished and _hotpath.poll(self.id) == _PENDING:
             with _orphans_lock:
                 _orphans.append(self)  # released once the engine is done with its buffers
             return
-        _lib().hpcdl_release(self.id)
+        _hotpath.release(self.id)
         self._keep = ()
 
     def __del__(self) -> None:
@@ -256,32 +236,40 @@ def enqueue(
     ``input`` (and ``output`` for allreduce/broadcast/reducescatter; it may be the same buffer) must stay
     valid until the handle completes; pass the objects owning them in ``keep``. ``root`` is a world rank.
     """
-    _reap_orphans()
-    shape = tuple(input.shape) if input is not None else ()
-    shape_array = (ctypes.c_int64 * max(len(shape), 1))(*shape)
-    splits_array = (ctypes.c_int64 * len(splits))(*splits) if splits else None
-    request = _Request(
-        op_type=int(op_type),
-        name=name.encode() if name else None,
-        process_set=process_set,
-        dtype=int(input.dtype) if input is not None else int(DType.UINT8),
-        ndim=len(shape),
-        shape=shape_array,
-        input=input.ptr if input is not None else None,
-        output=output.ptr if output is not None else None,
-        reduce_op=int(reduce_op),
-        prescale=prescale,
-        postscale=postscale,
-        root=root,
-        splits=splits_array,
-        nsplits=len(splits) if splits else 0,
-        group_id=group_id,
-        group_size=group_size,
+    shape = input.shape if input is not None else ()
+    handle_id = _submit(
+        op_type,
+        name,
+        process_set,
+        input.dtype if input is not None else DType.UINT8,
+        input.ptr if input is not None else None,
+        output.ptr if output is not None else None,
+        shape,
+        reduce_op,
+        prescale,
+        postscale,
+        root,
+        splits,
+        group_id,
+        group_size,
     )
-    handle_id = _lib().hpcdl_enqueue(ctypes.byref(request))
+    return Handle(handle_id, op_type, len(shape), keep, result)
+
+
+def _submit(*request: Any) -> int:
+    """Hand one request (the fields of ``hpcdl_request``, buffers as addresses or arrays) to the engine;
+    returns its handle id."""
+    if not _declared:
+        _lib()
+    if _orphans:
+        _reap_orphans()
+    try:
+        handle_id = _hotpath.enqueue(*request)
+    except (BufferError, ValueError) as exc:  # e.g. a read-only output array
+        raise HpcdlError(f"cannot submit this operation: {exc}") from None
     if handle_id <= 0:
-        _raise(int(-handle_id))
-    return Handle(int(handle_id), OpType(op_type), len(shape), keep, result)
+        _raise(-handle_id)
+    return handle_id
 
 
 _group_ids = itertools.count(1)
@@ -331,19 +319,10 @@ def allreduce_async(
         out = np.empty_like(a)
     elif out.shape != a.shape or out.dtype != a.dtype or not out.flags.c_contiguous:
         raise HpcdlError("out must be a C-contiguous array with the input's shape and dtype")
-    dtype = dtype_of(a)
-    return enqueue(
-        OpType.ALLREDUCE,
-        _buffer(a, dtype),
-        _buffer(out, dtype),
-        name=name,
-        process_set=process_set,
-        reduce_op=op,
-        prescale=prescale,
-        postscale=postscale,
-        keep=(a, out),
-        result=lambda _h, out=out: out,
-    )
+    # The hot path of a training step: the arrays go to the C accelerator as they are.
+    request = (name, process_set, dtype_of(a), a, out, a.shape, op, prescale, postscale, 0, None, 0, 0)
+    handle_id = _submit(OpType.ALLREDUCE, *request)
+    return Handle(handle_id, OpType.ALLREDUCE, a.ndim, (a, out), lambda _h, out=out: out)
 
 
 def grouped_allreduce_async(

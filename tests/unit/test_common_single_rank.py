@@ -77,3 +77,32 @@ def test_bad_arguments(runtime) -> None:
         hc.allreduce(np.ones(2), process_set=9)
     with pytest.raises(hc.HpcdlConfigError, match="shape, dtype"):
         hc.allreduce(np.ones(2), out=np.ones(3))
+
+
+def test_engine_helpers_take_any_native_array(runtime) -> None:
+    """The NumPy helpers hand arrays straight to the C hot path: every dtype, empty and strided arrays."""
+    from hpcdl.common import engine
+
+    for dtype in (np.float16, np.float32, np.float64, np.int8, np.int32, np.int64, np.uint8, np.bool_):
+        a = np.arange(5).astype(dtype)
+        np.testing.assert_array_equal(engine.synchronize(engine.allreduce_async(a, op=ReduceOp.SUM)), a)
+    empty = np.zeros((0, 3), np.float32)
+    assert engine.synchronize(engine.allreduce_async(empty, name="empty")).shape == (0, 3)
+    strided = np.arange(12, dtype=np.float64).reshape(3, 4)[:, ::2]
+    np.testing.assert_array_equal(engine.synchronize(engine.allreduce_async(strided)), strided)
+    in_place = np.arange(4, dtype=np.float32)
+    handle = engine.allreduce_async(in_place, name="in.place", op=ReduceOp.SUM, prescale=2.0, out=in_place)
+    assert engine.synchronize(handle) is in_place
+    np.testing.assert_array_equal(in_place, [0, 2, 4, 6])
+
+
+def test_engine_refuses_a_read_only_output(runtime) -> None:
+    from hpcdl.common import engine
+
+    a = np.ones(3, np.float32)
+    out = np.empty(3, np.float32)
+    out.flags.writeable = False
+    with pytest.raises(hc.HpcdlError, match="read-only"):
+        engine.allreduce_async(a, out=out)
+    # The runtime stays usable and the name was not taken.
+    np.testing.assert_array_equal(engine.synchronize(engine.allreduce_async(a, name="after")), a)

@@ -27,6 +27,10 @@ constexpr uint32_t kFlagShutdown = 1, kFlagKnobs = 2, kFlagAborts = 4;
 constexpr uint8_t kFullRequest = 0, kCachedRequest = 1;
 constexpr int64_t kInlineMaxBytes = 64;  // allreduces this small carry their data in the control message
 constexpr int64_t kWideBytes = 1 << 20;  // batches this large may run on any core (see place_thread)
+// Engine::settle: callers that enqueued within kSettle are taken to be in the middle of a burst; while one
+// lasts, the engine thread looks again every kSettleRecheck (each look is a wake-up on a caller's core).
+constexpr std::chrono::microseconds kSettle{20};
+constexpr std::chrono::microseconds kSettleRecheck{100};
 
 // Bytes of data an allreduce carries inside its control message (0: none).
 inline int64_t inline_bytes(const OpRequest& r) {

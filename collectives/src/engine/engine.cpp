@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <pthread.h>
+#include <sys/prctl.h>
 #include <sched.h>
 
 #include <algorithm>
@@ -69,6 +70,7 @@ Status Engine::start() {
     if (!s.is_ok()) return s;
   }
   next_stall_check_ = Clock::now() + std::chrono::seconds(1);
+  caller_cpu_.store(sched_getcpu(), std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     running_ = true;
@@ -95,11 +97,14 @@ void Engine::stop() {
 
 // ---- the engine thread -------------------------------------------------------------------------------
 
-// Two engine threads that share a core make every handshake between them wait for the scheduler (the
-// data plane spins briefly before yielding), which turns a 40 us negotiation into 300 us. So while it
-// negotiates, each local rank's engine thread keeps to a core of its own (when the host has a core per
-// local rank); for large transfers it may run anywhere again, so that a busy core cannot hold back
-// bandwidth-bound work. The callers' threads are never touched.
+// Where the engine thread runs. Two engine threads that share a core make every handshake between them
+// wait for the scheduler (the data plane spins briefly before yielding), which turns a 40 us negotiation
+// into 300 us; and a hand-off between a caller and its engine thread on different cores is a cross-core
+// wake-up, which in a VM costs tens of microseconds more than a switch on one core (a lone 4-byte
+// allreduce on 2 ranks: 41 us against 100 us). So while it negotiates, the engine thread keeps to the core
+// its caller last submitted from (when the host has a core per local rank); for large transfers it may
+// run anywhere, so that a busy core cannot hold back bandwidth-bound work. The callers' threads are never
+// touched.
 void Engine::place_thread() {
   cpu_set_t allowed;
   pinned_ = false;
@@ -110,11 +115,29 @@ void Engine::place_thread() {
   for (int c = 0; c < CPU_SETSIZE; ++c)
     if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
   if (local_size < 2 || static_cast<int>(cpus.size()) < local_size) return;
-  CPU_ZERO(&own_core_);
-  CPU_SET(cpus[static_cast<size_t>(runtime_.local_rank()) % cpus.size()], &own_core_);
   all_cores_ = allowed;
   pinned_ = true;
+  int cpu = caller_cpu_.load(std::memory_order_relaxed);
+  if (cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &allowed))
+    cpu = cpus[static_cast<size_t>(runtime_.local_rank()) % cpus.size()];
+  own_cpu_ = cpu;
+  CPU_ZERO(&own_core_);
+  CPU_SET(cpu, &own_core_);
   keep_to_own_core(true);
+}
+
+// At the start of a burst: move to the core the caller submitted from, if it moved.
+void Engine::follow_caller() {
+  if (!pinned_) return;
+  const int cpu = caller_cpu_.load(std::memory_order_relaxed);
+  if (cpu < 0 || cpu == own_cpu_ || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &all_cores_)) return;
+  own_cpu_ = cpu;
+  CPU_ZERO(&own_core_);
+  CPU_SET(cpu, &own_core_);
+  if (on_own_core_) {
+    on_own_core_ = false;
+    keep_to_own_core(true);
+  }
 }
 
 void Engine::keep_to_own_core(bool own) {
@@ -125,10 +148,13 @@ void Engine::keep_to_own_core(bool own) {
 
 void Engine::loop() {
   place_thread();
+  // Its sleeps are tens of microseconds (settle); the default 50 us of timer slack would triple them.
+  prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
   bool active = false;
   while (true) {
     if (!active) {
       if (!wait_while_idle()) break;
+      follow_caller();
       active = true;
       doorbell_pending_ = true;
       first_cycle_of_burst_ = true;
@@ -136,6 +162,7 @@ void Engine::loop() {
       burst_bytes_ = 0;
     } else {
       wait_for_batch();
+      settle();
     }
     CycleResult result;
     Status s = run_cycle(&result);
@@ -155,6 +182,8 @@ void Engine::loop() {
       }
       timeline_.flush(false);
       keep_to_own_core(true);
+      bursty_ = widest_pack_ > 1;
+      widest_pack_ = 0;
       s = go_idle();
       if (!s.is_ok()) {
         fail_everything(s);
@@ -171,17 +200,18 @@ void Engine::loop() {
 // is due. Returns false when the engine must stop.
 bool Engine::wait_while_idle() {
   while (true) {
-    bool shutdown_pending = false;
+    bool shutdown_pending = false, local = false;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (!failed_.is_ok()) return false;
       shutdown_pending = shutdown_requested_;
-      bool local = !queue_.empty() || (shutdown_requested_ && !shutdown_sent_) || !aborts_to_send_.empty();
-      if (local) {
-        control_->notify_peers();
-        return true;
-      }
-      waiting_ = true;
+      local = !queue_.empty() || (shutdown_requested_ && !shutdown_sent_) || !aborts_to_send_.empty();
+      if (!local) waiting_ = true;
+    }
+    if (local) {
+      settle();
+      control_->notify_peers();
+      return true;
     }
     auto now = Clock::now();
     if (shutdown_pending && seconds_between(shutdown_since_, now) > timeout_s_) {
@@ -208,6 +238,7 @@ bool Engine::wait_while_idle() {
     // this thread for a cycle that no peer runs.
     if (poked) control_->wait_notify(past());
     if (woke || poked) {
+      settle();
       std::lock_guard<std::mutex> lock(mutex_);
       if (!queue_.empty() || (shutdown_requested_ && !shutdown_sent_)) control_->notify_peers();
       return true;
@@ -215,6 +246,38 @@ bool Engine::wait_while_idle() {
     if (rank_ == 0) stall_check(Clock::now());
     timeline_.flush(false);
   }
+}
+
+// A caller submitting a burst (a training step's gradients, back to back) is microseconds from its next
+// enqueue. Packing now would negotiate the burst in slices, a cycle each, with this thread taking turns
+// on the core the caller submits from. So this sleeps until a caller starts waiting for a result (the burst
+// is complete), the callers pause for kSettle, the fusion threshold fills or a cycle time passes. Only
+// callers that submit in bursts pay for it: it is skipped unless this or the previous burst packed more
+// than one operation into a cycle, so a lone operation (a caller that waits on each one; the enqueue to
+// wait hand-off costs ~25 us in a VM) runs at once.
+void Engine::settle() {
+  if (!bursty_ && widest_pack_ <= 1) return;
+  double cycle_ms;
+  int64_t threshold;
+  {
+    std::lock_guard<std::mutex> lock(knob_mutex_);
+    cycle_ms = knobs_.cycle_time_ms;
+    threshold = static_cast<int64_t>(knobs_.fusion_threshold);
+  }
+  if (cycle_ms <= 0 || threshold <= 0) return;  // no batching wanted
+  const auto give_up = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                          std::chrono::duration<double, std::milli>(cycle_ms));
+  std::unique_lock<std::mutex> lock(mutex_);
+  settling_ = true;
+  for (bool first = true; !queue_.empty() && callers_waiting_ == 0 && !shutdown_requested_ &&
+                          queue_bytes_ < threshold;
+       first = false) {
+    const auto now = Clock::now();
+    const auto quiet_at = last_enqueue_ + kSettle;
+    if (now >= quiet_at || now >= give_up) break;
+    queue_cv_.wait_until(lock, std::min(first ? quiet_at : std::max(quiet_at, now + kSettleRecheck), give_up));
+  }
+  settling_ = false;
 }
 
 // In the middle of a burst that is being fused, waits up to the cycle time for more tensors.
@@ -230,7 +293,9 @@ void Engine::wait_for_batch() {
   auto until = last_cycle_start_ + std::chrono::duration_cast<Clock::duration>(
                                        std::chrono::duration<double, std::milli>(cycle_ms));
   std::unique_lock<std::mutex> lock(mutex_);
+  batch_wake_bytes_ = threshold;
   queue_cv_.wait_until(lock, until, [&] { return queue_bytes_ >= threshold || shutdown_requested_; });
+  batch_wake_bytes_ = 0;
 }
 
 // Doorbells only ring when a rank leaves idle, before it packs that cycle's message; so once the cycle
@@ -326,6 +391,7 @@ void Engine::cancel_orphaned() {
 void Engine::pack(std::vector<uint8_t>* message) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    widest_pack_ = std::max<int64_t>(widest_pack_, static_cast<int64_t>(queue_.size()));
     for (auto& op : queue_) packed_.push_back(std::move(op));
     queue_.clear();
     queue_bytes_ = 0;

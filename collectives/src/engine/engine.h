@@ -17,8 +17,10 @@
 // and starts the next cycle. Rings are only sent when leaving idle, before that cycle's message is packed,
 // so each rank clears its doorbell when it packs the burst's second cycle: all of the burst's rings have
 // landed by then and none for the next burst can exist yet (see clear_doorbell). A rank therefore never
-// wakes for a cycle its peers will not run. The cycle time only bounds how long a rank in the middle of a
-// burst that is being fused waits for more tensors before packing.
+// wakes for a cycle its peers will not run. Before it packs (and before it rings its peers), a rank lets
+// a burst of back-to-back submissions finish (settle), so that a training step's gradients are negotiated
+// and fused in one cycle rather than in slices. The cycle time bounds how long a rank in the middle of a
+// burst waits for more tensors before packing.
 #pragma once
 
 #include <sched.h>
@@ -128,8 +130,10 @@ class Engine {
 
   void loop();
   void place_thread();
+  void follow_caller();
   void keep_to_own_core(bool own);
   bool wait_while_idle();
+  void settle();
   void wait_for_batch();
   Status go_idle();
   void clear_doorbell();
@@ -174,9 +178,13 @@ class Engine {
 
   // Shared with callers, under mutex_.
   mutable std::mutex mutex_;
-  std::condition_variable queue_cv_;  // an operation was queued (batching wait)
+  std::condition_variable queue_cv_;  // wakes the engine thread from settle() and wait_for_batch()
   std::vector<std::shared_ptr<EngineOp>> queue_;
   int64_t queue_bytes_ = 0;
+  Clock::time_point last_enqueue_;
+  int callers_waiting_ = 0;       // callers blocked in wait() on a pending operation
+  bool settling_ = false;         // the engine thread sleeps in settle()
+  int64_t batch_wake_bytes_ = 0;  // > 0 while it sleeps in wait_for_batch: wake when the queue holds this
   std::map<int64_t, std::shared_ptr<EngineOp>> handles_;
   std::set<Key> pending_names_;
   std::map<std::pair<int, int>, int64_t> unnamed_counter_;
@@ -205,6 +213,8 @@ class Engine {
   std::vector<uint8_t> fusion_buffer_, scratch_;
   Clock::time_point next_stall_check_;
   bool fused_last_cycle_ = false;
+  int64_t widest_pack_ = 0;  // most operations this rank packed into one cycle of the current burst
+  bool bursty_ = false;      // the previous burst packed several operations into a cycle (see settle)
   bool doorbell_pending_ = false;      // rings of this burst's first cycle not yet cleared
   bool first_cycle_of_burst_ = false;
   Clock::time_point last_cycle_start_;
@@ -214,7 +224,9 @@ class Engine {
 
   Timeline timeline_;  // written on world rank 0 only
   bool pinned_ = false, on_own_core_ = false;
+  int own_cpu_ = -1;
   cpu_set_t own_core_, all_cores_;
+  std::atomic<int> caller_cpu_{-1};  // the CPU the latest enqueue ran on
 };
 
 }  // namespace hpcdl

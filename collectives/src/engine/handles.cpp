@@ -81,6 +81,7 @@ Status Engine::enqueue(const hpcdl_request& r, int64_t* handle) {
   op->input = r.input;
   op->output = r.output;
   op->submitted = Clock::now();
+  caller_cpu_.store(sched_getcpu(), std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(mutex_);
   if (!failed_.is_ok()) return Status::error(failed_.code, failed_.message + "; the engine accepts no more operations");
   if (shutdown_requested_) return Status::error(HPCDL_ERR_SHUTDOWN, "hpcdl is shutting down");
@@ -102,11 +103,12 @@ Status Engine::enqueue(const hpcdl_request& r, int64_t* handle) {
   pending_names_.insert(key);
   queue_bytes_ += elements * dtype_size(q.dtype);
   queue_.push_back(op);
+  last_enqueue_ = op->submitted;
   if (waiting_) {
     control_->notify_self();
     waiting_ = false;
   }
-  queue_cv_.notify_one();
+  if ((batch_wake_bytes_ > 0 && queue_bytes_ >= batch_wake_bytes_) || settling_) queue_cv_.notify_one();
   *handle = op->id;
   return Status::ok();
 }
@@ -139,6 +141,13 @@ Status Engine::poll(int64_t handle) {
 Status Engine::wait(int64_t handle, double timeout_s) {
   auto op = find(handle);
   if (!op) return unknown_handle(handle);
+  if (op->status.load(std::memory_order_acquire) != HPCDL_PENDING) return op_status(*op);
+  // A caller that waits has finished submitting: the engine need not settle any longer (see settle()).
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++callers_waiting_;
+    if (settling_) queue_cv_.notify_one();
+  }
   // The result is usually microseconds away: look a few times before sleeping.
   const auto spin_until = Clock::now() + std::chrono::microseconds(20);
   while (op->status.load(std::memory_order_acquire) == HPCDL_PENDING && Clock::now() < spin_until)
@@ -150,6 +159,7 @@ Status Engine::wait(int64_t handle, double timeout_s) {
     ++op->waiters;
     bool done = op->done.wait_until(lock, until, [&] { return op->status.load() != HPCDL_PENDING; });
     --op->waiters;
+    --callers_waiting_;
     if (!done) {
       std::ostringstream m;
       m << "timed out after " << limit << " s waiting for " << describe(op->request);
@@ -162,7 +172,10 @@ Status Engine::wait(int64_t handle, double timeout_s) {
       m << " (a rank may be stuck, slower, or have taken a different code path)";
       return Status::error(HPCDL_ERR_TIMEOUT, m.str());
     }
+    return op_status(*op);
   }
+  std::lock_guard<std::mutex> lock(mutex_);
+  --callers_waiting_;
   return op_status(*op);
 }
 
