@@ -149,13 +149,9 @@ static PyObject* wait(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   double timeout = PyFloat_AsDouble(args[1]);
   if (PyErr_Occurred()) return NULL;
   int status;
-  /* A finished operation is the common case at the end of a step: answer it without dropping the GIL. */
-  status = poll_ptr(handle);
-  if (status == HPCDL_PENDING) {
-    Py_BEGIN_ALLOW_THREADS
-    status = wait_ptr(handle, timeout);
-    Py_END_ALLOW_THREADS
-  }
+  Py_BEGIN_ALLOW_THREADS
+  status = wait_ptr(handle, timeout);
+  Py_END_ALLOW_THREADS
   return PyLong_FromLong(status);
 }
 

@@ -64,12 +64,9 @@ def _lib() -> ctypes.CDLL:
     if not _declared:
         with _declare_lock:
             i64, p = ctypes.c_int64, ctypes.POINTER
-            lib.hpcdl_poll.argtypes = [i64]
-            lib.hpcdl_wait.argtypes = [i64, ctypes.c_double]
             lib.hpcdl_output.argtypes = [i64, p(ctypes.c_void_p), p(i64), p(i64)]
             lib.hpcdl_received_splits.argtypes = [i64, p(i64), ctypes.c_int]
             lib.hpcdl_join_result.argtypes = [i64]
-            lib.hpcdl_release.argtypes = [i64]
             lib.hpcdl_start_timeline.argtypes = [ctypes.c_char_p, ctypes.c_int]
             lib.hpcdl_get_knob.argtypes = [ctypes.c_char_p]
             lib.hpcdl_get_knob.restype = ctypes.c_double

@@ -117,12 +117,11 @@ void Engine::place_thread() {
   if (local_size < 2 || static_cast<int>(cpus.size()) < local_size) return;
   all_cores_ = allowed;
   pinned_ = true;
-  int cpu = caller_cpu_.load(std::memory_order_relaxed);
-  if (cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &allowed))
-    cpu = cpus[static_cast<size_t>(runtime_.local_rank()) % cpus.size()];
-  own_cpu_ = cpu;
+  // Until a caller submits, the core of the thread that started the engine (or one per local rank).
+  own_cpu_ = cpus[static_cast<size_t>(runtime_.local_rank()) % cpus.size()];
   CPU_ZERO(&own_core_);
-  CPU_SET(cpu, &own_core_);
+  CPU_SET(own_cpu_, &own_core_);
+  follow_caller();
   keep_to_own_core(true);
 }
 
@@ -248,6 +247,12 @@ bool Engine::wait_while_idle() {
   }
 }
 
+// The cycle time (ms) and fusion threshold (bytes), which autotune may change between cycles.
+std::pair<double, int64_t> Engine::batching_knobs() const {
+  std::lock_guard<std::mutex> lock(knob_mutex_);
+  return {knobs_.cycle_time_ms, static_cast<int64_t>(knobs_.fusion_threshold)};
+}
+
 // A caller submitting a burst (a training step's gradients, back to back) is microseconds from its next
 // enqueue. Packing now would negotiate the burst in slices, a cycle each, with this thread taking turns
 // on the core the caller submits from. So this sleeps until a caller starts waiting for a result (the burst
@@ -257,13 +262,7 @@ bool Engine::wait_while_idle() {
 // wait hand-off costs ~25 us in a VM) runs at once.
 void Engine::settle() {
   if (!bursty_ && widest_pack_ <= 1) return;
-  double cycle_ms;
-  int64_t threshold;
-  {
-    std::lock_guard<std::mutex> lock(knob_mutex_);
-    cycle_ms = knobs_.cycle_time_ms;
-    threshold = static_cast<int64_t>(knobs_.fusion_threshold);
-  }
+  const auto [cycle_ms, threshold] = batching_knobs();
   if (cycle_ms <= 0 || threshold <= 0) return;  // no batching wanted
   const auto give_up = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                           std::chrono::duration<double, std::milli>(cycle_ms));
@@ -282,13 +281,7 @@ void Engine::settle() {
 
 // In the middle of a burst that is being fused, waits up to the cycle time for more tensors.
 void Engine::wait_for_batch() {
-  double cycle_ms;
-  int64_t threshold;
-  {
-    std::lock_guard<std::mutex> lock(knob_mutex_);
-    cycle_ms = knobs_.cycle_time_ms;
-    threshold = static_cast<int64_t>(knobs_.fusion_threshold);
-  }
+  const auto [cycle_ms, threshold] = batching_knobs();
   if (!fused_last_cycle_ || cycle_ms <= 0 || threshold <= 0) return;
   auto until = last_cycle_start_ + std::chrono::duration_cast<Clock::duration>(
                                        std::chrono::duration<double, std::milli>(cycle_ms));
