@@ -309,6 +309,9 @@ Status Runtime::make_shm_comm(const std::vector<int>& ranks, int my, const std::
   ShmParams params;
   params.small_message_bytes = size_t(options_.get_int("small_message_bytes", 65536));
   params.chunk_bytes = size_t(options_.get_int("shm_chunk_bytes", 2 << 20));
+  if (!StagingStores::parse(options_.get("shm_stores", "auto").c_str(), &params.stores))
+    return Status::error(HPCDL_ERR_INVALID, "shm_stores is '" + options_.get("shm_stores", "") +
+                                                         "'; use auto, cached or streaming (HPCDL_SHM_STORES)");
   if (channel == Channel::kEngineControl) params.chunk_bytes = 64 << 10;
   std::vector<int> pids;
   for (int r : ranks) pids.push_back(peers_[size_t(r)].pid);

@@ -99,6 +99,7 @@ def run_command(
     ),
     small_message_bytes: Optional[int] = _tunable("small_message_bytes", "--small-message-bytes"),
     shm_chunk_bytes: Optional[int] = _tunable("shm_chunk_bytes", "--shm-chunk-bytes"),
+    shm_stores: Optional[str] = _tunable("shm_stores", "--shm-stores"),
     gpu_operations: Optional[str] = _tunable("gpu_operations", "--gpu-operations"),
     dynamic_process_sets: Optional[bool] = _tunable(
         "dynamic_process_sets", "--dynamic-process-sets/--no-dynamic-process-sets"

@@ -43,6 +43,7 @@ SETTINGS: tuple[Setting, ...] = (
         tunable=True,
     ),
     Setting("shm_chunk_bytes", "shm_chunk_bytes", "HPCDL_SHM_CHUNK_BYTES", None, 2 << 20, int),
+    Setting("shm_stores", "shm_stores", "HPCDL_SHM_STORES", None, "auto", str),
     Setting(
         "hierarchical_allreduce",
         "hierarchical",
@@ -142,6 +143,7 @@ _BY_NAME: dict[str, Setting] = {**{s.key: s for s in SETTINGS}, **{s.name: s for
 
 _CHOICES = {
     "transport": ("auto", "shm", "tcp", "mpi"),
+    "shm_stores": ("auto", "cached", "streaming"),
     "log_level": ("trace", "debug", "info", "warning", "error", "fatal"),
     "gpu_operations": ("auto", "nccl", "host"),
 }

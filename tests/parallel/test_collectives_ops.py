@@ -70,3 +70,14 @@ def test_flat_tcp_ring_across_simulated_hosts() -> None:
     )
     assert_all_passed(results, 3)
     assert [r.result["transport_local"] for r in results] == ["tcp", "self", "tcp"]
+
+
+@pytest.mark.parametrize("stores", ["cached", "streaming", "auto"])
+def test_staging_store_kinds_give_exact_results(stores: str) -> None:
+    # 64 KiB chunks: pieces of 21 KiB on 3 ranks, large enough for streaming stores, from ragged offsets
+    env = {"HPCDL_SHM_STORES": stores, "HPCDL_SHM_CHUNK_BYTES": "65536"}
+    results = run_ranks(3, str(Path(__file__).with_name("_staging_checks.py")), env=env, timeout=180)
+    assert len(results) == 3
+    for r in results:
+        assert r.result is not None, f"rank {r.rank} printed no result:\n{r.stdout}\n{r.stderr}"
+        assert r.result["failures"] == [] and r.result["checks"] == 28, r.result

@@ -30,6 +30,8 @@ def test_bad_values_name_the_variable() -> None:
         config.resolve({}, {"HPCDL_TIMEOUT": "soon"})
     with pytest.raises(HpcdlConfigError, match="one of auto, shm, tcp, mpi"):
         config.resolve({"transport": "infiniband"}, {})
+    with pytest.raises(HpcdlConfigError, match=r"HPCDL_SHM_STORES.*one of auto, cached, streaming"):
+        config.resolve({}, {"HPCDL_SHM_STORES": "non-temporal"})
     with pytest.raises(HpcdlConfigError, match="unknown setting"):
         config.resolve({"timeout_seconds": 3}, {})
     with pytest.raises(HpcdlConfigError, match="positive"):

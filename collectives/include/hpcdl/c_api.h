@@ -111,6 +111,8 @@ HPCDL_API const char* hpcdl_build_info(void);
  *   iface                         network interface (or IPv4 address) for TCP data connections
  *   timeout_s                     deadline of every blocking wait, seconds (float)
  *   small_message_bytes           below this, latency-optimal algorithms; at/above, ring
+ *   shm_chunk_bytes               shared-memory staging buffer per rank and step
+ *   shm_stores=auto|cached|streaming  how ranks write staged chunks (auto: measured, see staging_stores.h)
  *   hierarchical=0|1              intra-host then inter-host allreduce/allgather when ranks span hosts
  *   fusion_threshold              engine fusion buffer bytes (0 disables fusion)
  *   cycle_time_ms                 engine cycle time (float)

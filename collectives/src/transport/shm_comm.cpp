@@ -54,6 +54,7 @@ Status ShmComm::create(const std::vector<int>& world_ranks, int my_rank, const s
   c->world_ = world_ranks;
   c->pids_ = pids;
   c->params_ = params;
+  c->stores_ = StagingStores(params.stores);
   c->params_.chunk_bytes = round_up(std::max<size_t>(params.chunk_bytes, 4096), 4096);
   c->label_ = label;
   const int n = c->size_;
@@ -331,6 +332,7 @@ Status ShmComm::reduce_segments(const Segment* segments, size_t nseg, int dtype,
   const size_t align = std::max<size_t>(1, 64 / es);
   const int64_t chunk_elems = int64_t(params_.chunk_bytes / es);
   for (int64_t off = 0; off < count; off += chunk_elems) {
+    const auto chunk_start = Clock::now();
     const int64_t ce = std::min(chunk_elems, count - off);
     int64_t part = (ce + size_ - 1) / size_;
     part = int64_t((size_t(part) + align - 1) / align * align);
@@ -341,7 +343,7 @@ Status ShmComm::reduce_segments(const Segment* segments, size_t nseg, int dtype,
       if (p == rank_ || part_len(p) == 0) continue;
       char* to = stage + size_t(part_begin(p)) * es;
       all.each(off + part_begin(p), part_len(p), [&](const Segment& s, int64_t at, int64_t rel, int64_t len) {
-        std::memcpy(to + size_t(rel) * es, input(s, at), size_t(len) * es);
+        stores_.copy(to + size_t(rel) * es, input(s, at), size_t(len) * es);
       });
     }
     publish();
@@ -362,7 +364,7 @@ Status ShmComm::reduce_segments(const Segment* segments, size_t nseg, int dtype,
           for (int r = 0; r < size_; ++r)
             srcs[r] = r == rank_ ? static_cast<const void*>(input(s, seg_at)) : slot(r, staged) + from;
           reduce(output(s, seg_at), srcs, size_, n, dtype, op, prescale, postscale, size_);
-          std::memcpy(staged_result + size_t(at + rel) * es, output(s, seg_at), size_t(n) * es);
+          stores_.copy(staged_result + size_t(at + rel) * es, output(s, seg_at), size_t(n) * es);
         });
       }
     }
@@ -376,6 +378,7 @@ Status ShmComm::reduce_segments(const Segment* segments, size_t nseg, int dtype,
         std::memcpy(output(s, at), from + size_t(rel) * es, size_t(len) * es);
       });
     }
+    if (ce == chunk_elems) stores_.record_chunk(std::chrono::duration<double>(Clock::now() - chunk_start).count());
   }
   return Status::ok();
 }
@@ -400,7 +403,7 @@ Status ShmComm::allgatherv(const void* send, void* recv, const std::vector<int64
   if (mine && out + offset[size_t(rank_)] != in) std::memmove(out + offset[size_t(rank_)], in, mine);
   const size_t chunk = params_.chunk_bytes;
   for (size_t at = 0; at < size_t(largest) * es; at += chunk) {
-    if (at < mine) std::memcpy(slot(rank_, step_ + 1), in + at, std::min(chunk, mine - at));
+    if (at < mine) stores_.copy(slot(rank_, step_ + 1), in + at, std::min(chunk, mine - at));
     publish();
     st = wait_all(deadline, what);
     if (!st.is_ok()) return st;
@@ -422,7 +425,7 @@ Status ShmComm::broadcast(void* buf, int64_t count, int dtype, int root, Deadlin
   auto* data = static_cast<char*>(buf);
   for (size_t at = 0; at < bytes; at += params_.chunk_bytes) {
     size_t n = std::min(params_.chunk_bytes, bytes - at);
-    if (rank_ == root) std::memcpy(slot(rank_, step_ + 1), data + at, n);
+    if (rank_ == root) stores_.copy(slot(rank_, step_ + 1), data + at, n);
     publish();
     st = wait_all(deadline, what);
     if (!st.is_ok()) return st;
@@ -460,7 +463,7 @@ Status ShmComm::alltoallv(const void* send, const std::vector<int64_t>& send_cou
     char* stage = slot(rank_, step_ + 1);
     for (size_t j = 0; j < n; ++j) {
       size_t len = size_t(send_counts[j]) * es;
-      if (j != me && at < len) std::memcpy(stage + j * sub, in + soff[j] + at, std::min(sub, len - at));
+      if (j != me && at < len) stores_.copy(stage + j * sub, in + soff[j] + at, std::min(sub, len - at));
     }
     publish();
     st = wait_all(deadline, what);
@@ -499,7 +502,7 @@ Status ShmComm::reducescatter(const void* send, void* recv, const std::vector<in
     char* stage = slot(rank_, step_ + 1);
     for (size_t j = 0; j < n; ++j)
       if (j != me && at < recv_counts[j])
-        std::memcpy(stage + j * size_t(sub) * es, in + size_t(seg[j] + at) * es,
+        stores_.copy(stage + j * size_t(sub) * es, in + size_t(seg[j] + at) * es,
                     size_t(std::min(sub, recv_counts[j] - at)) * es);
     publish();
     st = wait_all(deadline, what);

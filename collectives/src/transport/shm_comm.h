@@ -15,6 +15,7 @@
 
 #include "algorithms/op_desc.h"
 #include "comm.h"
+#include "transport/staging_stores.h"
 #include "transport/wait.h"
 
 namespace hpcdl {
@@ -22,6 +23,7 @@ namespace hpcdl {
 struct ShmParams {
   size_t chunk_bytes = 2 << 20;       // staging buffer size per rank and step
   size_t small_message_bytes = 65536;  // allreduce below this: one step, everybody reduces everything
+  StagingStores::Mode stores = StagingStores::Mode::kAuto;  // how chunks are written for the peers
 };
 
 class ShmComm : public Comm {
@@ -90,6 +92,7 @@ class ShmComm : public Comm {
   uint32_t bell_seen_ = 0;
   Status broken_;
   WaitPolicy policy_;
+  StagingStores stores_;
 };
 
 }  // namespace hpcdl

@@ -1,0 +1,98 @@
+#include "transport/staging_stores.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
+namespace hpcdl {
+
+namespace {
+double median(const double* values, int n) {
+  double sorted[StagingStores::kRecent];
+  for (int i = 0; i < n; ++i) {  // insertion sort: at most kRecent values
+    int j = i;
+    for (; j > 0 && sorted[j - 1] > values[i]; --j) sorted[j] = sorted[j - 1];
+    sorted[j] = values[i];
+  }
+  return n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+}
+}  // namespace
+
+bool StagingStores::parse(const char* text, Mode* mode) {
+  if (std::strcmp(text, "auto") == 0) *mode = Mode::kAuto;
+  else if (std::strcmp(text, "cached") == 0) *mode = Mode::kCached;
+  else if (std::strcmp(text, "streaming") == 0) *mode = Mode::kStreaming;
+  else return false;
+  return true;
+}
+
+void StagingStores::copy(void* dst, const void* src, size_t n) const {
+  if (streaming()) stream_copy(dst, src, n);
+  else std::memcpy(dst, src, n);
+}
+
+void StagingStores::record_chunk(double seconds) {
+  if (mode_ != Mode::kAuto) return;
+  if (trial_left_ > 0) {
+    trial_[kTrialChunks - trial_left_] = seconds;
+    if (--trial_left_ == 0) end_trial();
+    return;
+  }
+  recent_[recent_next_] = seconds;
+  recent_next_ = (recent_next_ + 1) % kRecent;
+  recent_count_ = std::min(recent_count_ + 1, kRecent);
+  if (++since_trial_ >= interval_ && recent_count_ >= kTrialChunks) {
+    since_trial_ = 0;
+    trial_left_ = kTrialChunks;
+  }
+}
+
+void StagingStores::end_trial() {
+  const double tried = median(trial_, kTrialChunks);
+  if (tried < kSwitchBelow * median(recent_, recent_count_)) {
+    prefer_streaming_ = !prefer_streaming_;
+    std::copy(trial_, trial_ + kTrialChunks, recent_);
+    recent_count_ = kTrialChunks;
+    recent_next_ = kTrialChunks % kRecent;
+    interval_ = kFirstInterval;
+  } else {
+    interval_ = std::min(interval_ * 4, kMaxInterval);
+  }
+}
+
+void stream_copy(void* dst, const void* src, size_t n) {
+#if defined(__x86_64__)
+  auto* d = static_cast<char*>(dst);
+  const auto* s = static_cast<const char*>(src);
+  const size_t head = (16 - (reinterpret_cast<uintptr_t>(d) & 15)) & 15;
+  if (n < 4096) {
+    std::memcpy(dst, src, n);
+    return;
+  }
+  std::memcpy(d, s, head);
+  d += head;
+  s += head;
+  n -= head;
+  size_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
+    const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
+  }
+  std::memcpy(d + i, s + i, n - i);
+  _mm_sfence();  // streaming stores are weakly ordered: they must land before the step is published
+#else
+  std::memcpy(dst, src, n);
+#endif
+}
+
+}  // namespace hpcdl

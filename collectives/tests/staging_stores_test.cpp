@@ -1,0 +1,101 @@
+// Checks StagingStores' choice against synthetic chunk timings, and stream_copy against memcpy.
+// Built and run by tests/unit/test_staging_stores.py; prints one "ok" or "FAIL ..." line per check.
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "transport/staging_stores.h"
+
+using hpcdl::StagingStores;
+
+namespace {
+int failures = 0;
+
+void check(bool ok, const char* what) {
+  std::printf("%s %s\n", ok ? "ok" : "FAIL", what);
+  if (!ok) ++failures;
+}
+
+// Runs `chunks` chunks whose duration depends on the store kind; returns how many used streaming stores.
+template <class Cost>
+int run(StagingStores& stores, int chunks, Cost cost) {
+  int streamed = 0;
+  for (int i = 0; i < chunks; ++i) {
+    const bool streaming = stores.streaming();
+    streamed += streaming;
+    stores.record_chunk(cost(i, streaming));
+  }
+  return streamed;
+}
+}  // namespace
+
+int main() {
+  {  // shared cache: cached stores are 1.7x faster; auto keeps them and rarely tries the other kind
+    StagingStores s;
+    const int streamed = run(s, 5000, [](int, bool streaming) { return streaming ? 1.7e-3 : 1e-3; });
+    check(!s.streaming(), "shared cache: auto stays with cached stores");
+    check(streamed > 0 && streamed < 5000 / 100, "shared cache: under 1% of 5000 chunks were trials");
+  }
+  {  // no shared cache: streaming is 4x faster; auto switches within the first trial
+    StagingStores s;
+    int i = 0;
+    while (!s.streaming() || i < StagingStores::kFirstInterval + StagingStores::kTrialChunks) {
+      s.record_chunk(s.streaming() ? 1e-3 : 4e-3);
+      if (++i > 100) break;
+    }
+    const int cached = 2000 - run(s, 2000, [](int, bool streaming) { return streaming ? 1e-3 : 4e-3; });
+    check(i <= StagingStores::kFirstInterval + 2 * StagingStores::kTrialChunks, "no shared cache: switched early");
+    check(s.streaming() && cached < 2000 / 80, "no shared cache: stays with streaming stores");
+  }
+  {  // the machine changes state halfway: auto follows within the longest trial interval
+    StagingStores s;
+    auto cost = [](int i, bool streaming) { return i < 3000 ? (streaming ? 1.7e-3 : 1e-3) : (streaming ? 1e-3 : 5e-3); };
+    run(s, 3000, cost);
+    check(!s.streaming(), "state change: cached before");
+    int i = 3000;
+    for (; i < 3000 + 2 * StagingStores::kMaxInterval && !s.streaming(); ++i) s.record_chunk(cost(i, s.streaming()));
+    check(s.streaming(), "state change: streaming after at most two trial intervals");
+  }
+  {  // one chunk held up (preempted, page faults) does not flip the choice
+    StagingStores s;
+    run(s, 200, [](int i, bool streaming) { return i == 150 ? 0.5 : (streaming ? 1.7e-3 : 1e-3); });
+    check(!s.streaming(), "an outlier chunk does not switch");
+  }
+  {  // equal costs: no flapping
+    StagingStores s;
+    int switches = 0;
+    bool last = s.streaming();
+    for (int i = 0; i < 3000; ++i) {
+      s.record_chunk(1e-3 * (1 + 0.05 * ((i * 7919) % 11) / 10.0));
+      if (s.streaming() != last) ++switches;
+      last = s.streaming();
+    }
+    check(switches <= 2 * 3000 / StagingStores::kMaxInterval + 14, "equal costs: only trials change the kind");
+  }
+  {  // forced modes never change
+    StagingStores cached(StagingStores::Mode::kCached), streaming(StagingStores::Mode::kStreaming);
+    run(cached, 100, [](int, bool s) { return s ? 1e-3 : 9e-3; });
+    run(streaming, 100, [](int, bool s) { return s ? 9e-3 : 1e-3; });
+    check(!cached.streaming() && streaming.streaming(), "HPCDL_SHM_STORES=cached/streaming are kept");
+    StagingStores::Mode m;
+    check(StagingStores::parse("streaming", &m) && m == StagingStores::Mode::kStreaming &&
+              StagingStores::parse("auto", &m) && m == StagingStores::Mode::kAuto && !StagingStores::parse("nt", &m),
+          "parse");
+  }
+  {  // stream_copy copies exactly, at every alignment and around the 4 KiB and 64-byte boundaries
+    std::vector<unsigned char> src(70000), dst(70000), want(70000);
+    for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 131 + 7);
+    bool same = true;
+    for (size_t offset : {0, 1, 3, 8, 15, 16, 17, 63}) {
+      for (size_t n : {0, 1, 4095, 4096, 4097, 4160, 65536, 65599}) {
+        std::memset(dst.data(), 0xAB, dst.size());
+        std::memset(want.data(), 0xAB, want.size());
+        hpcdl::stream_copy(dst.data() + offset, src.data() + 5, n);
+        std::memcpy(want.data() + offset, src.data() + 5, n);
+        same = same && dst == want;
+      }
+    }
+    check(same, "stream_copy equals memcpy");
+  }
+  return failures == 0 ? 0 : 1;
+}
