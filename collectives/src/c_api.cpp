@@ -1,4 +1,5 @@
 // The C ABI of c_api.h (engine functions live in c_api_engine.cpp): argument checks, then the runtime.
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -37,10 +38,6 @@ int set_error(int code, const std::string& message) {
 }  // namespace hpcdl
 
 namespace {
-
-std::mutex g_servers_mutex;
-std::map<int64_t, std::unique_ptr<RendezvousServer>> g_servers;
-int64_t g_next_server = 1;
 
 const char* const kNotInit = "hpcdl is not initialised: call hpcdl.init() (or hvd.init()) first";
 
@@ -160,28 +157,34 @@ const char* hpcdl_transport_name(int local) {
 }
 
 // ---- rendezvous server ---------------------------------------------------------------------------
+// A server's handle is its address: the caller owns the server from start to stop, as with a FILE*, so
+// the library keeps no registry of servers.
+namespace {
+RendezvousServer* server_of(int64_t handle) {
+  if (handle <= 0) {
+    set_error(HPCDL_ERR_INVALID, "not a rendezvous server handle: " + std::to_string(handle));
+    return nullptr;
+  }
+  return reinterpret_cast<RendezvousServer*>(static_cast<intptr_t>(handle));
+}
+}  // namespace
+
 int64_t hpcdl_rendezvous_server_start(const char* host, int port, const char* secret, int size) {
   std::unique_ptr<RendezvousServer> server(new RendezvousServer());
   Status st = server->start(host ? host : "0.0.0.0", port, secret ? secret : "", size);
   if (!st.is_ok()) return -int64_t(set_error(st));
-  std::lock_guard<std::mutex> lock(g_servers_mutex);
-  int64_t id = g_next_server++;
-  g_servers[id] = std::move(server);
-  return id;
+  return static_cast<int64_t>(reinterpret_cast<intptr_t>(server.release()));
 }
 
-int hpcdl_rendezvous_server_port(int64_t server) {
-  std::lock_guard<std::mutex> lock(g_servers_mutex);
-  auto it = g_servers.find(server);
-  if (it == g_servers.end()) return -set_error(HPCDL_ERR_INVALID, "unknown rendezvous server id");
-  return it->second->port();
+int hpcdl_rendezvous_server_port(int64_t handle) {
+  RendezvousServer* server = server_of(handle);
+  return server ? server->port() : -HPCDL_ERR_INVALID;
 }
 
-int hpcdl_rendezvous_server_arrived(int64_t server, int32_t* ranks, int capacity) {
-  std::lock_guard<std::mutex> lock(g_servers_mutex);
-  auto it = g_servers.find(server);
-  if (it == g_servers.end()) return -set_error(HPCDL_ERR_INVALID, "unknown rendezvous server id");
-  std::vector<int> arrived = it->second->arrived();
+int hpcdl_rendezvous_server_arrived(int64_t handle, int32_t* ranks, int capacity) {
+  RendezvousServer* server = server_of(handle);
+  if (!server) return -HPCDL_ERR_INVALID;
+  std::vector<int> arrived = server->arrived();
   int n = 0;
   for (int r : arrived) {
     if (n >= capacity) break;
@@ -190,16 +193,10 @@ int hpcdl_rendezvous_server_arrived(int64_t server, int32_t* ranks, int capacity
   return int(arrived.size()) < capacity ? int(arrived.size()) : n;
 }
 
-int hpcdl_rendezvous_server_stop(int64_t server) {
-  std::unique_ptr<RendezvousServer> victim;
-  {
-    std::lock_guard<std::mutex> lock(g_servers_mutex);
-    auto it = g_servers.find(server);
-    if (it == g_servers.end()) return set_error(HPCDL_ERR_INVALID, "unknown rendezvous server id");
-    victim = std::move(it->second);
-    g_servers.erase(it);
-  }
-  victim->stop();
+int hpcdl_rendezvous_server_stop(int64_t handle) {
+  std::unique_ptr<RendezvousServer> server(server_of(handle));
+  if (!server) return HPCDL_ERR_INVALID;
+  server->stop();
   return HPCDL_OK;
 }
 

@@ -143,7 +143,8 @@ HPCDL_API int hpcdl_mpi_threads_supported(void);
 
 /* ---- rendezvous server (hosted by the launcher or by world rank 0) ------------------------------ */
 /* Starts a rendezvous server on host:port (port 0 picks a free one) for a job of `size` ranks that
- * knows `secret`. Returns an opaque id > 0, or < 0 on error. */
+ * knows `secret`. Returns an opaque handle > 0, or < 0 on error. The caller owns the server until
+ * hpcdl_rendezvous_server_stop, which stops and frees it; the handle must not be used after that. */
 HPCDL_API int64_t hpcdl_rendezvous_server_start(const char* host, int port, const char* secret, int size);
 HPCDL_API int hpcdl_rendezvous_server_port(int64_t server);
 /* Writes up to `capacity` world ranks that have registered into `ranks`; returns how many did. */
