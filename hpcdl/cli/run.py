@@ -9,6 +9,7 @@ from typing import Any, Optional
 import typer
 
 from hpcdl.common.exceptions import HpcdlError
+from hpcdl.runner.elastic import ElasticOptions
 from hpcdl.runner.errors import LaunchError
 from hpcdl.runner.hosts import parse_hostfile, parse_hosts_arg
 from hpcdl.runner.launch import LaunchSpec, MpiOptions, launch
@@ -18,6 +19,7 @@ from hpcdl.runner.rank_env import parse_extra_env
 from hpcdl.runner.tunables import TUNABLES, check_value, load_config_file
 
 _TUNING = "Runtime tunables (set the HPCDL_* variable of each rank)"
+_ELASTIC = "Elastic training (workers may fail or join; see hvd.elastic.run)"
 _HELP = {
     t.key: f"{t.help}{' (' + '|'.join(t.choices) + ')' if t.choices else ''} [{t.env}]" for t in TUNABLES
 }
@@ -53,6 +55,30 @@ def run_command(
     mpirun: str = typer.Option("mpirun", "--mpirun", help="mpirun or mpiexec to use with --mpi."),
     mpi_args: str = typer.Option("", "--mpi-args", help="Extra arguments for mpirun (with --mpi)."),
     tcp: bool = typer.Option(False, "--tcp", help="All traffic between ranks over TCP."),
+    min_np: Optional[int] = typer.Option(
+        None, "--min-np", help="Elastic: the fewest workers the job may run with.", rich_help_panel=_ELASTIC
+    ),
+    max_np: Optional[int] = typer.Option(
+        None, "--max-np", help="Elastic: the most workers the job may grow to.", rich_help_panel=_ELASTIC
+    ),
+    host_discovery_script: Optional[Path] = typer.Option(
+        None,
+        "--host-discovery-script",
+        help="Elastic: a program that prints the usable hosts, one 'host:slots' per line; run every second.",
+        rich_help_panel=_ELASTIC,
+    ),
+    elastic_timeout: float = typer.Option(
+        600.0,
+        "--elastic-timeout",
+        help="Elastic: seconds the job may have fewer than --min-np workers before it fails.",
+        rich_help_panel=_ELASTIC,
+    ),
+    reset_limit: Optional[int] = typer.Option(
+        None,
+        "--reset-limit",
+        help="Elastic: the most times the workers may regroup.",
+        rich_help_panel=_ELASTIC,
+    ),
     start_timeout: Optional[float] = typer.Option(
         None,
         "--start-timeout",
@@ -156,7 +182,23 @@ def _spec_from_flags(params: dict[str, Any]) -> LaunchSpec:
         verbose=params["verbose"],
         tcp=params["tcp"],
         mpi=MpiOptions(params["mpirun"], params["mpi_args"]) if params["use_mpi"] else None,
+        elastic=_elastic_options(params),
     )
+
+
+def _elastic_options(params: dict[str, Any]) -> Optional[ElasticOptions]:
+    """Elastic mode when --min-np, --max-np or --host-discovery-script is given (like horovodrun)."""
+    min_np, max_np, script = params["min_np"], params["max_np"], params["host_discovery_script"]
+    if min_np is None and max_np is None and script is None:
+        return None
+    num_proc = params["num_proc"]
+    if min_np is None:
+        min_np = num_proc if num_proc is not None else 1
+    if max_np is None:
+        if num_proc is None and script is not None:
+            raise LaunchError("an elastic job with --host-discovery-script needs --max-np (or -np)")
+        max_np = num_proc if num_proc is not None else min_np
+    return ElasticOptions(min_np, max_np, script, params["elastic_timeout"], params["reset_limit"])
 
 
 def register(app: typer.Typer) -> None:

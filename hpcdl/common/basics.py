@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import os
 import threading
 from collections.abc import Sequence
 from typing import Any, Union
 
-from hpcdl.common import config, discovery, library
-from hpcdl.common.exceptions import HpcdlConfigError, HpcdlNotInitializedError
+from hpcdl.common import config, discovery, elastic, library
+from hpcdl.common.exceptions import HpcdlConfigError, HpcdlError, HpcdlNotInitializedError
 
 _lock = threading.Lock()
 _atexit_registered = False
@@ -44,29 +45,50 @@ def init(process_sets: Union[Sequence[Sequence[int]], str, None] = None, **setti
         if lib.hpcdl_is_initialized():
             return
         resolved = config.resolve(settings)
-        info = discovery.discover()
-        vendor = library.build_info().get("mpi_vendor", "") if library.build_info().get("mpi") else ""
-        meet = discovery.meeting(info, mpi_vendor=vendor)
         static_sets, dynamic = _process_sets_option(process_sets)
-        options: dict[str, Any] = dict(resolved.values)
-        options.update(
-            rank=info.rank,
-            size=info.size,
-            host=info.host,
-            bootstrap=meet.bootstrap,
-            rendezvous_addr=meet.addr,
-            rendezvous_port=meet.port,
-            rendezvous_serve=meet.serve,
-            secret=meet.secret,
-            process_sets=static_sets,
-            autotune_fixed=config.autotune_fixed(resolved),
-        )
-        if dynamic:
-            options["dynamic_process_sets"] = True
-        library.check(lib.hpcdl_init(config.options_text(options).encode()))
+        if not elastic.enabled():
+            _start(lib, resolved, None, static_sets, dynamic)
+        else:
+            _start_elastic(lib, resolved, static_sets, dynamic)
         if not _atexit_registered:
             atexit.register(shutdown)
             _atexit_registered = True
+
+
+def _start_elastic(lib: Any, resolved: config.Resolved, static_sets: str, dynamic: bool) -> None:
+    """Join the elastic driver's next round; a round that was superseded while this worker met its
+    peers (one of them failed or hosts came) is left for the newer one."""
+    wait = float(os.environ.get(elastic.TIMEOUT_ENV, "600"))
+    while True:
+        env = {**os.environ, **elastic.join_next_round(wait)}
+        try:
+            _start(lib, resolved, env, static_sets, dynamic)
+            return
+        except HpcdlError:
+            if not elastic.round_changed(force=True):
+                raise
+
+
+def _start(lib: Any, resolved: config.Resolved, env: Any, static_sets: str, dynamic: bool) -> None:
+    info = discovery.discover(env)
+    vendor = library.build_info().get("mpi_vendor", "") if library.build_info().get("mpi") else ""
+    meet = discovery.meeting(info, env, mpi_vendor=vendor)
+    options: dict[str, Any] = dict(resolved.values)
+    options.update(
+        rank=info.rank,
+        size=info.size,
+        host=info.host,
+        bootstrap=meet.bootstrap,
+        rendezvous_addr=meet.addr,
+        rendezvous_port=meet.port,
+        rendezvous_serve=meet.serve,
+        secret=meet.secret,
+        process_sets=static_sets,
+        autotune_fixed=config.autotune_fixed(resolved),
+    )
+    if dynamic:
+        options["dynamic_process_sets"] = True
+    library.check(lib.hpcdl_init(config.options_text(options).encode()))
 
 
 def shutdown() -> None:

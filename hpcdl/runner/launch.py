@@ -6,11 +6,20 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from hpcdl.runner.allocation import detect_allocation
+from hpcdl.runner.elastic import (
+    DriverServer,
+    ElasticJob,
+    ElasticOptions,
+    RoundBoard,
+    check_options,
+    worker_slot,
+)
 from hpcdl.runner.errors import LaunchError
 from hpcdl.runner.hosts import HostSlots, RankSlot, assign_ranks
 from hpcdl.runner.mpi import MpiRun, build_mpi_command, detect_flavor, new_token
@@ -24,7 +33,10 @@ from hpcdl.runner.tunables import tunable_environment
 
 DEFAULT_START_TIMEOUT = 30.0
 # Inherited values that would point ranks at another job's rendezvous.
-_JOB_SPECIFIC = ("HPCDL_RENDEZVOUS_ADDR", "HPCDL_RENDEZVOUS_PORT", "HPCDL_RENDEZVOUS_SERVE", "HPCDL_SECRET")
+_JOB_SPECIFIC = (
+    "HPCDL_RENDEZVOUS_ADDR", "HPCDL_RENDEZVOUS_PORT", "HPCDL_RENDEZVOUS_SERVE", "HPCDL_SECRET",
+    "HPCDL_ELASTIC_DRIVER", "HPCDL_ELASTIC_WORKER", "HPCDL_ELASTIC_TIMEOUT",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -49,6 +61,7 @@ class LaunchSpec:
     verbose: bool = False
     tcp: bool = False
     mpi: MpiOptions | None = None
+    elastic: ElasticOptions | None = None
 
 
 def resolve_start_timeout(explicit: float | None, environ: Mapping[str, str]) -> float:
@@ -125,6 +138,8 @@ def launch(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> int:
     }
     if not spec.command:
         raise LaunchError("no command to run; write it after the options: hpcdl run -np 2 python train.py")
+    if spec.elastic is not None:
+        return _launch_elastic(spec, spec.elastic, environ)
     hosts, num_proc, source = resolve_hosts(spec, environ)
     slots = assign_ranks(hosts, num_proc)
     start_timeout = resolve_start_timeout(spec.start_timeout, environ)
@@ -202,3 +217,56 @@ def _start_mpirun(job: _Job, flavor: str, router: OutputRouter) -> JobProcess:
     if job.spec.verbose:
         print(f"hpcdl run: {command.shown}", file=sys.stderr)
     return MpiRun(command, flavor, job.slots, router, token)
+
+
+def _launch_elastic(spec: LaunchSpec, options: ElasticOptions, environ: dict[str, str]) -> int:
+    """Run an elastic job: workers on the slots of -H/--hostfile/the allocation/the discovery script."""
+    if spec.mpi is not None:
+        raise LaunchError(
+            "--mpi cannot start an elastic job (mpirun fixes the ranks); drop --mpi or --min-np/--max-np"
+        )
+    check_options(options, spec.num_proc)
+    if options.discovery_script is not None:
+        hosts: list[HostSlots] = []
+    elif spec.hosts is not None or detect_allocation(environ, spec.slots_per_host) is not None:
+        hosts = resolve_hosts(spec, environ)[0]
+    else:
+        hosts = [HostSlots(socket.gethostname(), options.max_np)]
+    from hpcdl.common.rendezvous import RendezvousServer, make_secret
+
+    secret = make_secret()
+    remote = [h.name for h in hosts if not is_local_host(h.name)]
+    addr = _rendezvous_address(spec, remote)
+    board = RoundBoard(secret)
+    start_timeout = resolve_start_timeout(spec.start_timeout, environ)
+    driver = DriverServer(board, options.timeout)
+    threading.Thread(target=driver.serve_forever, daemon=True).start()
+    common_env = {
+        **rank_settings_env(spec),
+        "HPCDL_ELASTIC_DRIVER": f"{addr}:{driver.server_address[1]}",
+        "HPCDL_ELASTIC_TIMEOUT": str(options.timeout),
+        "HPCDL_SECRET": secret,
+    }
+    router = OutputRouter(spec.output, options.max_np)
+    ssh = SshOptions(spec.ssh.port, spec.ssh.identity_file, spec.ssh.config_file, min(start_timeout, 30.0))
+
+    def start_worker(number: int, host: str) -> JobProcess:
+        identity = {"HPCDL_ELASTIC_WORKER": str(number), "HPCDL_HOSTNAME": host, "HOROVOD_HOSTNAME": host}
+        slot = worker_slot(number, host)
+        if is_local_host(host):
+            env = {**environ, **common_env, **identity}
+            return AgentRank(slot, spec.command, env, router.for_rank(number))
+        env = {**forwarded_environment(environ), **common_env, **identity}
+        return AgentRank(slot, spec.command, env, router.for_rank(number), ssh)
+
+    def start_rendezvous(size: int) -> tuple[int, Callable[[], None]]:
+        server = RendezvousServer(size, secret)
+        server.start()
+        return server.port, server.stop
+
+    job = ElasticJob(options, hosts, spec.num_proc, start_worker, start_rendezvous, board, addr)
+    try:
+        return job.run()
+    finally:
+        driver.shutdown()
+        driver.server_close()

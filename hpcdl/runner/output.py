@@ -106,6 +106,7 @@ class OutputRouter:
     def for_rank(self, rank: int) -> RankOutput:
         files: dict[str, BinaryIO] = {}
         if self._options.output_dir is not None:
+            self._rank_dir(rank).mkdir(parents=True, exist_ok=True)  # elastic workers beyond the first size
             files = {  # closed by RankOutput.close
                 stream: open(self._rank_dir(rank) / stream, "wb")  # noqa: SIM115
                 for stream in ("stdout", "stderr")

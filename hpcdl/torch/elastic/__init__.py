@@ -3,10 +3,10 @@ synchronize, an elastic sampler, and the ``run`` decorator that retries after a 
 
 ``run`` catches ``HorovodInternalError`` (a collective failed or timed out), restores the last committed
 state, re-initializes hpcdl (``shutdown(); init()``) and synchronizes the state from rank 0 before calling
-the training function again. What is not here: ``hpcdl run`` has no elastic mode (no ``--min-np``/
-``--max-np``, no host discovery script) and stops the job when a rank dies, so hosts are never added or
-removed under a running job and ``HostsUpdatedInterrupt`` is only raised when ``State.notify_hosts_updated``
-is called.
+the training function again. Under ``hpcdl run --min-np A --max-np B [--host-discovery-script S]`` the
+re-initialization joins the launcher's next round of workers (``hpcdl.common.elastic``): a failed worker is
+dropped, new workers join, and ``State.commit`` raises ``HostsUpdatedInterrupt`` on every rank when a newer
+round has formed.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 import torch
 
+from hpcdl.common import elastic as driver
 from hpcdl.torch.basics import rank
 from hpcdl.torch.elastic.sampler import ElasticSampler
 from hpcdl.torch.functions import (
@@ -54,8 +55,11 @@ class State:
         self.check_host_updates()
 
     def check_host_updates(self) -> None:
-        """Raise ``HostsUpdatedInterrupt`` on every rank if any rank has been told the hosts changed."""
-        updated = any(allgather_object(self._hosts_updated, name="elastic.hosts_updated"))
+        """Raise ``HostsUpdatedInterrupt`` on every rank if any rank has been told the hosts changed:
+        by ``notify_hosts_updated`` or, under ``hpcdl run --min-np/--max-np``, by the driver having formed a
+        newer round (workers joined). The ranks agree, so all of them reset at the same commit."""
+        mine = self._hosts_updated or driver.round_changed()
+        updated = any(allgather_object(mine, name="elastic.hosts_updated"))
         self._hosts_updated = False
         if updated:
             raise HostsUpdatedInterrupt(False)

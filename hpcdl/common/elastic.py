@@ -1,0 +1,95 @@
+"""The worker's side of an elastic job (``hpcdl run --min-np A --max-np B``).
+
+The launcher runs a driver that groups the live workers into rounds. Each time hpcdl initializes in a
+worker, :func:`join_next_round` asks the driver for this worker's place in the next round it belongs to
+(rank, size, the round's rendezvous); :func:`round_changed` tells whether a newer round has formed since,
+which ``hpcdl.torch.elastic.State.commit`` turns into ``HostsUpdatedInterrupt``. Protocol: one JSON object
+per line over TCP, each request carrying the job secret.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from hpcdl.common.exceptions import HpcdlConfigError, HpcdlError
+
+DRIVER_ENV = "HPCDL_ELASTIC_DRIVER"  # host:port of the launcher's driver
+WORKER_ENV = "HPCDL_ELASTIC_WORKER"  # this worker's number in the job
+TIMEOUT_ENV = "HPCDL_ELASTIC_TIMEOUT"  # how long a worker waits for its next round (--elastic-timeout)
+POLL_INTERVAL = 1.0  # round_changed() asks the driver at most this often
+
+_joined_round = 0
+_last_poll = 0.0
+_last_seen_round = 0
+
+
+def enabled(env: Mapping[str, str] | None = None) -> bool:
+    return bool((os.environ if env is None else env).get(DRIVER_ENV))
+
+
+def _request(message: dict[str, Any], timeout: float) -> dict[str, Any]:
+    address = os.environ[DRIVER_ENV]
+    host, _, port = address.rpartition(":")
+    payload = {**message, "secret": os.environ.get("HPCDL_SECRET", ""), "worker": _worker()}
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout) as conn:
+            conn.settimeout(timeout)
+            conn.sendall(json.dumps(payload).encode() + b"\n")
+            reply = conn.makefile("rb").readline()
+    except (OSError, ValueError) as exc:
+        raise HpcdlError(
+            f"cannot reach the elastic driver at {address} ({exc}); the launcher (hpcdl run) may have ended"
+        ) from None
+    if not reply:
+        raise HpcdlError(f"the elastic driver at {address} closed the connection without an answer")
+    answer = json.loads(reply)
+    if "error" in answer:
+        raise HpcdlError(f"elastic driver: {answer['error']}")
+    return answer
+
+
+def _worker() -> int:
+    raw = os.environ.get(WORKER_ENV, "")
+    try:
+        return int(raw)
+    except ValueError:
+        raise HpcdlConfigError(f"{WORKER_ENV}={raw!r}: set by 'hpcdl run' in elastic mode only") from None
+
+
+def join_next_round(timeout: float) -> dict[str, str]:
+    """Wait (up to `timeout` s) for a round newer than the last one this process joined; return the
+    environment that describes this worker's place in it (HPCDL_RANK, HPCDL_SIZE, rendezvous...)."""
+    global _joined_round, _last_seen_round
+    answer = _request({"op": "assign", "after": _joined_round}, timeout)
+    _joined_round = _last_seen_round = int(answer["round"])
+    return {
+        "HPCDL_RANK": str(answer["rank"]),
+        "HPCDL_SIZE": str(answer["size"]),
+        "HPCDL_HOSTNAME": str(answer["host"]),
+        "HPCDL_RENDEZVOUS_ADDR": str(answer["addr"]),
+        "HPCDL_RENDEZVOUS_PORT": str(answer["port"]),
+        "HPCDL_RENDEZVOUS_SERVE": "0",
+    }
+
+
+def current_round() -> int:
+    """The round this process joined last (0 before the first)."""
+    return _joined_round
+
+
+def round_changed(force: bool = False) -> bool:
+    """Whether the driver formed a round after the one this process joined (asked at most once per
+    POLL_INTERVAL unless `force`)."""
+    global _last_poll, _last_seen_round
+    if not enabled() or _joined_round == 0:
+        return False
+    now = time.monotonic()
+    if force or now - _last_poll >= POLL_INTERVAL:
+        _last_poll = now
+        _last_seen_round = int(_request({"op": "round"}, 10.0)["round"])
+    return _last_seen_round > _joined_round

@@ -1,0 +1,95 @@
+"""Elastic jobs (``hpcdl run --min-np/--max-np [--host-discovery-script]``) with real workers that fail
+and join, trained with ``hvd.elastic.run``: the job goes on and ends with the weights of an undisturbed
+run."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from runner_helpers import hpcdl_run
+
+pytest.importorskip("torch")
+
+TRAIN = str(Path(__file__).with_name("elastic_train.py"))
+
+
+def results(stdout: str) -> dict[int, dict]:
+    """Each worker's RESULT, by worker number."""
+    found = {}
+    for line in stdout.splitlines():
+        _, sep, payload = line.partition("<stdout>:RESULT ")
+        if sep:
+            result = json.loads(payload)
+            found[result["worker"]] = result
+    return found
+
+
+def undisturbed_weight(epochs: int) -> list:
+    done, _ = hpcdl_run("-np", "1", "--min-np", "1", "--max-np", "1", "python", TRAIN, EPOCHS=str(epochs))
+    assert done.returncode == 0, done.stderr
+    return results(done.stdout)[0]["weight"]
+
+
+def test_a_failed_worker_is_dropped_and_training_goes_on() -> None:
+    done, _ = hpcdl_run(
+        "-np", "3", "--min-np", "2", "--max-np", "3", "python", TRAIN, timeout=120, FAIL_WORKER="2"
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "worker 2 on" in done.stderr and "exited with code 3" in done.stderr
+    assert "elastic round 1: 3 worker(s)" in done.stderr and "elastic round 2: 2 worker(s)" in done.stderr
+    found = results(done.stdout)
+    assert sorted(found) == [0, 1]  # worker 2 never finished
+    for result in found.values():
+        assert result["size"] == 2 and result["epoch"] == 6 and result["sizes"] == [2, 3]
+    assert found[0]["weight"] == found[1]["weight"] == undisturbed_weight(6)
+
+
+def test_workers_join_when_the_discovery_script_lists_a_new_host(tmp_path: Path) -> None:
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:2\n")
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    script.chmod(0o755)
+
+    def add_a_host() -> None:  # 127.0.0.1 is this machine under another name: a second host to hpcdl
+        time.sleep(3)
+        hosts.write_text("localhost:2\n127.0.0.1:1\n")
+
+    threading.Thread(target=add_a_host, daemon=True).start()
+    done, _ = hpcdl_run(
+        "-np", "2", "--min-np", "2", "--max-np", "3", "--host-discovery-script", str(script),
+        "python", TRAIN, timeout=120, EPOCHS="30", PAUSE="0.2",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "elastic round 2: 3 worker(s) (0@localhost, 1@localhost, 2@127.0.0.1)" in done.stderr
+    found = results(done.stdout)
+    assert sorted(found) == [0, 1, 2]
+    assert [found[w]["size"] for w in range(3)] == [3, 3, 3]
+    assert found[0]["sizes"] == [2, 3] and found[2]["sizes"] == [3]
+    assert found[0]["weight"] == found[1]["weight"] == found[2]["weight"] == undisturbed_weight(30)
+
+
+def test_fewer_workers_than_min_np_stop_the_job_with_the_reason() -> None:
+    done, seconds = hpcdl_run(
+        "-np", "2", "--min-np", "2", "--max-np", "2", "python", TRAIN, timeout=120, FAIL_WORKER="1"
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "only 1 worker(s) left, fewer than --min-np 2" in done.stderr
+    assert seconds < 60
+
+
+def test_discovery_that_finds_too_few_hosts_fails_after_the_elastic_timeout(tmp_path: Path) -> None:
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\necho localhost:1\n")
+    script.chmod(0o755)
+    done, seconds = hpcdl_run(
+        "--min-np", "2", "--max-np", "2", "--host-discovery-script", str(script), "--elastic-timeout", "3",
+        "python", TRAIN, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "fewer than --min-np 2, for --elastic-timeout 3 s" in done.stderr
+    assert seconds < 30
