@@ -93,3 +93,12 @@ def test_discovery_that_finds_too_few_hosts_fails_after_the_elastic_timeout(tmp_
     assert done.returncode == 1
     assert "fewer than --min-np 2, for --elastic-timeout 3 s" in done.stderr
     assert seconds < 30
+
+
+def test_reset_limit_stops_a_job_that_would_regroup_once_more() -> None:
+    done, _ = hpcdl_run(
+        "-np", "3", "--min-np", "2", "--max-np", "3", "--reset-limit", "0", "python", TRAIN,
+        timeout=120, FAIL_WORKER="2",
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "the job would need more than --reset-limit 0 new rounds" in done.stderr
