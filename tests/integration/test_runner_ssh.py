@@ -261,3 +261,28 @@ def test_mpi_across_two_hosts_uses_the_ssh_options(host: FakeHost, mpirun: str) 
     assert sorted(done.stdout.splitlines()) == [
         f"[{r}]<stdout>:{host.hostname if r >= 2 else local_name} {r}" for r in range(4)
     ]
+
+
+def test_elastic_job_regroups_across_hosts(host: FakeHost, tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    train = Path(__file__).parents[1] / "parallel" / "elastic_train.py"
+    args = [sys.executable, "-m", "hpcdl", "run", "-np", "3", "--min-np", "2", "--max-np", "3",
+            "-H", f"localhost:2,{host.address}:1", *host.ssh_args(), sys.executable, str(train)]  # fmt: skip
+    done = subprocess.run(args, capture_output=True, text=True, timeout=180, env=_env(FAIL_WORKER="1"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"elastic round 2: 2 worker(s) (0@localhost, 2@{host.address})" in done.stderr
+    results = {}
+    for line in done.stdout.splitlines():
+        _, sep, payload = line.partition("<stdout>:RESULT ")
+        if sep:
+            result = json.loads(payload)
+            results[result["worker"]] = result
+    assert sorted(results) == [0, 2]
+    assert results[0]["sizes"] == results[2]["sizes"] == [2, 3]
+    assert results[2]["rank"] == 1 and results[0]["weight"] == results[2]["weight"]
+    alone = subprocess.run(
+        [sys.executable, "-m", "hpcdl", "run", "-np", "1", "--min-np", "1", "--max-np", "1", sys.executable,
+         str(train)], capture_output=True, text=True, timeout=120, env=_env(),
+    )  # fmt: skip
+    assert alone.returncode == 0, alone.stderr
+    assert json.loads(alone.stdout.split("RESULT ", 1)[1])["weight"] == results[0]["weight"]
