@@ -10,8 +10,8 @@ Survivors keep their order, so rank 0 of a new round holds the committed state t
 
 The job succeeds when a worker exits 0 and every other worker of its round has ended with 0; it fails
 when fewer than --min-np workers are left for --elastic-timeout seconds (at once when no discovery script
-can bring more), after --reset-limit new rounds, or on a signal. A host that disappears from the discovery
-script's output keeps the workers it runs; only their failure removes them.
+can bring more), after --reset-limit new rounds, or on a signal. When the discovery script lists fewer
+slots on a host (or drops it), the newest workers beyond its slots are stopped and the others regroup.
 """
 
 from __future__ import annotations
@@ -219,6 +219,7 @@ class ElasticJob:
     _exit_code: int = 0
     _signals: list[int] = field(default_factory=list)
     _next_discovery: float = 0.0
+    _retiring: dict[int, float] = field(default_factory=dict)  # worker -> when it was told to stop
 
     def run(self) -> int:
         previous = {
@@ -244,7 +245,9 @@ class ElasticJob:
             if outcome is None:
                 continue
             worker.outcome = outcome
-            if outcome.ok:
+            if worker.number in self._retiring:
+                self.board.remove(worker.number)
+            elif outcome.ok:
                 self._succeeded = self._succeeded or worker
             elif self._succeeded is None:
                 print(
@@ -265,7 +268,12 @@ class ElasticJob:
             hosts = self._discover()
             if hosts != self._hosts:
                 self._hosts = hosts
+                self._retire_workers()
                 self._start_workers(self.options.max_np)
+        for number, since in self._retiring.items():
+            worker = self.workers[number]
+            if worker.outcome is None and time.monotonic() - since > GRACE_SECONDS:
+                worker.process.send_signal(signal.SIGKILL)
         if len(self._live()) < self.options.min_np:
             self._short_since = self._short_since or time.monotonic()
             if self.options.discovery_script is None:  # no host can come
@@ -309,6 +317,23 @@ class ElasticJob:
         except LaunchError as exc:
             print(f"hpcdl run: warning: {exc}; keeping the previous host list", file=sys.stderr)
             return self._hosts
+
+    def _retire_workers(self) -> None:
+        """Stop the workers beyond the slots the discovery script now lists for their host (the newest
+        first); the others regroup without them once they have ended."""
+        slots = {host.name: host.slots for host in merge_duplicates(self._hosts)}
+        by_host: dict[str, list[Worker]] = {}
+        for worker in self._live():
+            if worker.number not in self._retiring:
+                by_host.setdefault(worker.host, []).append(worker)
+        for host, workers in by_host.items():
+            for worker in workers[slots.get(host, 0) :]:
+                print(
+                    f"hpcdl run: stopping worker {worker.number}: {host} no longer offers its slot",
+                    file=sys.stderr,
+                )
+                self._retiring[worker.number] = time.monotonic()
+                worker.process.send_signal(signal.SIGTERM)
 
     def _start_workers(self, target: int) -> None:
         """Start workers on free slots of usable hosts until `target` (at most --max-np) are live."""

@@ -102,3 +102,29 @@ def test_reset_limit_stops_a_job_that_would_regroup_once_more() -> None:
     )  # fmt: skip
     assert done.returncode == 1
     assert "the job would need more than --reset-limit 0 new rounds" in done.stderr
+
+
+def test_workers_stop_when_their_host_leaves_the_discovery_output(tmp_path: Path) -> None:
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:2\n127.0.0.1:1\n")
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    script.chmod(0o755)
+
+    def remove_a_host() -> None:
+        time.sleep(3)
+        hosts.write_text("localhost:2\n")
+
+    threading.Thread(target=remove_a_host, daemon=True).start()
+    done, _ = hpcdl_run(
+        "-np", "3", "--min-np", "2", "--max-np", "3", "--host-discovery-script", str(script),
+        "python", TRAIN, timeout=120, EPOCHS="30", PAUSE="0.2",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "elastic round 1: 3 worker(s) (0@localhost, 1@localhost, 2@127.0.0.1)" in done.stderr
+    assert "stopping worker 2: 127.0.0.1 no longer offers its slot" in done.stderr
+    assert "elastic round 2: 2 worker(s) (0@localhost, 1@localhost)" in done.stderr
+    found = results(done.stdout)
+    assert sorted(found) == [0, 1]
+    assert found[0]["size"] == found[1]["size"] == 2 and found[0]["sizes"][-1] == 2
+    assert found[0]["weight"] == found[1]["weight"] == undisturbed_weight(30)
