@@ -34,6 +34,27 @@ def undisturbed_weight(epochs: int) -> list:
     return results(done.stdout)[0]["weight"]
 
 
+def run_while_hosts_change(tmp_path: Path, before: str, after: str, num_proc: int):
+    """Run the training with a discovery script that prints `before`, then `after` from 3 s on.
+    (127.0.0.1 is this machine under another name: a second host to hpcdl.)"""
+    hosts = tmp_path / "hosts"
+    hosts.write_text(before)
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    script.chmod(0o755)
+
+    def change() -> None:
+        time.sleep(3)
+        hosts.write_text(after)
+
+    threading.Thread(target=change, daemon=True).start()
+    done, _ = hpcdl_run(
+        "-np", str(num_proc), "--min-np", "2", "--max-np", "3", "--host-discovery-script", str(script),
+        "python", TRAIN, timeout=120, EPOCHS="30", PAUSE="0.2",
+    )  # fmt: skip
+    return done
+
+
 def test_a_failed_worker_is_dropped_and_training_goes_on() -> None:
     done, _ = hpcdl_run(
         "-np", "3", "--min-np", "2", "--max-np", "3", "python", TRAIN, timeout=120, FAIL_WORKER="2"
@@ -49,21 +70,7 @@ def test_a_failed_worker_is_dropped_and_training_goes_on() -> None:
 
 
 def test_workers_join_when_the_discovery_script_lists_a_new_host(tmp_path: Path) -> None:
-    hosts = tmp_path / "hosts"
-    hosts.write_text("localhost:2\n")
-    script = tmp_path / "discover.sh"
-    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
-    script.chmod(0o755)
-
-    def add_a_host() -> None:  # 127.0.0.1 is this machine under another name: a second host to hpcdl
-        time.sleep(3)
-        hosts.write_text("localhost:2\n127.0.0.1:1\n")
-
-    threading.Thread(target=add_a_host, daemon=True).start()
-    done, _ = hpcdl_run(
-        "-np", "2", "--min-np", "2", "--max-np", "3", "--host-discovery-script", str(script),
-        "python", TRAIN, timeout=120, EPOCHS="30", PAUSE="0.2",
-    )  # fmt: skip
+    done = run_while_hosts_change(tmp_path, "localhost:2\n", "localhost:2\n127.0.0.1:1\n", 2)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "elastic round 2: 3 worker(s) (0@localhost, 1@localhost, 2@127.0.0.1)" in done.stderr
     found = results(done.stdout)
@@ -105,21 +112,7 @@ def test_reset_limit_stops_a_job_that_would_regroup_once_more() -> None:
 
 
 def test_workers_stop_when_their_host_leaves_the_discovery_output(tmp_path: Path) -> None:
-    hosts = tmp_path / "hosts"
-    hosts.write_text("localhost:2\n127.0.0.1:1\n")
-    script = tmp_path / "discover.sh"
-    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
-    script.chmod(0o755)
-
-    def remove_a_host() -> None:
-        time.sleep(3)
-        hosts.write_text("localhost:2\n")
-
-    threading.Thread(target=remove_a_host, daemon=True).start()
-    done, _ = hpcdl_run(
-        "-np", "3", "--min-np", "2", "--max-np", "3", "--host-discovery-script", str(script),
-        "python", TRAIN, timeout=120, EPOCHS="30", PAUSE="0.2",
-    )  # fmt: skip
+    done = run_while_hosts_change(tmp_path, "localhost:2\n127.0.0.1:1\n", "localhost:2\n", 3)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "elastic round 1: 3 worker(s) (0@localhost, 1@localhost, 2@127.0.0.1)" in done.stderr
     assert "stopping worker 2: 127.0.0.1 no longer offers its slot" in done.stderr
