@@ -16,19 +16,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
-import socket
-import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Optional
 
 import numpy as np
 
-OPENMPI = "/usr/bin/mpirun.openmpi"
-_TAG = re.compile(r"\[\d+(?:,\d+)?\]<std(?:out|err)>:")
+try:
+    from ._launch import OPENMPI, free_port, run_ranks
+except ImportError:  # run as a script: python benchmarks/allreduce.py
+    from _launch import OPENMPI, free_port, run_ranks  # type: ignore[no-redef]
+
 DEFAULT_SIZES = [4 * 4**k for k in range(14)]  # 4 B .. 256 MiB
 
 
@@ -75,7 +74,7 @@ def _impls(rank: int, size: int) -> dict[str, Callable[[np.ndarray], Callable[[]
         import torch
         import torch.distributed as dist
 
-        port = np.array([_free_port() if rank == 0 else 0], dtype=np.int64)
+        port = np.array([free_port() if rank == 0 else 0], dtype=np.int64)
         hc.broadcast(port, root=0)
         addr = os.environ.get("HPCDL_RENDEZVOUS_ADDR", "127.0.0.1")
         dist.init_process_group(
@@ -93,12 +92,6 @@ def _impls(rank: int, size: int) -> dict[str, Callable[[np.ndarray], Callable[[]
         except ImportError:
             pass
     return impls
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def worker(sizes: list[int], repeats: int) -> None:
@@ -189,33 +182,8 @@ def table(records: list[Record], memcpy_gbs: float) -> str:
 
 
 def launch(ranks: int, sizes: list[int], use_mpi: bool, repeats: int) -> list[Record]:
-    script = os.path.abspath(__file__)
-    command = [sys.executable, "-m", "hpcdl", "run"]
-    if use_mpi:
-        command += [
-            "--mpi",
-            "--mpirun",
-            OPENMPI,
-            "--mpi-args",
-            "--allow-run-as-root --oversubscribe --bind-to none",
-        ]
-    command += ["-np", str(ranks), sys.executable, script, "--worker", "--sizes", ",".join(map(str, sizes))]
-    command += ["--repeats", str(repeats)]
-    env = dict(os.environ)
-    env.setdefault("OMPI_MCA_btl_tcp_if_include", "lo")
-    env.setdefault("OMPI_MCA_oob_tcp_if_include", "lo")
-    done = subprocess.run(command, capture_output=True, text=True, env=env)
-    records = []
-    for line in done.stdout.splitlines():
-        at = line.find("RECORD {")
-        if at >= 0:  # mpirun may cut a line and tag the pieces: drop the tags
-            text = _TAG.sub("", line[at + len("RECORD ") :])
-            records.append(Record(**json.loads(text)))
-    if records and done.returncode == 0:
-        return records
-    sys.exit(
-        f"the benchmark ranks failed (exit {done.returncode}):\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
-    )
+    args = ["--worker", "--sizes", ",".join(map(str, sizes)), "--repeats", str(repeats)]
+    return [Record(**json.loads(text)) for text in run_ranks(__file__, ranks, args, "RECORD", use_mpi)]
 
 
 def main(argv: Optional[list[str]] = None) -> None:

@@ -22,14 +22,16 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
-import subprocess
-import sys
 import time
 from typing import Callable, Optional
 
 import numpy as np
+
+try:
+    from ._launch import OPENMPI, free_port, run_ranks
+except ImportError:  # run as a script: python benchmarks/fusion.py
+    from _launch import OPENMPI, free_port, run_ranks  # type: ignore[no-redef]
 
 
 def resnet50_gradient_shapes() -> list[tuple[int, ...]]:
@@ -70,12 +72,6 @@ def timed(step: Callable[[], None], warmup: int, iterations: int, barrier: Calla
     return seconds
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def lone_latency_us(repeats: int) -> dict[str, float]:
     """Median microseconds of one 4-byte allreduce: through the engine (submit, wait, release) and direct."""
     import hpcdl.common as hc
@@ -101,9 +97,6 @@ def lone_latency_us(repeats: int) -> dict[str, float]:
             samples.append(time.perf_counter() - started)
         result[key] = statistics.median(samples) * 1e6
     return result
-
-
-OPENMPI = "/usr/bin/mpirun.openmpi"
 
 
 def worker(iterations: int, warmup: int, latency_repeats: int, skip: set[str]) -> None:
@@ -209,27 +202,7 @@ def render(report: dict) -> str:
 
 
 def launch(ranks: int, use_mpi: bool, worker_args: list[str]) -> dict:
-    command = [sys.executable, "-m", "hpcdl", "run"]
-    if use_mpi:
-        command += [
-            "--mpi",
-            "--mpirun",
-            OPENMPI,
-            "--mpi-args",
-            "--allow-run-as-root --oversubscribe --bind-to none",
-        ]
-    command += ["-np", str(ranks), sys.executable, os.path.abspath(__file__), "--worker", *worker_args]
-    env = dict(os.environ)
-    env.setdefault("OMPI_MCA_btl_tcp_if_include", "lo")
-    env.setdefault("OMPI_MCA_oob_tcp_if_include", "lo")
-    done = subprocess.run(command, capture_output=True, text=True, env=env)
-    for line in done.stdout.splitlines():
-        at = line.find("REPORT {")
-        if at >= 0 and done.returncode == 0:
-            return json.loads(line[at + len("REPORT ") :])
-    sys.exit(
-        f"the benchmark ranks failed (exit {done.returncode}):\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
-    )
+    return json.loads(run_ranks(__file__, ranks, ["--worker", *worker_args], "REPORT", use_mpi)[0])
 
 
 def main(argv: Optional[list[str]] = None) -> None:

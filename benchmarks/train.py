@@ -22,16 +22,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import socket
 import statistics
-import subprocess
-import sys
 import time
 from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
+
+try:
+    from ._launch import free_port, run_ranks
+except ImportError:  # run as a script: python benchmarks/train.py
+    from _launch import free_port, run_ranks  # type: ignore[no-redef]
 
 
 class SmallCNN(torch.nn.Module):
@@ -52,12 +54,6 @@ class SmallCNN(torch.nn.Module):
         x = F.max_pool2d(F.relu(self.conv3(x)), 2)
         x = F.max_pool2d(F.relu(self.conv4(x)), 2)
         return self.fc2(F.relu(self.fc1(x.flatten(1))))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
 
 
 def _interleaved(steps_by_name: dict[str, Callable[[], None]], args: argparse.Namespace, barrier) -> dict:
@@ -111,7 +107,7 @@ def worker(args: argparse.Namespace) -> Optional[dict]:
 
     # torch DDP on a gloo process group; rank 0 picks the port and tells the others through hpcdl.
     host = socket.gethostname() if size > 1 else "127.0.0.1"
-    address = hvd.broadcast_object((host, _free_port()) if rank == 0 else None, root_rank=0)
+    address = hvd.broadcast_object((host, free_port()) if rank == 0 else None, root_rank=0)
     dist.init_process_group(
         "gloo", init_method=f"tcp://{address[0]}:{address[1]}", rank=rank, world_size=size
     )
@@ -159,24 +155,17 @@ def launch(args: argparse.Namespace) -> None:
     # The same share of the machine per rank in every run, so that N ranks are compared with one of them.
     threads = args.threads or max(1, (os.cpu_count() or 1) // max(counts))
     for ranks in counts:
-        command = [
-            sys.executable,
-            "-m",
-            "hpcdl",
-            "run",
-            "-np",
-            str(ranks),
-            sys.executable,
-            os.path.abspath(__file__),
+        worker_args = [
+            "--json",
+            "--steps",
+            str(args.steps),
+            "--warmup",
+            str(args.warmup),
+            "--repeats",
+            str(args.repeats),
         ]
-        command += ["--json", "--steps", str(args.steps), "--warmup", str(args.warmup)]
-        command += ["--repeats", str(args.repeats), "--batch-size", str(args.batch_size)]
-        command += ["--threads", str(threads)]
-        done = subprocess.run(command, capture_output=True, text=True)
-        found = re.search(r"RESULT (\{.*\})", done.stdout)
-        if done.returncode != 0 or found is None:
-            sys.exit(f"hpcdl run -np {ranks} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
-        results[ranks] = json.loads(found.group(1))
+        worker_args += ["--batch-size", str(args.batch_size), "--threads", str(threads)]
+        results[ranks] = json.loads(run_ranks(__file__, ranks, worker_args, "RESULT")[0])
     base = results.get(1)
     rows = []
     for ranks, r in results.items():
