@@ -247,10 +247,11 @@ bool Engine::wait_while_idle() {
   }
 }
 
-// The cycle time (ms) and fusion threshold (bytes), which autotune may change between cycles.
-std::pair<double, int64_t> Engine::batching_knobs() const {
+// The cycle time and fusion threshold (bytes), which autotune may change between cycles.
+std::pair<Clock::duration, int64_t> Engine::batching_knobs() const {
   std::lock_guard<std::mutex> lock(knob_mutex_);
-  return {knobs_.cycle_time_ms, static_cast<int64_t>(knobs_.fusion_threshold)};
+  const auto cycle = std::chrono::duration<double, std::milli>(knobs_.cycle_time_ms);
+  return {std::chrono::duration_cast<Clock::duration>(cycle), static_cast<int64_t>(knobs_.fusion_threshold)};
 }
 
 // A caller submitting a burst (a training step's gradients, back to back) is microseconds from its next
@@ -262,10 +263,9 @@ std::pair<double, int64_t> Engine::batching_knobs() const {
 // wait hand-off costs ~25 us in a VM) runs at once.
 void Engine::settle() {
   if (!bursty_ && widest_pack_ <= 1) return;
-  const auto [cycle_ms, threshold] = batching_knobs();
-  if (cycle_ms <= 0 || threshold <= 0) return;  // no batching wanted
-  const auto give_up = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                          std::chrono::duration<double, std::milli>(cycle_ms));
+  const auto [cycle, threshold] = batching_knobs();
+  if (cycle <= Clock::duration::zero() || threshold <= 0) return;  // no batching wanted
+  const auto give_up = Clock::now() + cycle;
   std::unique_lock<std::mutex> lock(mutex_);
   settling_ = true;
   for (bool first = true; !queue_.empty() && callers_waiting_ == 0 && !shutdown_requested_ &&
@@ -281,10 +281,9 @@ void Engine::settle() {
 
 // In the middle of a burst that is being fused, waits up to the cycle time for more tensors.
 void Engine::wait_for_batch() {
-  const auto [cycle_ms, threshold] = batching_knobs();
-  if (!fused_last_cycle_ || cycle_ms <= 0 || threshold <= 0) return;
-  auto until = last_cycle_start_ + std::chrono::duration_cast<Clock::duration>(
-                                       std::chrono::duration<double, std::milli>(cycle_ms));
+  const auto [cycle, threshold] = batching_knobs();
+  if (!fused_last_cycle_ || cycle <= Clock::duration::zero() || threshold <= 0) return;
+  const auto until = last_cycle_start_ + cycle;
   std::unique_lock<std::mutex> lock(mutex_);
   batch_wake_bytes_ = threshold;
   queue_cv_.wait_until(lock, until, [&] { return queue_bytes_ >= threshold || shutdown_requested_; });

@@ -135,7 +135,7 @@ class Engine {
   bool wait_while_idle();
   void settle();
   void wait_for_batch();
-  std::pair<double, int64_t> batching_knobs() const;
+  std::pair<Clock::duration, int64_t> batching_knobs() const;
   Status go_idle();
   void clear_doorbell();
   Status run_cycle(CycleResult* result);
