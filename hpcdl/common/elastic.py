@@ -13,7 +13,6 @@ import json
 import os
 import socket
 import time
-from collections.abc import Mapping
 from typing import Any
 
 from hpcdl.common.exceptions import HpcdlConfigError, HpcdlError
@@ -28,8 +27,8 @@ _last_poll = 0.0
 _last_seen_round = 0
 
 
-def enabled(env: Mapping[str, str] | None = None) -> bool:
-    return bool((os.environ if env is None else env).get(DRIVER_ENV))
+def enabled() -> bool:
+    return bool(os.environ.get(DRIVER_ENV))
 
 
 def _request(message: dict[str, Any], timeout: float) -> dict[str, Any]:
@@ -75,11 +74,6 @@ def join_next_round(timeout: float) -> dict[str, str]:
         "HPCDL_RENDEZVOUS_PORT": str(answer["port"]),
         "HPCDL_RENDEZVOUS_SERVE": "0",
     }
-
-
-def current_round() -> int:
-    """The round this process joined last (0 before the first)."""
-    return _joined_round
 
 
 def round_changed(force: bool = False) -> bool:

@@ -121,7 +121,7 @@ class RoundBoard:
         self._changed = threading.Condition()
         self._round: Round | None = None
         self._removed: set[int] = set()
-        self.closed = False
+        self._closed = False
 
     def publish(self, new: Round) -> None:
         with self._changed:
@@ -135,7 +135,7 @@ class RoundBoard:
 
     def close(self) -> None:
         with self._changed:
-            self.closed = True
+            self._closed = True
             self._changed.notify_all()
 
     def current(self) -> int:
@@ -149,7 +149,7 @@ class RoundBoard:
             while True:
                 if worker in self._removed:
                     return {"error": f"worker {worker} is no longer part of the job"}
-                if self.closed:
+                if self._closed:
                     return {"error": "the job is ending"}
                 current = self._round
                 if current is not None and current.number > after and worker in current.members:

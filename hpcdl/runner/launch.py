@@ -8,7 +8,7 @@ import socket
 import sys
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hpcdl.runner.allocation import detect_allocation
@@ -226,12 +226,9 @@ def _launch_elastic(spec: LaunchSpec, options: ElasticOptions, environ: dict[str
             "--mpi cannot start an elastic job (mpirun fixes the ranks); drop --mpi or --min-np/--max-np"
         )
     check_options(options, spec.num_proc)
-    if options.discovery_script is not None:
-        hosts: list[HostSlots] = []
-    elif spec.hosts is not None or detect_allocation(environ, spec.slots_per_host) is not None:
-        hosts = resolve_hosts(spec, environ)[0]
-    else:
-        hosts = [HostSlots(socket.gethostname(), options.max_np)]
+    hosts: list[HostSlots] = []  # from the discovery script, else -H/--hostfile, the allocation or here
+    if options.discovery_script is None:
+        hosts = resolve_hosts(replace(spec, num_proc=options.max_np), environ)[0]
     from hpcdl.common.rendezvous import RendezvousServer, make_secret
 
     secret = make_secret()
