@@ -24,7 +24,7 @@ from hpcdl.runner.errors import LaunchError
 from hpcdl.runner.hosts import HostSlots, RankSlot, assign_ranks
 from hpcdl.runner.mpi import MpiRun, build_mpi_command, detect_flavor, new_token
 from hpcdl.runner.network import address_towards, interface_address, is_local_host
-from hpcdl.runner.output import OutputOptions, OutputRouter
+from hpcdl.runner.output import OutputOptions, OutputRouter, RankOutput
 from hpcdl.runner.procs import AgentRank, SshOptions
 from hpcdl.runner.rank_env import Rendezvous, forwarded_environment, rank_variables
 from hpcdl.runner.rendezvous_host import host_rendezvous
@@ -160,7 +160,7 @@ def launch(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> int:
         rendezvous = Rendezvous(rendezvous_addr, server.port, secret)
         if spec.verbose:
             print(f"hpcdl run: rendezvous at {rendezvous.addr}:{rendezvous.port}", file=sys.stderr)
-    ssh = SshOptions(spec.ssh.port, spec.ssh.identity_file, spec.ssh.config_file, min(start_timeout, 30.0))
+    ssh = _ssh_options(spec, start_timeout)
     job = _Job(spec, slots, local_hosts, environ, common_env, rendezvous, ssh)
     processes: list[JobProcess] = []
     supervisor = Supervisor(processes, slots, server, start_timeout)
@@ -175,15 +175,31 @@ def launch(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> int:
     return supervisor.run()
 
 
+def _ssh_options(spec: LaunchSpec, start_timeout: float) -> SshOptions:
+    return SshOptions(spec.ssh.port, spec.ssh.identity_file, spec.ssh.config_file, min(start_timeout, 30.0))
+
+
+def _start_agent(
+    spec: LaunchSpec,
+    slot: RankSlot,
+    environ: dict[str, str],
+    env: dict[str, str],
+    output: RankOutput,
+    ssh: SshOptions | None,
+) -> AgentRank:
+    """One rank behind the rank agent: here with the launcher's environment plus `env`, or (`ssh`) on its
+    host with the forwarded part of that environment plus `env`."""
+    if ssh is None:
+        return AgentRank(slot, spec.command, {**environ, **env}, output)
+    if spec.verbose:
+        print(f"hpcdl run: rank {slot.rank}: {' '.join(ssh.argv(slot.host))} <agent>", file=sys.stderr)
+    return AgentRank(slot, spec.command, {**forwarded_environment(environ), **env}, output, ssh)
+
+
 def _start_rank(job: _Job, slot: RankSlot, router: OutputRouter) -> JobProcess:
-    output = router.for_rank(slot.rank)
-    identity = rank_variables(slot, job.rendezvous)
-    if slot.host in job.local_hosts:
-        return AgentRank(slot, job.spec.command, {**job.environ, **job.common_env, **identity}, output)
-    if job.spec.verbose:
-        print(f"hpcdl run: rank {slot.rank}: {' '.join(job.ssh.argv(slot.host))} <agent>", file=sys.stderr)
-    env = {**forwarded_environment(job.environ), **job.common_env, **identity}
-    return AgentRank(slot, job.spec.command, env, output, job.ssh)
+    env = {**job.common_env, **rank_variables(slot, job.rendezvous)}
+    ssh = None if slot.host in job.local_hosts else job.ssh
+    return _start_agent(job.spec, slot, job.environ, env, router.for_rank(slot.rank), ssh)
 
 
 def _start_mpirun(job: _Job, flavor: str, router: OutputRouter) -> JobProcess:
@@ -245,16 +261,15 @@ def _launch_elastic(spec: LaunchSpec, options: ElasticOptions, environ: dict[str
         "HPCDL_SECRET": secret,
     }
     router = OutputRouter(spec.output, options.max_np)
-    ssh = SshOptions(spec.ssh.port, spec.ssh.identity_file, spec.ssh.config_file, min(start_timeout, 30.0))
+    ssh = _ssh_options(spec, start_timeout)
 
     def start_worker(number: int, host: str) -> JobProcess:
         identity = {"HPCDL_ELASTIC_WORKER": str(number), "HPCDL_HOSTNAME": host, "HOROVOD_HOSTNAME": host}
-        slot = worker_slot(number, host)
-        if is_local_host(host):
-            env = {**environ, **common_env, **identity}
-            return AgentRank(slot, spec.command, env, router.for_rank(number))
-        env = {**forwarded_environment(environ), **common_env, **identity}
-        return AgentRank(slot, spec.command, env, router.for_rank(number), ssh)
+        worker_ssh = None if is_local_host(host) else ssh
+        output = router.for_rank(number)
+        return _start_agent(
+            spec, worker_slot(number, host), environ, {**common_env, **identity}, output, worker_ssh
+        )
 
     def start_rendezvous(size: int) -> tuple[int, Callable[[], None]]:
         server = RendezvousServer(size, secret)
