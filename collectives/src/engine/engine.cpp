@@ -314,6 +314,7 @@ Status Engine::run_cycle(CycleResult* result) {
     doorbell_pending_ = false;
   }
   first_cycle_of_burst_ = false;
+  ++cycle_;
   last_cycle_start_ = Clock::now();
   if (timeline_.active() && timeline_.mark_cycles()) timeline_.instant("CYCLE_START", last_cycle_start_);
   std::vector<uint8_t> mine;
@@ -321,21 +322,21 @@ Status Engine::run_cycle(CycleResult* result) {
   std::vector<std::vector<uint8_t>> all;
   Status s = exchange(mine, &all);
   if (!s.is_ok()) return s;
-  std::set<Key> touched;
+  std::vector<Ready> work;
   std::set<int> join_changed;
   std::vector<Abort> aborts;
   result->all_shutdown = true;
   bool knobs_changed = false;
   for (int r = 0; r < size_; ++r) {
     bool shutdown = false;
-    size_t before = touched.size() + aborts.size();
+    size_t before = work.size() + aborts.size();
     Knobs before_knobs = knobs_;
-    if (!decode(r, all[r], &shutdown, &aborts, &touched, &join_changed))
+    if (!decode(r, all[r], &shutdown, &aborts, &work, &join_changed))
       return Status::error(HPCDL_ERR_INTERNAL,
                            "the engine received a malformed control message from rank " + std::to_string(r));
     if (!shutdown) result->all_shutdown = false;
     else if (shut_down_.insert(r).second) result->activity = true;
-    if (touched.size() + aborts.size() != before) result->activity = true;
+    if (work.size() + aborts.size() != before) result->activity = true;
     if (r == 0 && (before_knobs.fusion_threshold != knobs_.fusion_threshold ||
                    before_knobs.cycle_time_ms != knobs_.cycle_time_ms ||
                    before_knobs.small_message_bytes != knobs_.small_message_bytes))
@@ -347,15 +348,14 @@ Status Engine::run_cycle(CycleResult* result) {
     auto it = table_.find({a.process_set, a.name});
     if (it == table_.end()) continue;
     finish(it->second, HPCDL_ERR_SHUTDOWN, a.message);
-    table_.erase(it);
+    drop(it, &work);
   }
   if (result->all_shutdown) return Status::ok();
-  if (!shut_down_.empty()) cancel_orphaned();
+  if (!shut_down_.empty()) cancel_orphaned(&work);
   fused_last_cycle_ = false;
-  std::set<Key> work = touched;
   for (int ps : join_changed)
     for (auto& kv : table_)
-      if (kv.first.first == ps) work.insert(kv.first);
+      if (kv.first.first == ps) list_work(kv.first, kv.second, &work);
   if (work.empty()) return Status::ok();
   decide_and_run(work);
   std::lock_guard<std::mutex> lock(mutex_);
@@ -363,7 +363,7 @@ Status Engine::run_cycle(CycleResult* result) {
 }
 
 // Operations that wait for a rank that has shut down can never run: fail them now on every rank.
-void Engine::cancel_orphaned() {
+void Engine::cancel_orphaned(std::vector<Ready>* work) {
   for (auto it = table_.begin(); it != table_.end();) {
     Pending& e = it->second;
     std::vector<int> gone;
@@ -376,7 +376,7 @@ void Engine::cancel_orphaned() {
     finish(e, HPCDL_ERR_SHUTDOWN,
            describe(*e.any()) + " can never complete: " + ranks_text(gone) + (gone.size() == 1 ? " has" : " have") +
                " shut down without submitting it");
-    it = table_.erase(it);
+    it = drop(it, work);
   }
 }
 
@@ -406,7 +406,7 @@ void Engine::pack(std::vector<uint8_t>* message) {
       if (it != cache_index_.end()) {
         const CacheSlot& slot = cache_[it->second];
         int m = index_of(slot.members, rank_);
-        if (m >= 0 && m < static_cast<int>(slot.by_member.size()) && slot.by_member[m].same_as(req)) id = it->second;
+        if (m >= 0 && m < static_cast<int>(slot.by_member.size()) && slot.by_member[m]->same_as(req)) id = it->second;
       }
     }
     if (id >= 0) {
@@ -484,8 +484,22 @@ Status Engine::exchange(const std::vector<uint8_t>& mine, std::vector<std::vecto
   return Status::ok();
 }
 
+// Removes an entry that ends before this cycle's decisions, and its place in the cycle's work.
+Engine::Table::iterator Engine::drop(Table::iterator it, std::vector<Ready>* work) {
+  const Pending* gone = &it->second;
+  work->erase(std::remove_if(work->begin(), work->end(), [&](const Ready& w) { return w.entry == gone; }),
+              work->end());
+  return table_.erase(it);
+}
+
+void Engine::list_work(const Key& key, Pending& entry, std::vector<Ready>* work) {
+  if (entry.listed_in_cycle == cycle_) return;
+  entry.listed_in_cycle = cycle_;
+  work->push_back({&key, &entry});
+}
+
 bool Engine::decode(int rank, const std::vector<uint8_t>& message, bool* shutdown, std::vector<Abort>* aborts,
-                    std::set<Key>* touched, std::set<int>* join_changed) {
+                    std::vector<Ready>* work, std::set<int>* join_changed) {
   ByteReader in(message.data(), message.size());
   uint32_t flags = 0, count = 0;
   if (!in.get(&flags) || !in.get(&count)) return false;
@@ -493,16 +507,18 @@ bool Engine::decode(int rank, const std::vector<uint8_t>& message, bool* shutdow
   for (uint32_t i = 0; i < count; ++i) {
     uint8_t kind = 0;
     if (!in.get(&kind)) return false;
-    auto request = std::make_unique<OpRequest>();
+    RequestPtr request;
     if (kind == kCachedRequest) {
       int32_t id = -1;
       if (!in.get(&id) || id < 0 || id >= static_cast<int32_t>(cache_.size()) || !cache_[id].used) return false;
       const CacheSlot& slot = cache_[id];
       int m = index_of(slot.members, rank);
       if (m < 0 || m >= static_cast<int>(slot.by_member.size())) return false;
-      *request = slot.by_member[m];
-    } else if (!request->decode(in)) {
-      return false;
+      request = slot.by_member[m];
+    } else {
+      auto decoded = std::make_shared<OpRequest>();
+      if (!decoded->decode(in)) return false;
+      request = std::move(decoded);
     }
     uint8_t has_payload = 0;
     std::vector<uint8_t> payload;
@@ -516,20 +532,19 @@ bool Engine::decode(int rank, const std::vector<uint8_t>& message, bool* shutdow
     }
     std::shared_ptr<EngineOp> local;
     if (rank == rank_ && i < packed_.size()) local = packed_[i];
-    Key key{request->process_set, request->name};
-    std::vector<int> members = members_of(*request);
-    int m = index_of(members, rank);
-    if (m < 0) return false;  // enqueue only accepts members
-    auto inserted = table_.try_emplace(key);
+    auto inserted = table_.try_emplace(Key{request->process_set, request->name});
+    const Key& key = inserted.first->first;
     Pending& e = inserted.first->second;
     if (inserted.second) {
       e.sequence = sequence_++;
-      e.members = std::move(members);
+      e.members = members_of(*request);
       e.by_member.resize(e.members.size());
       e.payload.resize(e.members.size());
       e.first_seen = last_cycle_start_;
       e.last_stall_warning = e.first_seen;
     }
+    const int m = key.first == 0 ? rank : index_of(request->members, rank);
+    if (m < 0) return false;  // enqueue only accepts members
     if (m >= static_cast<int>(e.by_member.size()) || e.by_member[m]) return false;  // enqueue refuses duplicates
     e.arrived.push_back(rank);
     e.last_arrival = last_cycle_start_;
@@ -541,7 +556,7 @@ bool Engine::decode(int rank, const std::vector<uint8_t>& message, bool* shutdow
     }
     e.by_member[m] = std::move(request);
     e.payload[m] = std::move(payload);
-    touched->insert(key);
+    list_work(key, e, work);
   }
   if (flags & kFlagKnobs) {
     Knobs k;
@@ -590,19 +605,19 @@ std::string Engine::join_conflict(const Pending& e) {
   return "";
 }
 
-void Engine::decide_and_run(const std::set<Key>& work) {
+void Engine::decide_and_run(const std::vector<Ready>& work) {
   std::vector<Ready> ready;
   std::vector<std::pair<std::shared_ptr<EngineOp>, std::vector<int>>> still_waiting;
-  for (const Key& key : work) {
-    auto it = table_.find(key);
-    if (it == table_.end() || it->second.held) continue;
-    if (is_ready(key, it->second)) {
-      ready.push_back({key, &it->second});
-    } else if (it->second.local) {
+  for (const Ready& w : work) {
+    Pending& e = *w.entry;
+    if (e.held) continue;
+    if (is_ready(*w.key, e)) {
+      ready.push_back(w);
+    } else if (e.local) {
       std::vector<int> missing;
-      for (size_t m = 0; m < it->second.by_member.size(); ++m)
-        if (!it->second.by_member[m]) missing.push_back(it->second.members[m]);
-      still_waiting.push_back({it->second.local, missing});
+      for (size_t m = 0; m < e.by_member.size(); ++m)
+        if (!e.by_member[m]) missing.push_back(e.members[m]);
+      still_waiting.push_back({e.local, missing});
     }
   }
   if (!still_waiting.empty()) {
@@ -616,7 +631,12 @@ void Engine::decide_and_run(const std::set<Key>& work) {
   });
   const auto now = Clock::now();
   std::vector<Ready> runnable;
-  std::vector<Key> finished;
+  std::vector<const Key*> finished;  // keys of table_; each entry listed once (Pending::finished)
+  auto done = [&](const Key& key, Pending& e) {
+    if (e.finished) return;
+    e.finished = true;
+    finished.push_back(&key);
+  };
   auto fail_group = [&](const std::pair<int, int>& gkey, int group_size, const std::string& message) {
     auto held = groups_.find(gkey);
     int remaining = group_size - 1;
@@ -625,7 +645,7 @@ void Engine::decide_and_run(const std::set<Key>& work) {
         auto it = table_.find(k);
         if (it == table_.end()) continue;
         finish(it->second, HPCDL_ERR_MISMATCH, message);
-        finished.push_back(k);
+        done(it->first, it->second);
         --remaining;
       }
       groups_.erase(held);
@@ -645,7 +665,7 @@ void Engine::decide_and_run(const std::set<Key>& work) {
       code = HPCDL_ERR_INVALID;
     }
     const OpRequest& any = *e.any();
-    std::pair<int, int> gkey{r.key.first, any.group_id};
+    std::pair<int, int> gkey{r.key->first, any.group_id};
     if (any.group_id != 0) {
       auto failed = failed_groups_.find(gkey);
       if (failed != failed_groups_.end() && message.empty()) {
@@ -663,15 +683,18 @@ void Engine::decide_and_run(const std::set<Key>& work) {
     if (!message.empty()) {
       record_timeline(e, "NEGOTIATE", e.first_seen, now, "\"error\":\"" + json_escape(message) + "\"");
       finish(e, code, message);
-      finished.push_back(r.key);
+      done(*r.key, e);
       continue;
     }
     if (any.group_id != 0) {
       auto& held = groups_[gkey];
-      held.push_back(r.key);
+      held.push_back(*r.key);
       e.held = true;
       if (static_cast<int>(held.size()) < any.group_size) continue;
-      for (const Key& k : held) runnable.push_back({k, &table_.find(k)->second});
+      for (const Key& k : held) {
+        auto it = table_.find(k);
+        runnable.push_back({&it->first, &it->second});
+      }
       groups_.erase(gkey);
       continue;
     }
@@ -717,17 +740,13 @@ void Engine::decide_and_run(const std::set<Key>& work) {
   for (const Batch& b : batches) {
     if (b.members.size() > 1) fused_last_cycle_ = true;
     run_batch(b.members, b.fusable && b.members.size() > 1);
-    for (const Ready& r : b.members) finished.push_back(r.key);
+    for (const Ready& r : b.members) done(*r.key, *r.entry);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (!failed_.is_ok()) break;
     }
   }
-  for (const Key& k : finished) {
-    auto it = table_.find(k);
-    if (it == table_.end()) continue;
-    table_.erase(it);
-  }
+  for (const Key* k : finished) table_.erase(table_.find(*k));
 }
 
 void Engine::finish(Pending& e, int code, const std::string& message) {
@@ -751,6 +770,11 @@ void Engine::remember(const Key& key, const Pending& e) {
   int id;
   if (it != cache_index_.end()) {
     id = it->second;
+    CacheSlot& slot = cache_[id];
+    if (slot.by_member == e.by_member) {  // it ran from this very slot (every member sent its id)
+      slot.last_used = ++cache_clock_;
+      return;
+    }
   } else if (static_cast<int>(cache_.size()) < cache_capacity_) {
     id = static_cast<int>(cache_.size());
     cache_.emplace_back();
@@ -765,8 +789,7 @@ void Engine::remember(const Key& key, const Pending& e) {
   slot.members = e.members;
   slot.used = true;
   slot.last_used = ++cache_clock_;
-  slot.by_member.clear();
-  for (const auto& q : e.by_member) slot.by_member.push_back(*q);
+  slot.by_member = e.by_member;
   cache_index_[key] = id;
 }
 

@@ -34,6 +34,8 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "comm.h"
@@ -91,12 +93,21 @@ class Engine {
 
  private:
   using Key = std::pair<int, std::string>;  // (process set, name)
+  // The per-operation bookkeeping looks names up several times per cycle and rank; hashing them once
+  // costs less than the string comparisons of ordered containers. Nothing the ranks must agree on
+  // depends on these containers' order: ready operations run in creation (sequence) order.
+  struct KeyHash {
+    size_t operator()(const Key& k) const { return std::hash<std::string>{}(k.second) ^ static_cast<size_t>(k.first); }
+  };
+  // A submission as negotiated. Immutable once decoded, so the response cache and the pending entries
+  // share one copy: a cache hit costs a reference count, not a copy of the request.
+  using RequestPtr = std::shared_ptr<const OpRequest>;
 
   // Everything the ranks have said about one name that has not run yet; identical on every rank.
   struct Pending {
     uint64_t sequence = 0;  // creation order: the order ready operations run in
     std::vector<int> members;  // world ranks of the process set
-    std::vector<std::unique_ptr<OpRequest>> by_member;
+    std::vector<RequestPtr> by_member;
     // Tiny allreduces travel with their data inside the control message; when every member's data is
     // here, each rank reduces locally (same inputs, same order: the same result) and no collective runs.
     std::vector<std::vector<uint8_t>> payload;
@@ -107,11 +118,13 @@ class Engine {
     bool held = false;                // ready, waiting for the rest of its group
     const OpRequest* any() const;
     Clock::time_point last_stall_warning;
+    uint64_t listed_in_cycle = 0;  // the cycle that last listed it as work (lists each entry once)
+    bool finished = false;         // decided this cycle; leaves table_ at the end of decide_and_run
   };
   struct CacheSlot {
     Key key;
     std::vector<int> members;
-    std::vector<OpRequest> by_member;
+    std::vector<RequestPtr> by_member;
     uint64_t last_used = 0;
     bool used = false;
   };
@@ -120,7 +133,7 @@ class Engine {
     std::string name, message;
   };
   struct Ready {
-    Key key;
+    const Key* key;  // the table's own key (entries do not move while they are in table_)
     Pending* entry;
   };
   struct CycleResult {
@@ -140,11 +153,14 @@ class Engine {
   void clear_doorbell();
   Status run_cycle(CycleResult* result);
   void pack(std::vector<uint8_t>* message);
-  void cancel_orphaned();
+  void cancel_orphaned(std::vector<Ready>* work);
   Status exchange(const std::vector<uint8_t>& mine, std::vector<std::vector<uint8_t>>* all);
   bool decode(int rank, const std::vector<uint8_t>& message, bool* shutdown, std::vector<Abort>* aborts,
-              std::set<Key>* touched, std::set<int>* join_changed);
-  void decide_and_run(const std::set<Key>& work);
+              std::vector<Ready>* work, std::set<int>* join_changed);
+  using Table = std::unordered_map<Key, Pending, KeyHash>;
+  Table::iterator drop(Table::iterator it, std::vector<Ready>* work);
+  void list_work(const Key& key, Pending& entry, std::vector<Ready>* work);
+  void decide_and_run(const std::vector<Ready>& work);
   bool is_ready(const Key& key, const Pending& entry);
   std::string join_conflict(const Pending& entry);
   void run_batch(const std::vector<Ready>& batch, bool fused);
@@ -186,8 +202,8 @@ class Engine {
   int callers_waiting_ = 0;       // callers blocked in wait() on a pending operation
   bool settling_ = false;         // the engine thread sleeps in settle()
   int64_t batch_wake_bytes_ = 0;  // > 0 while it sleeps in wait_for_batch: wake when the queue holds this
-  std::map<int64_t, std::shared_ptr<EngineOp>> handles_;
-  std::set<Key> pending_names_;
+  std::unordered_map<int64_t, std::shared_ptr<EngineOp>> handles_;
+  std::unordered_set<Key, KeyHash> pending_names_;
   std::map<std::pair<int, int>, int64_t> unnamed_counter_;
   int64_t next_handle_ = 1;
   bool waiting_ = false;  // the engine thread sleeps in wait_notify; enqueue rings the doorbell
@@ -200,15 +216,16 @@ class Engine {
   bool shutdown_sent_ = false;
   Clock::time_point shutdown_since_;
   std::vector<std::shared_ptr<EngineOp>> packed_;
-  std::map<Key, Pending> table_;
+  Table table_;
   uint64_t sequence_ = 0;
+  uint64_t cycle_ = 0;  // cycles run so far
   std::map<int, std::set<int>> joined_;  // process set -> world ranks that joined
   std::set<int> shut_down_;              // world ranks that announced their shutdown
   std::map<int, int> last_joined_;
   std::map<std::pair<int, int>, std::vector<Key>> groups_;  // (set, group id) -> ready members held back
   std::map<std::pair<int, int>, std::string> failed_groups_;
   std::vector<CacheSlot> cache_;
-  std::map<Key, int> cache_index_;
+  std::unordered_map<Key, int, KeyHash> cache_index_;
   uint64_t cache_clock_ = 0;
   std::vector<Abort> aborts_to_send_;
   std::vector<uint8_t> fusion_buffer_, scratch_;

@@ -34,16 +34,18 @@ void Engine::run_batch(const std::vector<Ready>& batch, bool fused) {
   int64_t bytes = 0;
   for (const Ready& r : batch) bytes += entry_bytes(*r.entry);
   if (bytes >= kWideBytes) keep_to_own_core(false);  // bandwidth-bound: let the scheduler place it
-  const Key& first = batch.front().key;
+  const Key& first = *batch.front().key;
   std::shared_ptr<Comm> data;
   if (index_of(batch.front().entry->members, rank_) >= 0)
     data = runtime_.find_comm_shared(first.first, Channel::kEngineData);
   const auto start = Clock::now();
-  for (const Ready& r : batch) {
-    const OpRequest& q = *r.entry->any();
-    record_timeline(*r.entry, "NEGOTIATE", r.entry->first_seen, r.entry->decided,
-                    "\"op\":\"" + std::string(op_type_name(q.op_type)) + "\"");
-    record_timeline(*r.entry, "QUEUE", r.entry->decided, start);
+  if (timeline_.active()) {
+    for (const Ready& r : batch) {
+      const OpRequest& q = *r.entry->any();
+      record_timeline(*r.entry, "NEGOTIATE", r.entry->first_seen, r.entry->decided,
+                      "\"op\":\"" + std::string(op_type_name(q.op_type)) + "\"");
+      record_timeline(*r.entry, "QUEUE", r.entry->decided, start);
+    }
   }
   Status s;
   const OpRequest& head = *batch.front().entry->any();
@@ -60,7 +62,7 @@ void Engine::run_batch(const std::vector<Ready>& batch, bool fused) {
       record_timeline(*batch.front().entry, "ALLREDUCE", start, Clock::now(), "\"inline\":true");
   } else if (fused) {
     std::string what = std::string("allreduce of ") + std::to_string(batch.size()) + " fused tensors ('" +
-                       batch.front().key.second + "', ...)";
+                       batch.front().key->second + "', ...)";
     s = run_fused(batch, *data, what);
   } else {
     s = run_one(*batch.front().entry, *data, describe(*batch.front().entry->any()));
@@ -76,7 +78,7 @@ void Engine::run_batch(const std::vector<Ready>& batch, bool fused) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (failed_.is_ok()) failed_ = s;
   } else {
-    for (const Ready& r : batch) remember(r.key, *r.entry);
+    for (const Ready& r : batch) remember(*r.key, *r.entry);
   }
 }
 
