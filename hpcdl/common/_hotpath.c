@@ -1,9 +1,11 @@
 /* The per-operation hot path of hpcdl.common.engine, in C.
  *
- * A training step submits a few hundred tensors and waits for each; through ctypes every submission
- * costs 10 to 15 us of Python (a ctypes structure, pointer lookups, argument conversion), as much as the
- * engine's whole negotiation. This module builds the hpcdl_request on the stack from Python objects and
- * calls the runtime directly, in about a microsecond.
+ * A training step submits a few hundred tensors, waits for each and drops its handle. Through ctypes
+ * and a Python handle class every operation cost 10 to 15 us of Python (a ctypes structure, pointer
+ * lookups, argument conversion, an object with seven attributes and a finaliser), as much as the engine's
+ * whole negotiation. Here submit() builds the hpcdl_request on the stack from Python objects, calls the
+ * runtime and returns the handle object in one call; the handle's poll, wait and release, and its
+ * deallocation, are C too.
  *
  * It links to nothing: bind() hands it the addresses of hpcdl_enqueue, hpcdl_wait, hpcdl_poll and
  * hpcdl_release from the library hpcdl.common.library loaded through ctypes, so HPCDL_LIBRARY keeps
@@ -11,9 +13,18 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stddef.h>
 #include <stdint.h>
+#include <structmember.h>
 
 #include "hpcdl/c_api.h"
+
+#if PY_VERSION_HEX < 0x030A0000
+static inline PyObject* Py_NewRef(PyObject* obj) {
+  Py_INCREF(obj);
+  return obj;
+}
+#endif
 
 #define MAX_DIMS 32
 #define MAX_SPLITS 4096
@@ -25,6 +36,11 @@ typedef int (*wait_fn)(hpcdl_handle, double);
 static enqueue_fn enqueue_ptr;
 static wait_fn wait_ptr;
 static handle_fn poll_ptr, release_ptr;
+static PyObject* raise_status; /* Python callable: raises the hpcdl exception for a status */
+static PyObject* error_class;   /* hpcdl.common.exceptions.HpcdlError */
+/* Handles dropped while their operation still runs, as (id, buffers) tuples: the buffers must outlive
+ * the operation. Reaped at the next submission. Only touched with the GIL held. */
+static PyObject* orphans;
 
 static int bound(void) {
   if (enqueue_ptr) return 1;
@@ -32,10 +48,20 @@ static int bound(void) {
   return 0;
 }
 
-/* bind(enqueue, wait, poll, release): the functions' addresses in the loaded runtime. */
+/* Raises the exception for a failed status (through the bound callable); always returns NULL. */
+static PyObject* fail(int status) {
+  PyObject* r = PyObject_CallFunction(raise_status, "i", status);
+  Py_XDECREF(r);
+  if (!PyErr_Occurred()) PyErr_Format(error_class, "hpcdl status %d", status);
+  return NULL;
+}
+
+/* bind(enqueue, wait, poll, release, raise_status, error_class): the functions' addresses in the loaded
+ * runtime, the callable that raises for a status, and the exception class of bad submissions. */
 static PyObject* bind(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 4) {
-    PyErr_SetString(PyExc_TypeError, "bind() takes the addresses of enqueue, wait, poll and release");
+  if (nargs != 6) {
+    PyErr_SetString(PyExc_TypeError,
+                    "bind() takes the addresses of enqueue, wait, poll and release, raise_status and error_class");
     return NULL;
   }
   void* f[4];
@@ -46,11 +72,165 @@ static PyObject* bind(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
       return NULL;
     }
   }
+  if (orphans == NULL && (orphans = PyList_New(0)) == NULL) return NULL;
   enqueue_ptr = (enqueue_fn)f[0];
   wait_ptr = (wait_fn)f[1];
   poll_ptr = (handle_fn)f[2];
   release_ptr = (handle_fn)f[3];
+  Py_XSETREF(raise_status, Py_NewRef(args[4]));
+  Py_XSETREF(error_class, Py_NewRef(args[5]));
   Py_RETURN_NONE;
+}
+
+/* ---- Handle -------------------------------------------------------------------------------------------- */
+
+typedef struct {
+  PyObject_HEAD
+  long long id;
+  PyObject* op_type;
+  int ndim;
+  PyObject* keep;   /* the objects owning the buffers, alive until the engine is done with them */
+  PyObject* result; /* callable(handle) -> what the helper that submitted it promises, or None */
+  char released, finished;
+} HandleObject;
+
+static int handle_traverse(HandleObject* self, visitproc visit, void* arg) {
+  Py_VISIT(self->op_type);
+  Py_VISIT(self->keep);
+  Py_VISIT(self->result);
+  return 0;
+}
+
+static int handle_clear(HandleObject* self) {
+  Py_CLEAR(self->op_type);
+  Py_CLEAR(self->keep);
+  Py_CLEAR(self->result);
+  return 0;
+}
+
+/* Frees the runtime's handle, or parks the buffers among the orphans while the operation still runs. */
+static int handle_release_now(HandleObject* self) {
+  if (self->released) return 0;
+  self->released = 1;
+  if (!self->finished && poll_ptr(self->id) == HPCDL_PENDING) {
+    PyObject* entry = Py_BuildValue("(LO)", self->id, self->keep ? self->keep : Py_None);
+    if (entry == NULL || PyList_Append(orphans, entry) < 0) {
+      Py_XDECREF(entry);
+      return -1;
+    }
+    Py_DECREF(entry);
+  } else {
+    release_ptr(self->id);
+  }
+  Py_CLEAR(self->keep);
+  return 0;
+}
+
+static void handle_dealloc(HandleObject* self) {
+  PyObject_GC_UnTrack(self);
+  if (!self->released && enqueue_ptr) {
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    if (handle_release_now(self) < 0) PyErr_WriteUnraisable((PyObject*)self);
+    PyErr_Restore(type, value, traceback);
+  }
+  handle_clear(self);
+  Py_TYPE(self)->tp_free((PyObject*)self);
+}
+
+static int check_live(HandleObject* self) {
+  if (!self->released) return 1;
+  PyErr_Format(error_class, "handle %lld was already released", self->id);
+  return 0;
+}
+
+static PyObject* handle_poll(HandleObject* self, PyObject* unused) {
+  if (!check_live(self)) return NULL;
+  int status = poll_ptr(self->id);
+  if (status == HPCDL_PENDING) Py_RETURN_FALSE;
+  self->finished = 1;
+  if (status != HPCDL_OK) return fail(status);
+  Py_RETURN_TRUE;
+}
+
+static PyObject* handle_wait(HandleObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+  if (nargs + nkw > 1 ||
+      (nkw == 1 && PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "timeout") != 0)) {
+    PyErr_SetString(PyExc_TypeError, "wait() takes one optional argument, timeout (seconds)");
+    return NULL;
+  }
+  double timeout = -1.0; /* the runtime's timeout */
+  if (nargs + nkw == 1 && args[0] != Py_None) {
+    timeout = PyFloat_AsDouble(args[0]);
+    if (timeout == -1.0 && PyErr_Occurred()) return NULL;
+  }
+  if (!check_live(self)) return NULL;
+  int status;
+  Py_BEGIN_ALLOW_THREADS
+  status = wait_ptr(self->id, timeout);
+  Py_END_ALLOW_THREADS
+  if (status != HPCDL_ERR_TIMEOUT) self->finished = 1;
+  if (status != HPCDL_OK) return fail(status);
+  Py_RETURN_NONE;
+}
+
+static PyObject* handle_release(HandleObject* self, PyObject* unused) {
+  if (handle_release_now(self) < 0) return NULL;
+  Py_RETURN_NONE;
+}
+
+static PyMethodDef handle_methods[] = {
+    {"poll", (PyCFunction)handle_poll, METH_NOARGS, "True when the operation finished; raises if it failed."},
+    {"wait", (PyCFunction)(void (*)(void))handle_wait, METH_FASTCALL | METH_KEYWORDS,
+     "wait(timeout=None): block until the operation finished (timeout in seconds; None: the runtime's)."},
+    {"release", (PyCFunction)handle_release, METH_NOARGS,
+     "Free the handle and any engine-owned output. Idempotent; buffers of a running operation stay alive "
+     "until it finishes."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef handle_members[] = {
+    {"id", T_LONGLONG, offsetof(HandleObject, id), READONLY, "the runtime's handle"},
+    {"op_type", T_OBJECT, offsetof(HandleObject, op_type), READONLY, "the operation type (OpType)"},
+    {"_ndim", T_INT, offsetof(HandleObject, ndim), READONLY, NULL},
+    {"_keep", T_OBJECT, offsetof(HandleObject, keep), READONLY, NULL},
+    {"_result", T_OBJECT, offsetof(HandleObject, result), READONLY, NULL},
+    {"_released", T_BOOL, offsetof(HandleObject, released), READONLY, NULL},
+    {"_finished", T_BOOL, offsetof(HandleObject, finished), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject HandleType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hpcdl.common._hotpath.HandleBase",
+    .tp_basicsize = sizeof(HandleObject),
+    .tp_dealloc = (destructor)handle_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "One submitted operation (created by submit()); keeps its buffers alive until released.",
+    .tp_traverse = (traverseproc)handle_traverse,
+    .tp_clear = (inquiry)handle_clear,
+    .tp_methods = handle_methods,
+    .tp_members = handle_members,
+};
+
+/* ---- submit -------------------------------------------------------------------------------------------- */
+
+/* Releases the orphans whose operations finished. */
+static int reap_orphans(void) {
+  PyObject* still_running = PyList_New(0);
+  if (still_running == NULL) return -1;
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(orphans); ++i) {
+    PyObject* entry = PyList_GET_ITEM(orphans, i);
+    long long id = PyLong_AsLongLong(PyTuple_GET_ITEM(entry, 0));
+    if (poll_ptr(id) != HPCDL_PENDING) {
+      release_ptr(id);
+    } else if (PyList_Append(still_running, entry) < 0) {
+      Py_DECREF(still_running);
+      return -1;
+    }
+  }
+  Py_SETREF(orphans, still_running);
+  return 0;
 }
 
 /* A buffer's address: None -> NULL, an int -> that address, else the object's buffer (an ndarray). The
@@ -92,90 +272,109 @@ static int int64s_of(PyObject* seq, int64_t* out, Py_ssize_t capacity, Py_ssize_
   return 1;
 }
 
-/* enqueue(op_type, name, process_set, dtype, input, output, shape, reduce_op, prescale, postscale, root,
- *         splits, group_id, group_size) -> handle (> 0) or a negative hpcdl_status. */
-static PyObject* enqueue(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+/* A buffer or a count the runtime cannot take (a read-only output array, too many dimensions) is the
+ * caller's mistake: say so in hpcdl's exception. */
+static PyObject* bad_submission(void) {
+  if (!PyErr_ExceptionMatches(PyExc_BufferError) && !PyErr_ExceptionMatches(PyExc_ValueError)) return NULL;
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);
+  PyErr_Format(error_class, "cannot submit this operation: %S", value ? value : Py_None);
+  Py_XDECREF(type);
+  Py_XDECREF(value);
+  Py_XDECREF(traceback);
+  return NULL;
+}
+
+#define SUBMIT_ARGS 17
+
+/* submit(cls, op_type, name, process_set, dtype, input, output, shape, reduce_op, prescale, postscale,
+ *        root, splits, group_id, group_size, keep, result) -> a cls (a HandleBase subclass) instance. */
+static PyObject* submit(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   if (!bound()) return NULL;
-  if (nargs != 14) {
-    PyErr_Format(PyExc_TypeError, "enqueue() takes 14 arguments (%zd given)", nargs);
+  if (nargs != SUBMIT_ARGS) {
+    PyErr_Format(PyExc_TypeError, "submit() takes %d arguments (%zd given)", SUBMIT_ARGS, nargs);
     return NULL;
   }
+  PyTypeObject* cls = (PyTypeObject*)args[0];
+  if (!PyType_Check(args[0]) || !PyType_IsSubtype(cls, &HandleType)) {
+    PyErr_SetString(PyExc_TypeError, "submit() needs a HandleBase subclass as its first argument");
+    return NULL;
+  }
+  if (PyList_GET_SIZE(orphans) > 0 && reap_orphans() < 0) return NULL;
   hpcdl_request r;
   int64_t shape[MAX_DIMS];
   Py_ssize_t ndim = 0, nsplits = 0;
   int64_t* splits = NULL;
-  r.op_type = (int32_t)PyLong_AsLong(args[0]);
+  r.op_type = (int32_t)PyLong_AsLong(args[1]);
   r.name = NULL;
-  if (args[1] != Py_None) {
-    r.name = PyUnicode_AsUTF8(args[1]);
+  if (args[2] != Py_None) {
+    r.name = PyUnicode_AsUTF8(args[2]);
     if (r.name == NULL) return NULL;
   }
-  r.process_set = (int32_t)PyLong_AsLong(args[2]);
-  r.dtype = (int32_t)PyLong_AsLong(args[3]);
-  if (!address_of(args[4], 0, (void**)&r.input) || !address_of(args[5], 1, &r.output)) return NULL;
-  if (!int64s_of(args[6], shape, MAX_DIMS, &ndim, "shape")) return NULL;
+  r.process_set = (int32_t)PyLong_AsLong(args[3]);
+  r.dtype = (int32_t)PyLong_AsLong(args[4]);
+  if (!address_of(args[5], 0, (void**)&r.input) || !address_of(args[6], 1, &r.output) ||
+      !int64s_of(args[7], shape, MAX_DIMS, &ndim, "shape"))
+    return bad_submission();
   r.ndim = (int32_t)ndim;
   r.shape = shape;
-  r.reduce_op = (int32_t)PyLong_AsLong(args[7]);
-  r.prescale = PyFloat_AsDouble(args[8]);
-  r.postscale = PyFloat_AsDouble(args[9]);
-  r.root = (int32_t)PyLong_AsLong(args[10]);
-  r.group_id = (int32_t)PyLong_AsLong(args[12]);
-  r.group_size = (int32_t)PyLong_AsLong(args[13]);
+  r.reduce_op = (int32_t)PyLong_AsLong(args[8]);
+  r.prescale = PyFloat_AsDouble(args[9]);
+  r.postscale = PyFloat_AsDouble(args[10]);
+  r.root = (int32_t)PyLong_AsLong(args[11]);
+  r.group_id = (int32_t)PyLong_AsLong(args[13]);
+  r.group_size = (int32_t)PyLong_AsLong(args[14]);
   if (PyErr_Occurred()) return NULL;
-  if (args[11] != Py_None) {
+  if (args[12] != Py_None) {
     splits = PyMem_Malloc(sizeof(int64_t) * MAX_SPLITS);
     if (splits == NULL) return PyErr_NoMemory();
-    if (!int64s_of(args[11], splits, MAX_SPLITS, &nsplits, "splits")) {
+    if (!int64s_of(args[12], splits, MAX_SPLITS, &nsplits, "splits")) {
       PyMem_Free(splits);
-      return NULL;
+      return bad_submission();
     }
   }
   r.splits = splits;
   r.nsplits = (int32_t)nsplits;
-  hpcdl_handle handle = enqueue_ptr(&r);
-  PyMem_Free(splits);
-  return PyLong_FromLongLong(handle);
-}
-
-/* wait(handle, timeout_s) -> hpcdl_status; the GIL is released while waiting. */
-static PyObject* wait(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  if (!bound()) return NULL;
-  if (nargs != 2) {
-    PyErr_SetString(PyExc_TypeError, "wait() takes a handle and a timeout");
+  HandleObject* h = (HandleObject*)cls->tp_alloc(cls, 0);
+  if (h == NULL) {
+    PyMem_Free(splits);
     return NULL;
   }
-  hpcdl_handle handle = PyLong_AsLongLong(args[0]);
-  double timeout = PyFloat_AsDouble(args[1]);
-  if (PyErr_Occurred()) return NULL;
-  int status;
-  Py_BEGIN_ALLOW_THREADS
-  status = wait_ptr(handle, timeout);
-  Py_END_ALLOW_THREADS
-  return PyLong_FromLong(status);
+  hpcdl_handle id = enqueue_ptr(&r);
+  PyMem_Free(splits);
+  if (id <= 0) {
+    h->released = 1; /* nothing to release */
+    Py_DECREF(h);
+    return fail((int)-id);
+  }
+  h->id = id;
+  h->op_type = Py_NewRef(args[1]);
+  h->ndim = ndim > 1 ? (int)ndim : 1;
+  h->keep = Py_NewRef(args[15]);
+  h->result = Py_NewRef(args[16]);
+  return (PyObject*)h;
 }
-
-static PyObject* call_handle(handle_fn fn, PyObject* arg) {
-  if (!bound()) return NULL;
-  hpcdl_handle handle = PyLong_AsLongLong(arg);
-  if (handle == -1 && PyErr_Occurred()) return NULL;
-  return PyLong_FromLong(fn(handle));
-}
-
-static PyObject* poll(PyObject* self, PyObject* arg) { return call_handle(poll_ptr, arg); }
-static PyObject* release(PyObject* self, PyObject* arg) { return call_handle(release_ptr, arg); }
 
 static PyMethodDef methods[] = {
-    {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL, "bind(enqueue, wait, poll, release)"},
-    {"enqueue", (PyCFunction)(void (*)(void))enqueue, METH_FASTCALL,
-     "enqueue(op_type, name, process_set, dtype, input, output, shape, reduce_op, prescale, postscale, root, "
-     "splits, group_id, group_size) -> handle (> 0) or -status"},
-    {"wait", (PyCFunction)(void (*)(void))wait, METH_FASTCALL, "wait(handle, timeout_s) -> status"},
-    {"poll", poll, METH_O, "poll(handle) -> status"},
-    {"release", release, METH_O, "release(handle) -> status"},
+    {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL,
+     "bind(enqueue, wait, poll, release, raise_status, error_class)"},
+    {"submit", (PyCFunction)(void (*)(void))submit, METH_FASTCALL,
+     "submit(cls, op_type, name, process_set, dtype, input, output, shape, reduce_op, prescale, postscale, "
+     "root, splits, group_id, group_size, keep, result) -> handle (a cls instance)"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_hotpath", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit__hotpath(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__hotpath(void) {
+  if (PyType_Ready(&HandleType) < 0) return NULL;
+  PyObject* m = PyModule_Create(&module);
+  if (m == NULL) return NULL;
+  Py_INCREF(&HandleType);
+  if (PyModule_AddObject(m, "HandleBase", (PyObject*)&HandleType) < 0) {
+    Py_DECREF(&HandleType);
+    Py_DECREF(m);
+    return NULL;
+  }
+  return m;
+}

@@ -15,7 +15,6 @@ the blocking direct functions of :mod:`hpcdl.common` default to ``SUM``.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import itertools
 import threading
@@ -50,8 +49,6 @@ __all__ = [
 ]
 
 _OK = 0
-_ERR_TIMEOUT = 3
-_PENDING = 10
 
 
 _declared = False
@@ -74,7 +71,7 @@ def _lib() -> ctypes.CDLL:
             lib.hpcdl_process_set_size.argtypes = [ctypes.c_int]
             lib.hpcdl_process_set_rank.argtypes = [ctypes.c_int]
             hot = (lib.hpcdl_enqueue, lib.hpcdl_wait, lib.hpcdl_poll, lib.hpcdl_release)
-            _hotpath.bind(*(ctypes.cast(f, ctypes.c_void_p).value for f in hot))
+            _hotpath.bind(*(ctypes.cast(f, ctypes.c_void_p).value for f in hot), _raise, HpcdlError)
             _declared = True
     return lib
 
@@ -84,63 +81,16 @@ def _raise(status: int) -> None:
     raise error_for(status, (_lib().hpcdl_last_error() or b"").decode(errors="replace"))
 
 
-# Handles dropped while their operation still runs: their buffers must outlive the operation.
-_orphans: list[Handle] = []
-_orphans_lock = threading.Lock()
+class Handle(_hotpath.HandleBase):
+    """One submitted operation. Keeps the buffers it refers to alive until it is released.
 
+    ``poll()`` (True when finished; raises if it failed), ``wait(timeout=None)`` (blocks; None: the
+    runtime's timeout) and ``release()`` (idempotent; a running operation's buffers stay alive until it
+    finishes) are implemented in C (``hpcdl/common/_hotpath.c``), like the handle's creation by
+    :func:`enqueue`: they run once per tensor per training step.
+    """
 
-def _reap_orphans() -> None:
-    with _orphans_lock:
-        still_running = []
-        for handle in _orphans:
-            if _hotpath.poll(handle.id) == _PENDING:
-                still_running.append(handle)
-            else:
-                _hotpath.release(handle.id)
-        _orphans[:] = still_running
-
-
-class Handle:
-    """One submitted operation. Keeps the buffers it refers to alive until it is released."""
-
-    __slots__ = ("_finished", "_keep", "_ndim", "_released", "_result", "id", "op_type")
-
-    def __init__(
-        self,
-        handle_id: int,
-        op_type: OpType,
-        ndim: int,
-        keep: tuple[Any, ...] = (),
-        result: Optional[Callable[[Handle], Any]] = None,
-    ) -> None:
-        self.id = handle_id
-        self.op_type = op_type
-        self._ndim = ndim if ndim > 1 else 1
-        self._keep = keep
-        self._result = result
-        self._released = False
-        self._finished = False
-
-    def poll(self) -> bool:
-        """True when the operation finished; raises if it failed."""
-        self._check_live()
-        status = _hotpath.poll(self.id)
-        if status == _PENDING:
-            return False
-        if status != _OK:
-            self._finished = True
-            _raise(status)
-        self._finished = True
-        return True
-
-    def wait(self, timeout: Optional[float] = None) -> None:
-        """Block until the operation finished (``timeout`` seconds; None: the runtime's timeout)."""
-        self._check_live()
-        status = _hotpath.wait(self.id, -1.0 if timeout is None else float(timeout))
-        if status != _ERR_TIMEOUT:
-            self._finished = True
-        if status != _OK:
-            _raise(status)
+    __slots__ = ()
 
     def output(self) -> np.ndarray:
         """The bytes of an engine-allocated output (allgather, alltoall), copied into a uint8 array."""
@@ -176,23 +126,6 @@ class Handle:
     def result(self) -> Any:
         """What the NumPy helper that created this handle promises (after :meth:`wait`)."""
         return self._result(self) if self._result is not None else None
-
-    def release(self) -> None:
-        """Free the handle and any engine-owned output. Idempotent."""
-        if self._released:
-            return
-        self._released = True
-        if not self._finished and _hotpath.poll(self.id) == _PENDING:
-            with _orphans_lock:
-                _orphans.append(self)  # released once the engine is done with its buffers
-            return
-        _hotpath.release(self.id)
-        self._keep = ()
-
-    def __del__(self) -> None:
-        # At interpreter exit the runtime may already be gone: nothing is left to free then.
-        with contextlib.suppress(Exception):
-            self.release()
 
     def _check_live(self) -> None:
         if self._released:
@@ -233,15 +166,17 @@ def enqueue(
     ``input`` (and ``output`` for allreduce/broadcast/reducescatter; it may be the same buffer) must stay
     valid until the handle completes; pass the objects owning them in ``keep``. ``root`` is a world rank.
     """
-    shape = input.shape if input is not None else ()
-    handle_id = _submit(
+    if not _declared:
+        _lib()
+    return _hotpath.submit(
+        Handle,
         op_type,
         name,
         process_set,
         input.dtype if input is not None else DType.UINT8,
         input.ptr if input is not None else None,
         output.ptr if output is not None else None,
-        shape,
+        input.shape if input is not None else (),
         reduce_op,
         prescale,
         postscale,
@@ -249,24 +184,9 @@ def enqueue(
         splits,
         group_id,
         group_size,
+        keep,
+        result,
     )
-    return Handle(handle_id, op_type, len(shape), keep, result)
-
-
-def _submit(*request: Any) -> int:
-    """Hand one request (the fields of ``hpcdl_request``, buffers as addresses or arrays) to the engine;
-    returns its handle id."""
-    if not _declared:
-        _lib()
-    if _orphans:
-        _reap_orphans()
-    try:
-        handle_id = _hotpath.enqueue(*request)
-    except (BufferError, ValueError) as exc:  # e.g. a read-only output array
-        raise HpcdlError(f"cannot submit this operation: {exc}") from None
-    if handle_id <= 0:
-        _raise(-handle_id)
-    return handle_id
 
 
 _group_ids = itertools.count(1)
@@ -316,10 +236,11 @@ def allreduce_async(
         out = np.empty_like(a)
     elif out.shape != a.shape or out.dtype != a.dtype or not out.flags.c_contiguous:
         raise HpcdlError("out must be a C-contiguous array with the input's shape and dtype")
-    # The hot path of a training step: the arrays go to the C accelerator as they are.
+    if not _declared:
+        _lib()
+    # The hot path of a training step: the arrays go to the C accelerator as they are (see enqueue).
     request = (name, process_set, dtype_of(a), a, out, a.shape, op, prescale, postscale, 0, None, 0, 0)
-    handle_id = _submit(OpType.ALLREDUCE, *request)
-    return Handle(handle_id, OpType.ALLREDUCE, a.ndim, (a, out), lambda _h, out=out: out)
+    return _hotpath.submit(Handle, OpType.ALLREDUCE, *request, (a, out), lambda _h, out=out: out)
 
 
 def grouped_allreduce_async(

@@ -8,12 +8,14 @@ every rank's inputs, which are deterministic functions of the rank.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import os
 import signal
 import sys
 import threading
 import time
+import weakref
 from typing import Callable
 
 import numpy as np
@@ -223,6 +225,40 @@ def check_names_and_cache() -> None:
     passed("names_and_cache")
 
 
+def check_handle_lifetime() -> None:
+    """A handle dropped while its operation runs keeps the buffers alive until the operation is done (the
+    next submission frees them); a released handle refuses to be used again."""
+    r, n = hc.rank(), hc.size()
+    if r != 0:
+        time.sleep(0.5)  # rank 0's operation stays pending meanwhile
+    a = values(r, 1000)
+    h = E.allreduce_async(a, name="dropped", op=SUM, out=a)
+    alive = weakref.ref(a)
+    if r == 0:
+        assert not h.poll(), "the operation finished before every rank submitted it"
+        del a, h  # the engine still writes into the array
+        gc.collect()
+        assert alive() is not None, "the buffer of a pending operation was freed"
+    else:
+        np.testing.assert_array_equal(E.synchronize(h), sum(values(q, 1000) for q in range(n)))
+        del a, h
+    E.synchronize(E.barrier_async(name="after.dropped"))  # runs after "dropped" on every rank
+    last = E.barrier_async(name="reaper")  # this submission frees the finished orphan
+    last.wait(None)
+    gc.collect()
+    assert alive() is None, "the buffer of a finished, dropped operation was never freed"
+    last.wait(5.0)  # waiting again on a finished handle returns at once
+    last.release()
+    last.release()  # idempotent
+    try:
+        last.wait(timeout=1.0)
+    except HpcdlError as exc:
+        assert "already released" in str(exc), exc
+    else:
+        raise AssertionError("a released handle could still be waited on")
+    passed("handle_lifetime")
+
+
 # ---- scenario: fusion -------------------------------------------------------------------------------
 
 
@@ -358,6 +394,7 @@ SCENARIOS: dict[str, Callable[[list[str]], None]] = {
             check_other_collectives,
             check_wait_timeout_names_the_missing_ranks,
             check_names_and_cache,
+            check_handle_lifetime,
         )
     ],
     "fusion": lambda _args: check_fusion_workload(),

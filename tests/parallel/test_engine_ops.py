@@ -37,6 +37,7 @@ def test_core_behaviour_on_three_ranks() -> None:
         "other_collectives",
         "wait_timeout",
         "names_and_cache",
+        "handle_lifetime",
     ]
     for rank in range(3):
         assert passes(done.stdout, rank) == expected
