@@ -144,6 +144,11 @@ static int check_live(HandleObject* self) {
   return 0;
 }
 
+static PyObject* handle_check_live(HandleObject* self, PyObject* unused) {
+  if (!check_live(self)) return NULL;
+  Py_RETURN_NONE;
+}
+
 static PyObject* handle_poll(HandleObject* self, PyObject* unused) {
   if (!check_live(self)) return NULL;
   int status = poll_ptr(self->id);
@@ -181,6 +186,7 @@ static PyObject* handle_release(HandleObject* self, PyObject* unused) {
 }
 
 static PyMethodDef handle_methods[] = {
+    {"_check_live", (PyCFunction)handle_check_live, METH_NOARGS, "Raise HpcdlError if the handle was released."},
     {"poll", (PyCFunction)handle_poll, METH_NOARGS, "True when the operation finished; raises if it failed."},
     {"wait", (PyCFunction)(void (*)(void))handle_wait, METH_FASTCALL | METH_KEYWORDS,
      "wait(timeout=None): block until the operation finished (timeout in seconds; None: the runtime's)."},

@@ -127,10 +127,6 @@ class Handle(_hotpath.HandleBase):
         """What the NumPy helper that created this handle promises (after :meth:`wait`)."""
         return self._result(self) if self._result is not None else None
 
-    def _check_live(self) -> None:
-        if self._released:
-            raise HpcdlError(f"handle {self.id} was already released")
-
     def _call_output(self, shape: Any) -> tuple[int, int]:
         self._check_live()
         data = ctypes.c_void_p()
@@ -239,8 +235,25 @@ def allreduce_async(
     if not _declared:
         _lib()
     # The hot path of a training step: the arrays go to the C accelerator as they are (see enqueue).
-    request = (name, process_set, dtype_of(a), a, out, a.shape, op, prescale, postscale, 0, None, 0, 0)
-    return _hotpath.submit(Handle, OpType.ALLREDUCE, *request, (a, out), lambda _h, out=out: out)
+    return _hotpath.submit(
+        Handle,
+        OpType.ALLREDUCE,
+        name,
+        process_set,
+        dtype_of(a),
+        a,
+        out,
+        a.shape,
+        op,
+        prescale,
+        postscale,
+        0,
+        None,
+        0,
+        0,
+        (a, out),
+        lambda _h, out=out: out,
+    )
 
 
 def grouped_allreduce_async(
