@@ -12,8 +12,10 @@ order (last layer first):
 - ``gloo``: per-tensor ``torch.distributed.all_reduce(async_op=True)`` on a gloo group, then wait all;
 - ``mpi4py``: per-tensor blocking ``comm.Allreduce`` (only when mpi4py and an MPI launcher are present).
 
-It also measures a lone 4-byte allreduce through the engine (``allreduce_async``, ``wait``, ``release``)
-and through the direct path. Rank 0 prints a table; ``--json`` prints it as JSON. Benchmarks do not assert.
+The variants run in rounds, each once per round, so that all of them see the machine in the same states;
+the report keeps each variant's median step. It also measures a lone 4-byte allreduce through the engine
+(``allreduce_async``, ``wait``, ``release``) and through the direct path. Rank 0 prints a table;
+``--json`` prints it as JSON. Benchmarks do not assert.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import statistics
 import time
@@ -60,15 +63,25 @@ SHAPES = resnet50_gradient_shapes()
 assert len(SHAPES) == 161 and sum(int(np.prod(s)) for s in SHAPES) == 25_557_032
 
 
-def timed(step: Callable[[], None], warmup: int, iterations: int, barrier: Callable[[], None]) -> list[float]:
-    for _ in range(warmup):
-        step()
-    seconds = []
-    for _ in range(iterations):
-        barrier()
-        started = time.perf_counter()
-        step()
-        seconds.append(time.perf_counter() - started)
+def timed_rounds(
+    steps: dict[str, Callable[[], None]], warmup: int, iterations: int, barrier: Callable[[], None]
+) -> dict[str, list[float]]:
+    """Seconds of each step, in rounds: every round runs each variant once, after a barrier, in an order
+    shuffled anew each round (the same on every rank). Interleaving makes the variants share whatever
+    state the machine is in (this VM's shared-memory speed changes from one second to the next), and the
+    shuffling varies which variant each one follows (a step runs with the caches its predecessor left)."""
+    for step in steps.values():
+        for _ in range(warmup):
+            step()
+    seconds: dict[str, list[float]] = {name: [] for name in steps}
+    for r in range(iterations):
+        order = list(steps)
+        random.Random(r).shuffle(order)
+        for name in order:
+            barrier()
+            started = time.perf_counter()
+            steps[name]()
+            seconds[name].append(time.perf_counter() - started)
     return seconds
 
 
@@ -117,22 +130,21 @@ def worker(iterations: int, warmup: int, latency_repeats: int, skip: set[str]) -
     rank, size = hc.rank(), hc.size()
     tensors = [np.full(shape, 1.0 + i % 7, dtype=np.float32) for i, shape in enumerate(SHAPES)]
     backward = list(reversed(range(len(tensors))))
+    # Named once, as DistributedOptimizer names parameters once (not per step).
+    names = [f"grad.{i}" for i in range(len(tensors))]
     flat = np.concatenate([t.ravel() for t in tensors])
-    barrier = hc.barrier
-    results: dict[str, list[float]] = {}
+    steps: dict[str, Callable[[], None]] = {}
 
     def engine_step() -> None:
         handles = [
-            engine.allreduce_async(tensors[i], name=f"grad.{i}", op=hc.ReduceOp.SUM, out=tensors[i])
+            engine.allreduce_async(tensors[i], name=names[i], op=hc.ReduceOp.SUM, out=tensors[i])
             for i in backward
         ]
         for h in handles:
             h.wait()
 
-    results["engine"] = timed(engine_step, warmup, iterations, barrier)
-    results["flat"] = timed(
-        lambda: hc.allreduce(flat, op=hc.ReduceOp.SUM, out=flat), warmup, iterations, barrier
-    )
+    steps["engine"] = engine_step
+    steps["flat"] = lambda: hc.allreduce(flat, op=hc.ReduceOp.SUM, out=flat)
 
     if "gloo" not in skip:
         import torch
@@ -150,8 +162,7 @@ def worker(iterations: int, warmup: int, latency_repeats: int, skip: set[str]) -
             for w in works:
                 w.wait()
 
-        results["gloo"] = timed(gloo_step, warmup, iterations, barrier)
-        dist.destroy_process_group()
+        steps["gloo"] = gloo_step
 
     if mpi_comm is not None:
         from mpi4py import MPI
@@ -162,7 +173,11 @@ def worker(iterations: int, warmup: int, latency_repeats: int, skip: set[str]) -
             for i in backward:
                 mpi_comm.Allreduce(MPI.IN_PLACE, buffers[i], op=MPI.SUM)
 
-        results["mpi4py"] = timed(mpi_step, warmup, iterations, barrier)
+        steps["mpi4py"] = mpi_step
+
+    results = timed_rounds(steps, warmup, iterations, hc.barrier)
+    if "gloo" in steps:
+        dist.destroy_process_group()
 
     latency = lone_latency_us(latency_repeats)
     hc.shutdown()
@@ -208,7 +223,9 @@ def launch(ranks: int, use_mpi: bool, worker_args: list[str]) -> dict:
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(prog="hpcdl bench fusion", description=__doc__.split("\n\n")[0])
     parser.add_argument("-np", "--num-proc", type=int, default=2, help="number of ranks (default 2)")
-    parser.add_argument("--iterations", type=int, default=10, help="timed steps per variant (median kept)")
+    parser.add_argument(
+        "--iterations", type=int, default=10, help="rounds: timed steps per variant (median kept)"
+    )
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--latency-repeats", type=int, default=2000)
     parser.add_argument("--skip", default="", help="comma list of variants to skip: gloo, mpi4py")

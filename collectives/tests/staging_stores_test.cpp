@@ -1,4 +1,4 @@
-// Checks StagingStores' choice against synthetic chunk timings, and stream_copy against memcpy.
+// Checks StagingStores' choice against synthetic chunk timings, and stream_copy and line_copy against memcpy.
 // Built and run by tests/unit/test_staging_stores.py; prints one "ok" or "FAIL ..." line per check.
 #include <cstdio>
 #include <cstring>
@@ -96,6 +96,23 @@ int main() {
       }
     }
     check(same, "stream_copy equals memcpy");
+  }
+  {  // line_copy copies exactly whether source and destination share their offset in a line or not
+    std::vector<unsigned char> src(70000), dst(70000), want(70000);
+    for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 131 + 7);
+    bool same = true;
+    for (size_t from : {0, 5, 16, 64}) {
+      for (size_t to : {0, 1, 16, 48, 63}) {
+        for (size_t n : {0, 1, 127, 4095, 4096, 4097, 4160, 65536, 65599}) {
+          std::memset(dst.data(), 0xAB, dst.size());
+          std::memset(want.data(), 0xAB, want.size());
+          hpcdl::line_copy(dst.data() + to, src.data() + from, n);
+          std::memcpy(want.data() + to, src.data() + from, n);
+          same = same && dst == want;
+        }
+      }
+    }
+    check(same, "line_copy equals memcpy");
   }
   return failures == 0 ? 0 : 1;
 }

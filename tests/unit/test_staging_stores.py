@@ -1,5 +1,5 @@
 """The shared-memory staging stores (collectives/src/transport/staging_stores.*): the auto choice between
-cached and streaming stores, fed synthetic chunk timings, and the streaming copy itself.
+cached and streaming stores, fed synthetic chunk timings, and the two copies (streaming, and whole lines).
 
 The C++ check program is compiled here with the compiler that built the runtime (build-essential)."""
 
@@ -16,7 +16,7 @@ SOURCES = [
 ]
 
 
-def test_auto_choice_and_stream_copy(tmp_path: Path) -> None:
+def test_auto_choice_and_copies(tmp_path: Path) -> None:
     compiler = shutil.which("c++") or shutil.which("g++")
     assert compiler, "no C++ compiler: run scripts/setup.sh (build-essential)"
     program = tmp_path / "staging_stores_test"
@@ -25,6 +25,6 @@ def test_auto_choice_and_stream_copy(tmp_path: Path) -> None:
     subprocess.run([compiler, *flags, *map(str, SOURCES), "-o", str(program)], check=True)
     done = subprocess.run([str(program)], capture_output=True, text=True, timeout=60)
     lines = done.stdout.splitlines()
-    assert len(lines) == 11, done.stdout + done.stderr
+    assert len(lines) == 12, done.stdout + done.stderr
     assert [line for line in lines if not line.startswith("ok ")] == []
     assert done.returncode == 0

@@ -268,6 +268,7 @@ void Engine::settle() {
   const auto give_up = Clock::now() + cycle;
   std::unique_lock<std::mutex> lock(mutex_);
   settling_ = true;
+  batch_wake_bytes_ = threshold;
   for (bool first = true; !queue_.empty() && callers_waiting_ == 0 && !shutdown_requested_ &&
                           queue_bytes_ < threshold;
        first = false) {
@@ -277,6 +278,7 @@ void Engine::settle() {
     queue_cv_.wait_until(lock, std::min(first ? quiet_at : std::max(quiet_at, now + kSettleRecheck), give_up));
   }
   settling_ = false;
+  batch_wake_bytes_ = 0;
 }
 
 // In the middle of a burst that is being fused, waits up to the cycle time for more tensors.

@@ -108,7 +108,7 @@ Status Engine::enqueue(const hpcdl_request& r, int64_t* handle) {
     control_->notify_self();
     waiting_ = false;
   }
-  if ((batch_wake_bytes_ > 0 && queue_bytes_ >= batch_wake_bytes_) || settling_) queue_cv_.notify_one();
+  if (batch_wake_bytes_ > 0 && queue_bytes_ >= batch_wake_bytes_) queue_cv_.notify_one();
   *handle = op->id;
   return Status::ok();
 }

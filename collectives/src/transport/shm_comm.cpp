@@ -375,7 +375,7 @@ Status ShmComm::reduce_segments(const Segment* segments, size_t nseg, int dtype,
       if (p == rank_ || part_len(p) == 0) continue;
       const char* from = slot(p, step_) + size_t(part_begin(p)) * es;
       all.each(off + part_begin(p), part_len(p), [&](const Segment& s, int64_t at, int64_t rel, int64_t len) {
-        std::memcpy(output(s, at), from + size_t(rel) * es, size_t(len) * es);
+        line_copy(output(s, at), from + size_t(rel) * es, size_t(len) * es);
       });
     }
     if (ce == chunk_elems) stores_.record_chunk(std::chrono::duration<double>(Clock::now() - chunk_start).count());

@@ -5,7 +5,7 @@
 #include <cstring>
 
 #if defined(__x86_64__)
-#include <emmintrin.h>
+#include <immintrin.h>
 #endif
 
 namespace hpcdl {
@@ -32,7 +32,7 @@ bool StagingStores::parse(const char* text, Mode* mode) {
 
 void StagingStores::copy(void* dst, const void* src, size_t n) const {
   if (streaming()) stream_copy(dst, src, n);
-  else std::memcpy(dst, src, n);
+  else line_copy(dst, src, n);
 }
 
 void StagingStores::record_chunk(double seconds) {
@@ -62,6 +62,44 @@ void StagingStores::end_trial() {
   } else {
     interval_ = std::min(interval_ * 4, kMaxInterval);
   }
+}
+
+#if defined(__x86_64__)
+namespace {
+__attribute__((target("avx2"))) void line_copy_avx2(char* d, const char* s, size_t n) {
+  size_t i = 0;
+  for (; i + 128 <= n; i += 128) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 32));
+    const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 64));
+    const __m256i e = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 96));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(d + i), a);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(d + i + 32), b);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(d + i + 64), c);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(d + i + 96), e);
+  }
+  std::memcpy(d + i, s + i, n - i);
+}
+const bool kHaveAvx2 = [] {
+  __builtin_cpu_init();
+  return bool(__builtin_cpu_supports("avx2"));
+}();
+}  // namespace
+#endif
+
+void line_copy(void* dst, const void* src, size_t n) {
+#if defined(__x86_64__)
+  const uintptr_t skew = (reinterpret_cast<uintptr_t>(dst) ^ reinterpret_cast<uintptr_t>(src)) & 63;
+  if (skew != 0 && n >= 4096 && kHaveAvx2) {
+    auto* d = static_cast<char*>(dst);
+    const auto* s = static_cast<const char*>(src);
+    const size_t head = (64 - (reinterpret_cast<uintptr_t>(d) & 63)) & 63;
+    std::memcpy(d, s, head);
+    line_copy_avx2(d + head, s + head, n - head);
+    return;
+  }
+#endif
+  std::memcpy(dst, src, n);
 }
 
 void stream_copy(void* dst, const void* src, size_t n) {

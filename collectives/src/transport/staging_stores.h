@@ -60,6 +60,11 @@ class StagingStores {
   int recent_count_ = 0, recent_next_ = 0;
 };
 
+// memcpy with ordinary stores. When source and destination start at different offsets within a 64-byte
+// line (NumPy arrays start 16 bytes into one, staging buffers at its start), it stores whole aligned lines
+// from unaligned loads: glibc's memcpy took about 3% longer over a fused 102 MB allreduce of such arrays.
+void line_copy(void* dst, const void* src, size_t n);
+
 // memcpy with non-temporal stores (a plain memcpy where the CPU has none, or below 4 KiB).
 void stream_copy(void* dst, const void* src, size_t n);
 
