@@ -351,6 +351,8 @@ def check_stall() -> None:
     r = hc.rank()
     if r == 0:
         h = E.allreduce_async(np.ones(2, np.float32), name="stuck.tensor")
+        # More stalled names, submitted out of name order: the warning lists them in name order.
+        others = [E.allreduce_async(np.ones(2, np.float32), name=f"stuck.{c}") for c in "dbeac"]
         try:
             h.wait(timeout=30)
         except HpcdlInternalError as exc:
@@ -358,6 +360,13 @@ def check_stall() -> None:
             print(f"RESULT stall error: {exc}", flush=True)
         else:
             raise AssertionError("the stalled operation completed")
+        for other in others:
+            try:
+                other.wait(timeout=30)
+            except HpcdlInternalError as exc:
+                assert "stall shutdown" in str(exc), exc
+            else:
+                raise AssertionError("a stalled operation completed")
     else:
         time.sleep(4.0)  # never submits stuck.tensor; waits past the stall shutdown
     out = E.synchronize(E.allreduce_async(np.ones(2, np.float32), name="after.stall", op=SUM))

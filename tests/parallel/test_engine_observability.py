@@ -79,6 +79,8 @@ def test_stall_inspector_warns_then_cancels_naming_the_missing_rank() -> None:
     warning = "\n".join(rank_lines(done.stderr.replace("<stderr>", "<stdout>"), 0))
     assert "stall inspector" in warning
     assert "allreduce 'stuck.tensor': rank 1 missing (submitted by rank 0" in warning
+    listed = [line.split("'")[1] for line in warning.splitlines() if "missing (submitted by" in line]
+    assert listed[:6] == ["stuck.a", "stuck.b", "stuck.c", "stuck.d", "stuck.e", "stuck.tensor"], listed
     error = results(done.stdout, 0, "stall error:")[0]
     assert "rank 1 has not submitted it" in error and "HPCDL_STALL_SHUTDOWN_TIME_SECONDS" in error
 

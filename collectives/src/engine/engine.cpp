@@ -800,7 +800,13 @@ void Engine::stall_check(Clock::time_point now) {
   next_stall_check_ = now + std::chrono::seconds(1);
   std::ostringstream warning;
   int stalled = 0;
-  for (auto& kv : table_) {
+  // In name order (the table is hashed), so that a warning lists its operations the same way every time.
+  std::vector<Table::value_type*> entries;
+  entries.reserve(table_.size());
+  for (auto& kv : table_) entries.push_back(&kv);
+  std::sort(entries.begin(), entries.end(), [](auto* a, auto* b) { return a->first < b->first; });
+  for (Table::value_type* entry : entries) {
+    auto& kv = *entry;
     Pending& e = kv.second;
     double age = seconds_between(e.first_seen, now);
     if (e.any() == nullptr) continue;
