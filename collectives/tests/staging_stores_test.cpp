@@ -54,7 +54,21 @@ int main() {
     check(!s.streaming(), "state change: cached before");
     int i = 3000;
     for (; i < 3000 + 2 * StagingStores::kMaxInterval && !s.streaming(); ++i) s.record_chunk(cost(i, s.streaming()));
-    check(s.streaming(), "state change: streaming after at most two trial intervals");
+    check(s.streaming() && i - 3000 <= StagingStores::kRecent + StagingStores::kTrialChunks,
+          "state change: streaming within a trial of the jump, not a trial interval later");
+  }
+  {  // the host gets busier (both kinds twice as slow): one early trial, no switch, then long intervals again
+    StagingStores s;
+    auto cost = [](int i, bool streaming) { return (i < 3000 ? 1.0 : 2.0) * (streaming ? 1.7e-3 : 1e-3); };
+    run(s, 3000, cost);
+    int streamed = 0;
+    for (int i = 3000; i < 6000; ++i) {
+      streamed += s.streaming();
+      s.record_chunk(cost(i, s.streaming()));
+    }
+    // The regular trials, one a kMaxInterval, and the one the jump started.
+    const int trials = 3000 / StagingStores::kMaxInterval + 2;
+    check(!s.streaming() && streamed <= trials * StagingStores::kTrialChunks, "busier host: stays cached, one extra trial");
   }
   {  // one chunk held up (preempted, page faults) does not flip the choice
     StagingStores s;

@@ -45,7 +45,12 @@ void StagingStores::record_chunk(double seconds) {
   recent_[recent_next_] = seconds;
   recent_next_ = (recent_next_ + 1) % kRecent;
   recent_count_ = std::min(recent_count_ + 1, kRecent);
-  if (++since_trial_ >= interval_ && recent_count_ >= kTrialChunks) {
+  ++since_trial_;
+  // The current kind got much slower than at the last trial: the machine changed state, so try the other
+  // kind now rather than up to kMaxInterval chunks later.
+  const bool jumped =
+      since_trial_ >= kRecent && settled_cost_ > 0 && median(recent_, recent_count_) > kJump * settled_cost_;
+  if ((jumped || since_trial_ >= interval_) && recent_count_ >= kTrialChunks) {
     since_trial_ = 0;
     trial_left_ = kTrialChunks;
   }
@@ -53,14 +58,17 @@ void StagingStores::record_chunk(double seconds) {
 
 void StagingStores::end_trial() {
   const double tried = median(trial_, kTrialChunks);
-  if (tried < kSwitchBelow * median(recent_, recent_count_)) {
+  const double current = median(recent_, recent_count_);
+  if (tried < kSwitchBelow * current) {
     prefer_streaming_ = !prefer_streaming_;
     std::copy(trial_, trial_ + kTrialChunks, recent_);
     recent_count_ = kTrialChunks;
     recent_next_ = kTrialChunks % kRecent;
     interval_ = kFirstInterval;
+    settled_cost_ = tried;
   } else {
     interval_ = std::min(interval_ * 4, kMaxInterval);
+    settled_cost_ = current;
   }
 }
 

@@ -7,7 +7,8 @@
 // the chunk to memory, where the reader finds it at memory speed in both cases, but they cost about 1.7x
 // when the cache is shared. Which kind wins depends on where the ranks run now, so `auto` measures: it
 // times full chunks, now and then tries the other kind for a few chunks (more rarely while that kind keeps
-// losing), and switches when the other kind is clearly faster.
+// losing), and switches when the other kind is clearly faster. When the kind in use becomes much slower
+// than it was at the last trial (the host moved the vCPUs), it tries the other kind at once.
 //
 // Every rank times the same chunks, which end in a barrier, and follows the same schedule, so the ranks
 // reach the same choice without talking. A rank that chooses differently is still correct: only how the
@@ -29,6 +30,9 @@ class StagingStores {
   static constexpr int kTrialChunks = 3;  // a trial's cost is the median of this many chunks
   static constexpr int kRecent = 8;       // the current kind's cost is the median of this many chunks
   static constexpr double kSwitchBelow = 0.85;  // the other kind must be 15% faster to win
+  // A current kind whose recent median exceeds this times its cost at the last trial is tried against the
+  // other at once (the machine changed state); otherwise trials wait for the interval.
+  static constexpr double kJump = 1.5;
 
   explicit StagingStores(Mode mode = Mode::kAuto) : mode_(mode) {}
 
@@ -58,6 +62,7 @@ class StagingStores {
   double trial_[kTrialChunks] = {};
   double recent_[kRecent] = {};
   int recent_count_ = 0, recent_next_ = 0;
+  double settled_cost_ = 0;  // the current kind's median chunk time when the last trial ended
 };
 
 // memcpy with ordinary stores. When source and destination start at different offsets within a 64-byte
