@@ -71,15 +71,31 @@ def check_out_of_order_threads() -> None:
 
 def check_mismatch_errors() -> None:
     r, n = hc.rank(), hc.size()
-    cases = {
-        "shape": lambda: E.allreduce_async(np.zeros(3 + (r == n - 1), np.float32), name="bad.shape"),
-        "dtype": lambda: E.allreduce_async(np.zeros(3, np.float32 if r else np.float64), name="bad.dtype"),
-        "reduction": lambda: E.allreduce_async(
-            np.zeros(3, np.float32), name="bad.op", op=SUM if r else hc.ReduceOp.MAX
+    f32 = np.float32
+    # (the property the error must name, how this rank submits the mismatched name); one per property.
+    cases = [
+        ("shape", lambda: E.allreduce_async(np.zeros(3 + (r == n - 1), f32), name="bad.shape")),
+        ("dtype", lambda: E.allreduce_async(np.zeros(3, f32 if r else np.float64), name="bad.dtype")),
+        (
+            "reduction",
+            lambda: E.allreduce_async(np.zeros(3, f32), name="bad.op", op=SUM if r else hc.ReduceOp.MAX),
         ),
-        "root": lambda: E.broadcast_async(np.zeros(3, np.float32), root=0 if r else 1, name="bad.root"),
-    }
-    for what, submit in cases.items():
+        (
+            "scaling",
+            lambda: E.allreduce_async(np.zeros(3, f32), name="bad.scale", op=SUM, prescale=2.0 if r else 1.0),
+        ),
+        ("root", lambda: E.broadcast_async(np.zeros(3, f32), root=0 if r else 1, name="bad.root")),
+        (
+            "operation",
+            lambda: (
+                E.allgather_async(np.zeros(3, f32), name="bad.kind")
+                if r == 0
+                else E.allreduce_async(np.zeros(3, f32), name="bad.kind")
+            ),
+        ),
+        ("shape", lambda: E.allgather_async(np.zeros((1 + r, 2 + (r == 0)), f32), name="bad.rows")),
+    ]
+    for what, submit in cases:
         try:
             E.synchronize(submit())
         except HpcdlMismatchError as exc:

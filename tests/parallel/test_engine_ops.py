@@ -46,6 +46,22 @@ def test_core_behaviour_on_three_ranks() -> None:
     assert messages[0] == messages[1] == messages[2]
     shape = next(m for m in messages[0] if m.startswith("shape"))
     assert "'bad.shape'" in shape and "ranks 0, 1 have [3]" in shape and "rank 2 has [4]" in shape
+    assert [m.split(":")[0] for m in messages[0]] == [
+        "shape",
+        "dtype",
+        "reduction",
+        "scaling",
+        "root",
+        "operation",
+        "shape",
+    ]
+    rows = messages[0][-1]
+    assert "'bad.rows'" in rows and "rank 0 has rank 2 with trailing dimensions [3]" in rows, rows
+    assert "ranks 1, 2 have rank 2 with trailing dimensions [2]" in rows, rows
+    scaling = messages[0][3]
+    assert "rank 0 has prescale 1, postscale 1" in scaling and "ranks 1, 2 have prescale 2" in scaling, (
+        scaling
+    )
 
 
 def test_fusion_on_and_off_give_identical_results() -> None:

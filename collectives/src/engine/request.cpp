@@ -159,24 +159,52 @@ std::string scale_text(const OpRequest& r) {
   return s.str();
 }
 
-// Whether `r` agrees with `first` on everything validate_requests compares: the common case, checked
-// without building the texts that describe a difference (a step's hundreds of gradients pass here).
-bool agrees(const OpRequest& first, const OpRequest& r) {
-  const int op = first.op_type;
-  if (r.op_type != op || r.dtype != first.dtype || r.group_id != first.group_id || r.group_size != first.group_size)
-    return false;
-  if (op == HPCDL_OP_ALLREDUCE || op == HPCDL_OP_BROADCAST || op == HPCDL_OP_REDUCESCATTER) {
-    if (r.shape != first.shape) return false;
-  } else if (op == HPCDL_OP_ALLGATHER || op == HPCDL_OP_ALLTOALL) {
-    if (r.shape.size() != first.shape.size() || !std::equal(r.shape.begin() + (r.shape.empty() ? 0 : 1),
-                                                            r.shape.end(), first.shape.begin() + (first.shape.empty() ? 0 : 1)))
-      return false;
-  }
-  if ((op == HPCDL_OP_ALLREDUCE || op == HPCDL_OP_REDUCESCATTER) &&
-      (r.reduce_op != first.reduce_op || r.prescale != first.prescale || r.postscale != first.postscale))
-    return false;
-  return op != HPCDL_OP_BROADCAST || r.root == first.root;
+bool any_op(int) { return true; }
+bool whole_shape_op(int op) {
+  return op == HPCDL_OP_ALLREDUCE || op == HPCDL_OP_BROADCAST || op == HPCDL_OP_REDUCESCATTER;
 }
+bool tail_shape_op(int op) { return op == HPCDL_OP_ALLGATHER || op == HPCDL_OP_ALLTOALL; }
+bool reducing_op(int op) { return op == HPCDL_OP_ALLREDUCE || op == HPCDL_OP_REDUCESCATTER; }
+bool rooted_op(int op) { return op == HPCDL_OP_BROADCAST; }
+
+// One property every member must submit alike: for which operations it counts, how two requests compare
+// (the common case, checked for every request without building any text: a step's hundreds of gradients
+// pass here), and the text that names a member's value when they differ.
+struct Property {
+  const char* name;
+  bool (*applies)(int op_type);
+  bool (*same)(const OpRequest& a, const OpRequest& b);
+  std::string (*text)(const OpRequest& r);
+};
+
+const Property kProperties[] = {
+    {"operation", any_op, [](const OpRequest& a, const OpRequest& b) { return a.op_type == b.op_type; },
+     [](const OpRequest& r) { return std::string(op_type_name(r.op_type)); }},
+    {"dtype", any_op, [](const OpRequest& a, const OpRequest& b) { return a.dtype == b.dtype; },
+     [](const OpRequest& r) { return std::string(dtype_name(r.dtype)); }},
+    {"shape", whole_shape_op, [](const OpRequest& a, const OpRequest& b) { return a.shape == b.shape; },
+     [](const OpRequest& r) { return shape_text(r.shape); }},
+    {"shape", tail_shape_op,
+     [](const OpRequest& a, const OpRequest& b) {
+       return a.shape.size() == b.shape.size() &&
+              std::equal(a.shape.begin() + (a.shape.empty() ? 0 : 1), a.shape.end(),
+                         b.shape.begin() + (b.shape.empty() ? 0 : 1));
+     },
+     tail_shape},
+    {"reduction", reducing_op, [](const OpRequest& a, const OpRequest& b) { return a.reduce_op == b.reduce_op; },
+     [](const OpRequest& r) { return std::string(reduce_op_name(r.reduce_op)); }},
+    {"scaling", reducing_op,
+     [](const OpRequest& a, const OpRequest& b) { return a.prescale == b.prescale && a.postscale == b.postscale; },
+     scale_text},
+    {"root", rooted_op, [](const OpRequest& a, const OpRequest& b) { return a.root == b.root; },
+     [](const OpRequest& r) { return "root rank " + std::to_string(r.root); }},
+    {"group", any_op,
+     [](const OpRequest& a, const OpRequest& b) { return a.group_id == b.group_id && a.group_size == b.group_size; },
+     [](const OpRequest& r) {
+       return r.group_id == 0 ? std::string("no group")
+                              : "group " + std::to_string(r.group_id) + " of " + std::to_string(r.group_size);
+     }},
+};
 
 }  // namespace
 
@@ -186,34 +214,20 @@ bool validate_requests(const std::vector<const OpRequest*>& requests, const std:
   for (const OpRequest* r : requests)
     if (r != nullptr && first == nullptr) first = r;
   if (first == nullptr) return true;
-  if (std::all_of(requests.begin(), requests.end(), [&](const OpRequest* r) { return !r || agrees(*first, *r); }))
-    return true;
-  std::string what, detail;
-  auto check = [&](const char* property, auto text) {
-    if (!what.empty()) return;
-    if (differs(requests, world_ranks, text, &detail)) what = property;
-  };
-  check("operation", [](const OpRequest& r) { return std::string(op_type_name(r.op_type)); });
-  check("dtype", [](const OpRequest& r) { return std::string(dtype_name(r.dtype)); });
-  const int op = first->op_type;
-  if (op == HPCDL_OP_ALLREDUCE || op == HPCDL_OP_BROADCAST || op == HPCDL_OP_REDUCESCATTER)
-    check("shape", [](const OpRequest& r) { return shape_text(r.shape); });
-  if (op == HPCDL_OP_ALLGATHER || op == HPCDL_OP_ALLTOALL) check("shape", tail_shape);
-  if (op == HPCDL_OP_ALLREDUCE || op == HPCDL_OP_REDUCESCATTER) {
-    check("reduction", [](const OpRequest& r) { return std::string(reduce_op_name(r.reduce_op)); });
-    check("scaling", scale_text);
+  // The properties in order; the first whose texts differ is the one the error names. (Values that compare
+  // unequal but print alike, such as scale factors beyond the printed precision, are let through.)
+  for (const Property& p : kProperties) {
+    if (!p.applies(first->op_type)) continue;
+    if (std::all_of(requests.begin(), requests.end(), [&](const OpRequest* r) { return !r || p.same(*first, *r); }))
+      continue;
+    std::string detail;
+    if (!differs(requests, world_ranks, p.text, &detail)) continue;
+    *message = std::string("mismatched ") + p.name + " for " + describe(*first) + ": " + detail +
+               ". Every rank must submit the same " + p.name +
+               " under one name; use distinct names for different tensors.";
+    return false;
   }
-  if (op == HPCDL_OP_BROADCAST)
-    check("root", [](const OpRequest& r) { return "root rank " + std::to_string(r.root); });
-  check("group", [](const OpRequest& r) {
-    return r.group_id == 0 ? std::string("no group")
-                           : "group " + std::to_string(r.group_id) + " of " + std::to_string(r.group_size);
-  });
-  if (what.empty()) return true;
-  *message = "mismatched " + what + " for " + describe(*first) + ": " + detail +
-             ". Every rank must submit the same " + what +
-             " under one name; use distinct names for different tensors.";
-  return false;
+  return true;
 }
 
 }  // namespace hpcdl
