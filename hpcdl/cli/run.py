@@ -79,6 +79,14 @@ def run_command(
         help="Elastic: the most times the workers may regroup.",
         rich_help_panel=_ELASTIC,
     ),
+    blacklist_cooldown_range: Optional[tuple[float, float]] = typer.Option(
+        None,
+        "--blacklist-cooldown-range",
+        metavar="MIN MAX",
+        help="Elastic: a host where a worker failed is used again after MIN s, twice as long after each "
+        "further failure, at most MAX s (default: never again).",
+        rich_help_panel=_ELASTIC,
+    ),
     start_timeout: Optional[float] = typer.Option(
         None,
         "--start-timeout",
@@ -198,7 +206,14 @@ def _elastic_options(params: dict[str, Any]) -> Optional[ElasticOptions]:
         if num_proc is None and script is not None:
             raise LaunchError("an elastic job with --host-discovery-script needs --max-np (or -np)")
         max_np = num_proc if num_proc is not None else min_np
-    return ElasticOptions(min_np, max_np, script, params["elastic_timeout"], params["reset_limit"])
+    return ElasticOptions(
+        min_np,
+        max_np,
+        script,
+        params["elastic_timeout"],
+        params["reset_limit"],
+        params["blacklist_cooldown_range"],
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -2,16 +2,19 @@
 
 The launcher starts one worker per slot and groups the live workers into rounds. A worker learns its rank,
 the round's size and the round's rendezvous from the driver here each time hpcdl initializes
-(``hpcdl.common.elastic``). When a worker fails, its host is not used again and the others form a new
-round (their collectives fail with ``HorovodInternalError``; ``hvd.elastic.run`` restores the last commit
-and re-initializes); when the discovery script, run every second, lists new slots, new workers start and
-the running ones move to the new round at their next ``state.commit()`` (``HostsUpdatedInterrupt``).
-Survivors keep their order, so rank 0 of a new round holds the committed state that it broadcasts.
+(``hpcdl.common.elastic``). When a worker fails, its host is not used again (or, with
+--blacklist-cooldown-range MIN MAX, not for MIN seconds, doubling with each failure there up to MAX) and
+the others form a new round (their collectives fail with ``HorovodInternalError``; ``hvd.elastic.run``
+restores the last commit and re-initializes); when the discovery script, run every second, lists new
+slots, new workers start and the running ones move to the new round at their next ``state.commit()``
+(``HostsUpdatedInterrupt``). Survivors keep their order, so rank 0 of a new round holds the committed
+state that it broadcasts.
 
-The job succeeds when a worker exits 0 and every other worker of its round has ended with 0; it fails
-when fewer than --min-np workers are left for --elastic-timeout seconds (at once when no discovery script
-can bring more), after --reset-limit new rounds, or on a signal. When the discovery script lists fewer
-slots on a host (or drops it), the newest workers beyond its slots are stopped and the others regroup.
+The job succeeds when a worker exits 0 and every other worker of its round has ended with 0; it fails when
+fewer than --min-np workers are left for --elastic-timeout seconds (at once when neither a discovery
+script nor a cooldown can bring more), after --reset-limit new rounds, or on a signal. When the discovery
+script lists fewer slots on a host (or drops it), the newest workers beyond its slots are stopped and the
+others regroup.
 """
 
 from __future__ import annotations
@@ -43,6 +46,9 @@ class ElasticOptions:
     discovery_script: Path | None = None
     timeout: float = 600.0  # --elastic-timeout: how long the job may have fewer than min_np workers
     reset_limit: int | None = None  # most new rounds after the first
+    # --blacklist-cooldown-range: a failed host is usable again after MIN s, doubling per failure up to
+    # MAX s; None blacklists it for good (Horovod's default).
+    cooldown_range: tuple[float, float] | None = None
 
 
 def check_options(options: ElasticOptions, num_proc: int | None) -> None:
@@ -58,6 +64,12 @@ def check_options(options: ElasticOptions, num_proc: int | None) -> None:
         raise LaunchError(f"--host-discovery-script {options.discovery_script} does not exist")
     if options.timeout <= 0:
         raise LaunchError(f"--elastic-timeout must be positive, got {options.timeout:g}")
+    if options.cooldown_range is not None:
+        low, high = options.cooldown_range
+        if not 0 < low <= high:
+            raise LaunchError(
+                f"--blacklist-cooldown-range {low:g} {high:g}: give MIN and MAX seconds with 0 < MIN <= MAX"
+            )
 
 
 def discover_hosts(script: Path) -> list[HostSlots]:
@@ -190,6 +202,42 @@ class DriverServer(socketserver.ThreadingTCPServer):
         self.wait = wait
 
 
+@dataclass
+class Blacklist:
+    """Hosts where a worker failed. Without a cooldown range a host stays out for good; with (MIN, MAX)
+    it is out for MIN seconds after its first failure, twice as long after each further one, at most MAX."""
+
+    cooldown_range: tuple[float, float] | None = None
+    _failures: dict[str, int] = field(default_factory=dict)
+    _until: dict[str, float] = field(default_factory=dict)  # host -> when it is usable again
+
+    def add(self, host: str, now: float) -> float | None:
+        """Blacklist `host` after a failure at `now`; returns its cooldown in seconds (None: for good)."""
+        self._failures[host] = self._failures.get(host, 0) + 1
+        if self.cooldown_range is None:
+            return None
+        low, high = self.cooldown_range
+        cooldown = min(high, low * 2 ** (self._failures[host] - 1))
+        self._until[host] = now + cooldown
+        return cooldown
+
+    def blocks(self, host: str, now: float) -> bool:
+        if host not in self._failures:
+            return False
+        return self.cooldown_range is None or now < self._until.get(host, now)
+
+    def released(self, now: float) -> list[str]:
+        """Hosts whose cooldown has ended since the last call (each reported once per failure)."""
+        done = sorted(host for host, until in self._until.items() if now >= until)
+        for host in done:
+            del self._until[host]
+        return done
+
+    def cooling(self) -> bool:
+        """Whether some host will become usable again."""
+        return bool(self._until)
+
+
 # A worker process: started by the caller (number, host) -> process.
 StartWorker = Callable[[int, str], JobProcess]
 # A rendezvous server for `size` ranks: returns (port, stop).
@@ -208,7 +256,7 @@ class ElasticJob:
     board: RoundBoard
     rendezvous_addr: str
     workers: dict[int, Worker] = field(default_factory=dict)
-    _blacklist: set[str] = field(default_factory=set)
+    _blacklist: Blacklist = field(default_factory=Blacklist)
     _hosts: list[HostSlots] = field(default_factory=list)
     _round: Round | None = None
     _stop_rendezvous: Callable[[], None] | None = None
@@ -222,6 +270,7 @@ class ElasticJob:
     _retiring: dict[int, float] = field(default_factory=dict)  # worker -> when it was told to stop
 
     def run(self) -> int:
+        self._blacklist = Blacklist(self.options.cooldown_range)
         previous = {
             sig: signal.signal(sig, lambda s, _f: self._signals.append(s)) for sig in FORWARDED_SIGNALS
         }
@@ -250,12 +299,13 @@ class ElasticJob:
             elif outcome.ok:
                 self._succeeded = self._succeeded or worker
             elif self._succeeded is None:
+                cooldown = self._blacklist.add(worker.host, time.monotonic())
+                until = "" if cooldown is None else f" for {cooldown:g} s (--blacklist-cooldown-range)"
                 print(
                     f"hpcdl run: worker {worker.number} on {worker.host} {outcome.describe()}; "
-                    f"no new worker will start on {worker.host}",
+                    f"no new worker will start on {worker.host}{until}",
                     file=sys.stderr,
                 )
-                self._blacklist.add(worker.host)
                 self.board.remove(worker.number)
         if self._signals and not self._failure:
             signum = self._signals[0]
@@ -263,6 +313,10 @@ class ElasticJob:
             return
         if self._succeeded is not None:
             return
+        released = self._blacklist.released(time.monotonic())
+        if released:
+            print(f"hpcdl run: {', '.join(released)} usable again after the cooldown", file=sys.stderr)
+            self._start_workers(self.options.max_np)
         if self.options.discovery_script and time.monotonic() >= self._next_discovery:
             self._next_discovery = time.monotonic() + DISCOVERY_INTERVAL
             hosts = self._discover()
@@ -276,7 +330,7 @@ class ElasticJob:
                 worker.process.send_signal(signal.SIGKILL)
         if len(self._live()) < self.options.min_np:
             self._short_since = self._short_since or time.monotonic()
-            if self.options.discovery_script is None:  # no host can come
+            if self.options.discovery_script is None and not self._blacklist.cooling():  # no host can come
                 self._fail(
                     f"only {len(self._live())} worker(s) left, fewer than --min-np {self.options.min_np}", 1
                 )
@@ -341,7 +395,7 @@ class ElasticJob:
         for worker in self._live():
             busy[worker.host] = busy.get(worker.host, 0) + 1
         for host in merge_duplicates(self._hosts):
-            if host.name in self._blacklist:
+            if self._blacklist.blocks(host.name, time.monotonic()):
                 continue
             for _ in range(host.slots - busy.get(host.name, 0)):
                 if len(self._live()) >= min(target, self.options.max_np):

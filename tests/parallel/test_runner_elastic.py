@@ -80,6 +80,39 @@ def test_workers_join_when_the_discovery_script_lists_a_new_host(tmp_path: Path)
     assert found[0]["weight"] == found[1]["weight"] == found[2]["weight"] == undisturbed_weight(30)
 
 
+def test_a_failed_host_is_used_again_after_its_cooldown() -> None:
+    done, _ = hpcdl_run(
+        "-np", "3", "--min-np", "2", "--max-np", "3", "-H", "localhost:2,127.0.0.1:1",
+        "--blacklist-cooldown-range", "1", "8", "python", TRAIN, timeout=120,
+        FAIL_WORKER="2", EPOCHS="30", PAUSE="0.2",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "no new worker will start on 127.0.0.1 for 1 s (--blacklist-cooldown-range)" in done.stderr
+    assert "127.0.0.1 usable again after the cooldown" in done.stderr
+    assert "elastic round 2: 2 worker(s) (0@localhost, 1@localhost)" in done.stderr
+    assert "elastic round 3: 3 worker(s) (0@localhost, 1@localhost, 3@127.0.0.1)" in done.stderr
+    found = results(done.stdout)
+    assert sorted(found) == [0, 1, 3]  # worker 2 failed; worker 3 took its host back
+    assert [found[w]["size"] for w in (0, 1, 3)] == [3, 3, 3]
+    assert found[0]["sizes"] == [2, 3] and found[3]["sizes"] == [3]
+    assert found[0]["weight"] == found[1]["weight"] == found[3]["weight"] == undisturbed_weight(30)
+
+
+def test_without_a_cooldown_too_few_workers_fail_at_once_but_with_one_the_job_waits() -> None:
+    args = ("-np", "2", "--min-np", "2", "--max-np", "2", "-H", "localhost:1,127.0.0.1:1")
+    done, seconds = hpcdl_run(*args, "python", TRAIN, timeout=120, FAIL_WORKER="1", EPOCHS="12", PAUSE="0.2")
+    assert done.returncode == 1 and "only 1 worker(s) left, fewer than --min-np 2" in done.stderr
+    assert "--elastic-timeout" not in done.stderr and seconds < 60
+    done, _ = hpcdl_run(
+        *args, "--blacklist-cooldown-range", "1", "1", "python", TRAIN, timeout=120,
+        FAIL_WORKER="1", EPOCHS="12", PAUSE="0.2",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "elastic round 2: 2 worker(s) (0@localhost, 2@127.0.0.1)" in done.stderr
+    found = results(done.stdout)
+    assert sorted(found) == [0, 2] and found[0]["weight"] == found[2]["weight"] == undisturbed_weight(12)
+
+
 def test_fewer_workers_than_min_np_stop_the_job_with_the_reason() -> None:
     done, seconds = hpcdl_run(
         "-np", "2", "--min-np", "2", "--max-np", "2", "python", TRAIN, timeout=120, FAIL_WORKER="1"

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from hpcdl.cli.main import app
-from hpcdl.runner.elastic import Round, RoundBoard, discover_hosts
+from hpcdl.runner.elastic import Blacklist, Round, RoundBoard, discover_hosts
 from hpcdl.runner.errors import LaunchError
 from hpcdl.runner.hosts import HostSlots
 
@@ -24,6 +24,11 @@ runner = CliRunner()
         (["--min-np", "1", "--max-np", "2", "--mpi"], "--mpi cannot start an elastic job"),
         (["--host-discovery-script", "/nonexistent/discover.sh", "--max-np", "2"], "does not exist"),
         (["--host-discovery-script", "/bin/true"], "needs --max-np"),
+        (
+            ["--min-np", "1", "--max-np", "2", "--blacklist-cooldown-range", "5", "2"],
+            "--blacklist-cooldown-range 5 2: give MIN and MAX seconds with 0 < MIN <= MAX",
+        ),
+        (["--min-np", "1", "--max-np", "2", "--blacklist-cooldown-range", "0", "2"], "0 < MIN <= MAX"),
     ],
 )
 def test_bad_elastic_flags_are_refused_before_anything_starts(flags: list[str], message: str) -> None:
@@ -61,3 +66,24 @@ def test_a_worker_gets_its_place_in_the_first_newer_round_that_includes_it() -> 
     assert "error" in board.assignment(0, after=1, timeout=0.05)  # nothing newer yet
     board.remove(0)
     assert board.assignment(0, after=0, timeout=1) == {"error": "worker 0 is no longer part of the job"}
+
+
+def test_blacklist_cooldown_doubles_per_failure_up_to_max() -> None:
+    blacklist = Blacklist((1.0, 5.0))
+    cooldowns = []
+    now = 100.0
+    for _ in range(4):
+        cooldowns.append(blacklist.add("node1", now))
+        assert blacklist.blocks("node1", now) and blacklist.cooling()
+        assert blacklist.released(now + cooldowns[-1] - 0.01) == []
+        now += cooldowns[-1]
+        assert not blacklist.blocks("node1", now)
+        assert blacklist.released(now) == ["node1"] and blacklist.released(now) == []
+    assert cooldowns == [1.0, 2.0, 4.0, 5.0]
+    assert not blacklist.blocks("node2", now) and not blacklist.cooling()
+
+
+def test_blacklist_without_cooldown_is_for_good() -> None:
+    blacklist = Blacklist()
+    assert blacklist.add("node1", 0.0) is None
+    assert blacklist.blocks("node1", 1e9) and not blacklist.cooling() and blacklist.released(1e9) == []
