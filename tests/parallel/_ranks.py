@@ -7,6 +7,8 @@ object it printed on a line ``RESULT <json>`` (see :func:`result_line`). Launche
 - ``"hpcdl"``: ``python -m hpcdl run -np N`` (the way users launch);
 - ``"openmpi"`` / ``"mpich"``: ``mpirun.openmpi`` / ``mpiexec.mpich`` (ranks meet over MPI with Open MPI,
   over TCP through MASTER_ADDR/MASTER_PORT with MPICH, whose MPI this build does not link);
+- ``"mpich-mpi"``: ``mpiexec.mpich`` without MASTER_ADDR, for a library built against MPICH (selected with
+  ``HPCDL_LIBRARY``): the ranks meet through MPICH's MPI;
 - ``"manual"``: the env contract set by hand with an in-process rendezvous server; lets a test give each
   rank its own environment (``rank_env``), e.g. a different HPCDL_HOSTNAME to simulate hosts, and see
   every rank's exit code and pid.
@@ -147,10 +149,13 @@ def run_ranks(
             ]
             cmd += ["-np", str(np), sys.executable, script, *args]
             pattern = ""
-        elif launcher == "mpich":
-            base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-            cmd = [MPICH, "-np", str(np), "-prepend-rank", sys.executable, script, *args]
-            pattern = r"\[(?P<rank>\d+)\] ?"
+        elif launcher in ("mpich", "mpich-mpi"):
+            if launcher == "mpich":
+                base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+            # per-rank files here too: -prepend-rank output can glue lines of different ranks together
+            cmd = [MPICH, "-np", str(np), "-outfile-pattern", str(workdir / "rank.%r.stdout")]
+            cmd += ["-errfile-pattern", str(workdir / "rank.%r.stderr"), sys.executable, script, *args]
+            pattern = ""
         else:
             raise ValueError(f"unknown launcher {launcher!r}")
         try:
@@ -163,6 +168,9 @@ def run_ranks(
             files = {int(d.name.split(".")[1]): d for d in (workdir / "out").glob("*/rank.*")}
             out = {r: _read(files.get(r), "stdout").splitlines() for r in range(np)}
             err = {r: _read(files.get(r), "stderr").splitlines() for r in range(np)}
+        elif launcher in ("mpich", "mpich-mpi"):
+            out = {r: _read(workdir, f"rank.{r}.stdout").splitlines() for r in range(np)}
+            err = {r: _read(workdir, f"rank.{r}.stderr").splitlines() for r in range(np)}
         else:
             out = _split_tagged(proc.stdout, pattern, np)
             err = _split_tagged(proc.stderr, pattern, np)
