@@ -185,6 +185,28 @@ def enqueue(
     )
 
 
+def submit(
+    op_type: OpType,
+    name: Optional[str],
+    process_set: int,
+    dtype: DType,
+    input_ptr: int,
+    output_ptr: int,
+    shape: tuple[int, ...],
+    reduce_op: ReduceOp,
+    prescale: float,
+    postscale: float,
+) -> Handle:
+    """:func:`enqueue` for a framework's own tensors: raw addresses, no Buffer objects and nothing kept
+    (the caller keeps the tensors alive until the handle completes). Allreduce-shaped operations only."""
+    if not _declared:
+        _lib()
+    return _hotpath.submit(
+        Handle, op_type, name, process_set, dtype, input_ptr, output_ptr, shape, reduce_op, prescale,
+        postscale, 0, None, 0, 0, None, None,
+    )  # fmt: skip
+
+
 _group_ids = itertools.count(1)
 _group_lock = threading.Lock()
 

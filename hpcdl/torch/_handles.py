@@ -24,8 +24,9 @@ class EngineHandle(Protocol):
 @dataclass
 class Pending:
     handles: Sequence[EngineHandle]
-    finish: Callable[[], Any]
-    keep_alive: tuple = field(default=())
+    finish: Callable[[], Any] | None  # None: the result is `result` as it is
+    keep_alive: Any = field(default=())
+    result: Any = None
 
 
 _lock = threading.Lock()
@@ -39,6 +40,15 @@ def register(handles: Sequence[EngineHandle], finish: Callable[[], Any], keep_al
         handle = next(_ids)
         _table[handle] = Pending(list(handles), finish, keep_alive)
     return handle
+
+
+def register_result(handle: EngineHandle, result: Any, keep_alive: Any) -> int:
+    """Remember one engine operation whose result is an object that exists already (a tensor the engine
+    writes in place): no callback to build it."""
+    with _lock:
+        number = next(_ids)
+        _table[number] = Pending((handle,), None, keep_alive, result)
+    return number
 
 
 def unwrap_single(handle: int) -> int:
@@ -72,7 +82,7 @@ def synchronize(handle: int) -> Any:
     try:
         for h in pending.handles:
             h.wait()
-        return pending.finish()
+        return pending.result if pending.finish is None else pending.finish()
     finally:
         for h in pending.handles:
             h.release()

@@ -135,6 +135,46 @@ def _allreduce_launch(
     return _handles.register(handles, finish, keep_alive=(tensors, outputs, results))
 
 
+def _allreduce_one(
+    tensor: torch.Tensor,
+    output: torch.Tensor,
+    name: Optional[str],
+    op: int,
+    prescale_factor: float,
+    postscale_factor: float,
+    process_set: ProcessSet,
+) -> int:
+    """Submit one allreduce. A contiguous CPU tensor (every gradient a DistributedOptimizer hook hands
+    over) goes to the engine in one call, its result being ``output`` itself; anything else (Adasum, CUDA,
+    non-contiguous tensors) through :func:`_allreduce_launch`."""
+    direct = (
+        op != Adasum
+        and tensor.device.type == "cpu"
+        and output.device.type == "cpu"
+        and tensor.is_contiguous()
+        and output.is_contiguous()
+    )
+    if not direct:
+        return _single(
+            lambda: _allreduce_launch(
+                [tensor], [output], name, op, prescale_factor, postscale_factor, process_set
+            )
+        )
+    handle = engine.submit(
+        OpType.ALLREDUCE,
+        name,
+        id_of(process_set),
+        runtime_dtype(tensor),
+        tensor.data_ptr(),
+        output.data_ptr(),
+        tuple(tensor.shape) or (1,),  # a 0-d tensor travels as one element
+        runtime_op(op),
+        float(prescale_factor),
+        float(postscale_factor),
+    )
+    return _handles.register_result(handle, output, keep_alive=(tensor, output))
+
+
 def _single(launch: Callable[[], int]) -> int:
     """Run a launcher for one tensor; ``synchronize`` then returns that tensor, not a one-element list."""
     return _handles.unwrap_single(launch())
@@ -154,10 +194,8 @@ def allreduce_async(
     check_tensor(tensor, "allreduce")
     op = resolve_op(op, average)
     output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
-    return _single(
-        lambda: _allreduce_launch(
-            [tensor], [output], _check_name(name), op, prescale_factor, postscale_factor, process_set
-        )
+    return _allreduce_one(
+        tensor, output, _check_name(name), op, prescale_factor, postscale_factor, process_set
     )
 
 
@@ -173,10 +211,8 @@ def allreduce_async_(
     """In-place ``allreduce_async``: the result replaces ``tensor``'s contents."""
     check_tensor(tensor, "allreduce_")
     op = resolve_op(op, average)
-    return _single(
-        lambda: _allreduce_launch(
-            [tensor], [tensor], _check_name(name), op, prescale_factor, postscale_factor, process_set
-        )
+    return _allreduce_one(
+        tensor, tensor, _check_name(name), op, prescale_factor, postscale_factor, process_set
     )
 
 

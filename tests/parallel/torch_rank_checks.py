@@ -109,6 +109,9 @@ def check_allreduce_async_inplace_and_noncontiguous() -> None:
     while not hvd.poll(h):
         pass
     assert_close(hvd.synchronize(h), np.max(np.stack(everyone((4, 6))), axis=0), "poll then synchronize")
+    n = hvd.size()
+    scalar = hvd.allreduce(torch.tensor(float(hvd.rank() + 1)), op=hvd.Sum, name="scalar")
+    assert scalar.shape == () and scalar.item() == n * (n + 1) / 2, scalar
 
 
 def check_grouped_allreduce() -> None:
