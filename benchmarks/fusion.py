@@ -8,6 +8,8 @@ Each variant reduces the same 161 float32 tensors (25,557,032 parameters, 102 MB
 order (last layer first):
 
 - ``engine``: hpcdl's engine, ``allreduce_async`` of every tensor, then wait for all (fusion on);
+- ``hpcdl.torch``: the same through the Horovod API on torch tensors, ``hvd.allreduce_async_`` of every
+  tensor then ``hvd.synchronize`` of each, as ``DistributedOptimizer``'s gradient hooks do (needs torch);
 - ``flat``: the same values as one flat buffer through hpcdl's direct allreduce (the lower bound);
 - ``gloo``: per-tensor ``torch.distributed.all_reduce(async_op=True)`` on a gloo group, then wait all;
 - ``mpi4py``: per-tensor blocking ``comm.Allreduce`` (only when mpi4py and an MPI launcher are present).
@@ -148,6 +150,21 @@ def worker(iterations: int, warmup: int, latency_repeats: int, skip: set[str]) -
     steps["engine"] = engine_step
     steps["flat"] = lambda: hc.allreduce(flat, op=hc.ReduceOp.SUM, out=flat)
 
+    if "torch" not in skip:
+        import torch
+
+        import hpcdl.torch as hvd
+
+        hvd.init()
+        hvd_tensors = [torch.from_numpy(t.copy()) for t in tensors]
+
+        def hvd_step() -> None:
+            handles = [hvd.allreduce_async_(hvd_tensors[i], name=names[i], op=hvd.Sum) for i in backward]
+            for h in handles:
+                hvd.synchronize(h)
+
+        steps["hpcdl.torch"] = hvd_step
+
     if "gloo" not in skip:
         import torch
         import torch.distributed as dist
@@ -197,6 +214,7 @@ def worker(iterations: int, warmup: int, latency_repeats: int, skip: set[str]) -
         "parameters": int(flat.size),
         "median_step_ms": {k: round(v * 1e3, 2) for k, v in median.items()},
         "engine_vs_flat": round(paired("engine", "flat"), 3),
+        "torch_vs_flat": round(paired("hpcdl.torch", "flat"), 3) if "hpcdl.torch" in results else None,
         "gloo_vs_engine": round(paired("gloo", "engine"), 2) if "gloo" in results else None,
         "mpi4py_vs_engine": round(paired("mpi4py", "engine"), 2) if "mpi4py" in results else None,
         "lone_4_byte_allreduce_us": {k: round(v, 1) for k, v in latency.items()},
@@ -208,11 +226,13 @@ def render(report: dict) -> str:
     lines = [
         f"ResNet-50 gradients: {report['tensors']} tensors, {report['parameters']:,} float32, "
         f"{report['ranks']} ranks",
-        f"{'variant':<10}{'median step':>14}",
+        f"{'variant':<12}{'median step':>14}",
     ]
     for name, ms in report["median_step_ms"].items():
-        lines.append(f"{name:<10}{ms:>11.2f} ms")
+        lines.append(f"{name:<12}{ms:>11.2f} ms")
     lines.append(f"engine / flat: {report['engine_vs_flat']}  (target <= 1.15)")
+    if report["torch_vs_flat"] is not None:
+        lines.append(f"hpcdl.torch / flat: {report['torch_vs_flat']}")
     if report["gloo_vs_engine"] is not None:
         lines.append(f"gloo / engine: {report['gloo_vs_engine']}  (target >= 4)")
     if report["mpi4py_vs_engine"] is not None:
@@ -235,7 +255,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     )
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--latency-repeats", type=int, default=2000)
-    parser.add_argument("--skip", default="", help="comma list of variants to skip: gloo, mpi4py")
+    parser.add_argument("--skip", default="", help="comma list of variants to skip: torch, gloo, mpi4py")
     parser.add_argument("--no-mpi", action="store_true", help="launch with hpcdl run only (no mpi4py)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
