@@ -162,10 +162,7 @@ def enqueue(
     ``input`` (and ``output`` for allreduce/broadcast/reducescatter; it may be the same buffer) must stay
     valid until the handle completes; pass the objects owning them in ``keep``. ``root`` is a world rank.
     """
-    if not _declared:
-        _lib()
-    return _hotpath.submit(
-        Handle,
+    return submit(
         op_type,
         name,
         process_set,
@@ -190,20 +187,27 @@ def submit(
     name: Optional[str],
     process_set: int,
     dtype: DType,
-    input_ptr: int,
-    output_ptr: int,
-    shape: tuple[int, ...],
-    reduce_op: ReduceOp,
-    prescale: float,
-    postscale: float,
+    input_ptr: Optional[int],
+    output_ptr: Optional[int],
+    shape: Sequence[int],
+    reduce_op: ReduceOp = ReduceOp.SUM,
+    prescale: float = 1.0,
+    postscale: float = 1.0,
+    root: int = 0,
+    splits: Optional[Sequence[int]] = None,
+    group_id: int = 0,
+    group_size: int = 0,
+    keep: Any = None,
+    result: Optional[Callable[[Handle], Any]] = None,
 ) -> Handle:
-    """:func:`enqueue` for a framework's own tensors: raw addresses, no Buffer objects and nothing kept
-    (the caller keeps the tensors alive until the handle completes). Allreduce-shaped operations only."""
+    """:func:`enqueue` with the buffers as raw addresses (no Buffer objects), as a framework hands over its
+    own tensors; whoever owns them keeps them alive until the handle completes (or passes them in
+    ``keep``)."""
     if not _declared:
         _lib()
     return _hotpath.submit(
         Handle, op_type, name, process_set, dtype, input_ptr, output_ptr, shape, reduce_op, prescale,
-        postscale, 0, None, 0, 0, None, None,
+        postscale, root, splits, group_id, group_size, keep, result,
     )  # fmt: skip
 
 

@@ -256,7 +256,7 @@ class ElasticJob:
     board: RoundBoard
     rendezvous_addr: str
     workers: dict[int, Worker] = field(default_factory=dict)
-    _blacklist: Blacklist = field(default_factory=Blacklist)
+    _blacklist: Blacklist = field(init=False)
     _hosts: list[HostSlots] = field(default_factory=list)
     _round: Round | None = None
     _stop_rendezvous: Callable[[], None] | None = None
@@ -269,8 +269,10 @@ class ElasticJob:
     _next_discovery: float = 0.0
     _retiring: dict[int, float] = field(default_factory=dict)  # worker -> when it was told to stop
 
-    def run(self) -> int:
+    def __post_init__(self) -> None:
         self._blacklist = Blacklist(self.options.cooldown_range)
+
+    def run(self) -> int:
         previous = {
             sig: signal.signal(sig, lambda s, _f: self._signals.append(s)) for sig in FORWARDED_SIGNALS
         }

@@ -34,21 +34,19 @@ _table: dict[int, Pending] = {}
 _ids = itertools.count(1)
 
 
-def register(handles: Sequence[EngineHandle], finish: Callable[[], Any], keep_alive: tuple = ()) -> int:
-    """Remember a submitted operation; returns the int handle the user sees."""
+def register(
+    handles: Sequence[EngineHandle],
+    finish: Callable[[], Any] | None,
+    keep_alive: Any = (),
+    result: Any = None,
+) -> int:
+    """Remember a submitted operation; returns the int handle the user sees. Its result is what `finish`
+    builds once the handles are done or, without `finish`, `result` as it is (a tensor the engine writes
+    in place)."""
     with _lock:
         handle = next(_ids)
-        _table[handle] = Pending(list(handles), finish, keep_alive)
+        _table[handle] = Pending(list(handles), finish, keep_alive, result)
     return handle
-
-
-def register_result(handle: EngineHandle, result: Any, keep_alive: Any) -> int:
-    """Remember one engine operation whose result is an object that exists already (a tensor the engine
-    writes in place): no callback to build it."""
-    with _lock:
-        number = next(_ids)
-        _table[number] = Pending((handle,), None, keep_alive, result)
-    return number
 
 
 def unwrap_single(handle: int) -> int:

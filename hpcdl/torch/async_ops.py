@@ -172,7 +172,7 @@ def _allreduce_one(
         float(prescale_factor),
         float(postscale_factor),
     )
-    return _handles.register_result(handle, output, keep_alive=(tensor, output))
+    return _handles.register((handle,), None, keep_alive=(tensor, output), result=output)
 
 
 def _single(launch: Callable[[], int]) -> int:

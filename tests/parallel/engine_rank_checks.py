@@ -31,6 +31,18 @@ def passed(check: str) -> None:
     print(f"PASS {check}", flush=True)
 
 
+def error_of(
+    kind: type[Exception], never: str, call: Callable[..., object], *args: object, **kwargs: object
+) -> str:
+    """The message of the `kind` error ``call(*args, **kwargs)`` raises; fails with `never` when it raises
+    none."""
+    try:
+        call(*args, **kwargs)
+    except kind as exc:
+        return str(exc)
+    raise AssertionError(never)
+
+
 def values(rank: int, n: int, salt: int = 0) -> np.ndarray:
     """Integer-valued floats: sums are exact in any order, so results compare bit for bit."""
     return ((np.arange(n, dtype=np.float64) * 7 + rank * 13 + salt) % 17).astype(np.float32)
@@ -96,15 +108,11 @@ def check_mismatch_errors() -> None:
         ("shape", lambda: E.allgather_async(np.zeros((1 + r, 2 + (r == 0)), f32), name="bad.rows")),
     ]
     for what, submit in cases:
-        try:
-            E.synchronize(submit())
-        except HpcdlMismatchError as exc:
-            text = str(exc)
-            assert f"mismatched {what}" in text, text
-            assert "'bad." in text and "rank" in text, text
-            print(f"RESULT mismatch {what}: {text}", flush=True)
-        else:
-            raise AssertionError(f"{what} mismatch was not reported")
+        never = f"{what} mismatch was not reported"
+        text = error_of(HpcdlMismatchError, never, lambda submit=submit: E.synchronize(submit()))
+        assert f"mismatched {what}" in text, text
+        assert "'bad." in text and "rank" in text, text
+        print(f"RESULT mismatch {what}: {text}", flush=True)
     # The runtime stays usable, for the same names too.
     out = E.synchronize(E.allreduce_async(np.ones(3, np.float32), name="bad.shape", op=SUM))
     np.testing.assert_array_equal(out, np.full(3, n, np.float32))
@@ -156,12 +164,9 @@ def check_process_sets() -> None:
         # The same name in the global set is another operation.
         out = E.synchronize(E.allreduce_async(values(r, 4), name="ps.x", op=SUM))
     else:
-        try:
-            E.allreduce_async(values(r, 4), name="ps.x", process_set=static_set)
-        except HpcdlError as exc:
-            assert "not a member of process set" in str(exc), exc
-        else:
-            raise AssertionError("a non-member could submit to a process set")
+        never, mine = "a non-member could submit to a process set", values(r, 4)
+        text = error_of(HpcdlError, never, E.allreduce_async, mine, name="ps.x", process_set=static_set)
+        assert "not a member of process set" in text, text
         out = E.synchronize(E.allreduce_async(values(r, 4), name="ps.x", op=SUM))
     np.testing.assert_array_equal(out, sum(values(q, 4) for q in range(n)))
     dynamic = hc.add_process_set([1, 2])
@@ -206,13 +211,9 @@ def check_wait_timeout_names_the_missing_ranks() -> None:
         time.sleep(0.8)
     h = E.allreduce_async(np.ones(2, np.float32), name="late.op", op=SUM)
     if r == 0:
-        try:
-            h.wait(timeout=0.3)
-        except HpcdlTimeoutError as exc:
-            missing = ", ".join(str(q) for q in range(1, n))
-            assert f"allreduce 'late.op': ranks {missing} have not submitted it" in str(exc), exc
-        else:
-            raise AssertionError("wait(timeout=0.3) did not time out")
+        text = error_of(HpcdlTimeoutError, "wait(timeout=0.3) did not time out", h.wait, timeout=0.3)
+        missing = ", ".join(str(q) for q in range(1, n))
+        assert f"allreduce 'late.op': ranks {missing} have not submitted it" in text, text
     np.testing.assert_array_equal(E.synchronize(h), np.full(2, n, np.float32))  # still completes
     passed("wait_timeout")
 
@@ -225,12 +226,9 @@ def check_names_and_cache() -> None:
         np.testing.assert_array_equal(out, sum(values(q, 3, i) for q in range(n)))
     # A name may not be pending twice on one rank.
     pending = E.allreduce_async(values(r, 3), name="dup", op=SUM)
-    try:
-        E.allreduce_async(values(r, 3), name="dup")
-    except HpcdlError as exc:
-        assert "already pending" in str(exc), exc
-    else:
-        raise AssertionError("a duplicate pending name was accepted")
+    never = "a duplicate pending name was accepted"
+    text = error_of(HpcdlError, never, E.allreduce_async, values(r, 3), name="dup")
+    assert "already pending" in text, text
     E.synchronize(pending)
     # Repeated names go through the response cache (capacity 4 here forces evictions) and stay correct.
     assert E.engine_knob("cache_capacity") == 4
@@ -266,12 +264,8 @@ def check_handle_lifetime() -> None:
     last.wait(5.0)  # waiting again on a finished handle returns at once
     last.release()
     last.release()  # idempotent
-    try:
-        last.wait(timeout=1.0)
-    except HpcdlError as exc:
-        assert "already released" in str(exc), exc
-    else:
-        raise AssertionError("a released handle could still be waited on")
+    text = error_of(HpcdlError, "a released handle could still be waited on", last.wait, timeout=1.0)
+    assert "already released" in text, text
     passed("handle_lifetime")
 
 
@@ -369,20 +363,12 @@ def check_stall() -> None:
         h = E.allreduce_async(np.ones(2, np.float32), name="stuck.tensor")
         # More stalled names, submitted out of name order: the warning lists them in name order.
         others = [E.allreduce_async(np.ones(2, np.float32), name=f"stuck.{c}") for c in "dbeac"]
-        try:
-            h.wait(timeout=30)
-        except HpcdlInternalError as exc:
-            assert "stall shutdown" in str(exc) and "rank 1" in str(exc), exc
-            print(f"RESULT stall error: {exc}", flush=True)
-        else:
-            raise AssertionError("the stalled operation completed")
+        text = error_of(HpcdlInternalError, "the stalled operation completed", h.wait, timeout=30)
+        assert "stall shutdown" in text and "rank 1" in text, text
+        print(f"RESULT stall error: {text}", flush=True)
         for other in others:
-            try:
-                other.wait(timeout=30)
-            except HpcdlInternalError as exc:
-                assert "stall shutdown" in str(exc), exc
-            else:
-                raise AssertionError("a stalled operation completed")
+            text = error_of(HpcdlInternalError, "a stalled operation completed", other.wait, timeout=30)
+            assert "stall shutdown" in text, text
     else:
         time.sleep(4.0)  # never submits stuck.tensor; waits past the stall shutdown
     out = E.synchronize(E.allreduce_async(np.ones(2, np.float32), name="after.stall", op=SUM))

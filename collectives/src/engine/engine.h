@@ -201,7 +201,7 @@ class Engine {
   Clock::time_point last_enqueue_;
   int callers_waiting_ = 0;       // callers blocked in wait() on a pending operation
   bool settling_ = false;         // the engine thread sleeps in settle()
-  int64_t batch_wake_bytes_ = 0;  // > 0 while it sleeps in wait_for_batch: wake when the queue holds this
+  int64_t batch_wake_bytes_ = 0;  // > 0 while it sleeps in settle or wait_for_batch: wake at this many bytes
   std::unordered_map<int64_t, std::shared_ptr<EngineOp>> handles_;
   std::unordered_set<Key, KeyHash> pending_names_;
   std::map<std::pair<int, int>, int64_t> unnamed_counter_;
