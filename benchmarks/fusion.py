@@ -10,6 +10,9 @@ order (last layer first):
 - ``engine``: hpcdl's engine, ``allreduce_async`` of every tensor, then wait for all (fusion on);
 - ``hpcdl.torch``: the same through the Horovod API on torch tensors, ``hvd.allreduce_async_`` of every
   tensor then ``hvd.synchronize`` of each, as ``DistributedOptimizer``'s gradient hooks do (needs torch);
+- ``packed``: the engine again, on the same tensors as views into one allocation, as a framework that keeps
+  its gradients in one flat buffer holds them (DDP's ``gradient_as_bucket_view``): against ``engine`` it
+  shows what the placement of separately allocated arrays costs, apart from the engine;
 - ``flat``: the same values as one flat buffer through hpcdl's direct allreduce (the lower bound);
 - ``gloo``: per-tensor ``torch.distributed.all_reduce(async_op=True)`` on a gloo group, then wait all;
 - ``mpi4py``: per-tensor blocking ``comm.Allreduce`` (only when mpi4py and an MPI launcher are present).
@@ -137,17 +140,25 @@ def worker(iterations: int, warmup: int, latency_repeats: int, skip: set[str]) -
     # Named once, as DistributedOptimizer names parameters once (not per step).
     names = [f"grad.{i}" for i in range(len(tensors))]
     flat = np.concatenate([t.ravel() for t in tensors])
+    packed_buffer = flat.copy()
+    ends = np.cumsum([t.size for t in tensors])
+    packed = [packed_buffer[end - t.size : end].reshape(t.shape) for t, end in zip(tensors, ends)]
     steps: dict[str, Callable[[], None]] = {}
 
-    def engine_step() -> None:
-        handles = [
-            engine.allreduce_async(tensors[i], name=names[i], op=hc.ReduceOp.SUM, out=tensors[i])
-            for i in backward
-        ]
-        for h in handles:
-            h.wait()
+    def engine_step(arrays: list[np.ndarray]) -> Callable[[], None]:
+        def step() -> None:
+            handles = [
+                engine.allreduce_async(arrays[i], name=names[i], op=hc.ReduceOp.SUM, out=arrays[i])
+                for i in backward
+            ]
+            for h in handles:
+                h.wait()
 
-    steps["engine"] = engine_step
+        return step
+
+    steps["engine"] = engine_step(tensors)
+    if "packed" not in skip:
+        steps["packed"] = engine_step(packed)
     steps["flat"] = lambda: hc.allreduce(flat, op=hc.ReduceOp.SUM, out=flat)
 
     if "torch" not in skip:
@@ -214,6 +225,7 @@ def worker(iterations: int, warmup: int, latency_repeats: int, skip: set[str]) -
         "parameters": int(flat.size),
         "median_step_ms": {k: round(v * 1e3, 2) for k, v in median.items()},
         "engine_vs_flat": round(paired("engine", "flat"), 3),
+        "packed_vs_flat": round(paired("packed", "flat"), 3) if "packed" in results else None,
         "torch_vs_flat": round(paired("hpcdl.torch", "flat"), 3) if "hpcdl.torch" in results else None,
         "gloo_vs_engine": round(paired("gloo", "engine"), 2) if "gloo" in results else None,
         "mpi4py_vs_engine": round(paired("mpi4py", "engine"), 2) if "mpi4py" in results else None,
@@ -231,6 +243,8 @@ def render(report: dict) -> str:
     for name, ms in report["median_step_ms"].items():
         lines.append(f"{name:<12}{ms:>11.2f} ms")
     lines.append(f"engine / flat: {report['engine_vs_flat']}  (target <= 1.15)")
+    if report["packed_vs_flat"] is not None:
+        lines.append(f"packed / flat: {report['packed_vs_flat']}  (the engine on views into one buffer)")
     if report["torch_vs_flat"] is not None:
         lines.append(f"hpcdl.torch / flat: {report['torch_vs_flat']}")
     if report["gloo_vs_engine"] is not None:
@@ -255,7 +269,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     )
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--latency-repeats", type=int, default=2000)
-    parser.add_argument("--skip", default="", help="comma list of variants to skip: torch, gloo, mpi4py")
+    parser.add_argument(
+        "--skip", default="", help="comma list of variants to skip: packed, torch, gloo, mpi4py"
+    )
     parser.add_argument("--no-mpi", action="store_true", help="launch with hpcdl run only (no mpi4py)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -23,3 +23,18 @@ def test_allreduce_benchmark_json_records() -> None:
     hpcdl = {r["bytes"]: r for r in records if r["impl"] == "hpcdl"}
     assert set(hpcdl) == {4, 65536} and all(r["ranks"] == 2 for r in hpcdl.values())
     assert hpcdl[65536]["busbw_gbs"] == 65536 / hpcdl[65536]["time_s"] / 1e9  # 2 ranks: busbw = algbw
+
+
+def test_fusion_benchmark_report() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_COMM", "PMI_"))}
+    command = [sys.executable, "-m", "hpcdl", "bench", "fusion", "-np", "2", "--no-mpi", "--json"]
+    options = ["--iterations", "2", "--warmup", "1", "--latency-repeats", "20", "--skip", "torch,gloo"]
+    done = subprocess.run([*command, *options], capture_output=True, text=True, timeout=240, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert (report["ranks"], report["tensors"], report["parameters"]) == (2, 161, 25_557_032)
+    steps = report["median_step_ms"]
+    assert set(steps) == {"engine", "packed", "flat"} and all(ms > 0 for ms in steps.values())
+    assert report["engine_vs_flat"] > 0 and report["packed_vs_flat"] > 0
+    assert report["torch_vs_flat"] is None and report["gloo_vs_engine"] is None
+    assert set(report["lone_4_byte_allreduce_us"]) == {"engine_us", "direct_us"}
