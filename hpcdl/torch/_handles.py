@@ -3,7 +3,8 @@
 Each entry holds the engine handles of one user-visible operation, every tensor the engine reads or
 writes (so none is freed while the background thread uses it), and a ``finish`` callback that builds the
 result (copies staged data back, views engine-allocated bytes as a tensor, ...) once all handles are done.
-Gradient hooks may run on autograd worker threads, so the table is locked.
+Gradient hooks may run on autograd worker threads: ids are drawn and entries added under a lock; a
+lookup or removal is one dict operation, atomic on its own, and takes no lock (it runs once per gradient).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 
@@ -21,11 +22,11 @@ class EngineHandle(Protocol):
     def release(self) -> None: ...
 
 
-@dataclass
+@dataclass(slots=True)
 class Pending:
     handles: Sequence[EngineHandle]
     finish: Callable[[], Any] | None  # None: the result is `result` as it is
-    keep_alive: Any = field(default=())
+    keep_alive: Any = ()
     result: Any = None
 
 
@@ -43,9 +44,10 @@ def register(
     """Remember a submitted operation; returns the int handle the user sees. Its result is what `finish`
     builds once the handles are done or, without `finish`, `result` as it is (a tensor the engine writes
     in place)."""
+    pending = Pending(tuple(handles), finish, keep_alive, result)
     with _lock:
         handle = next(_ids)
-        _table[handle] = Pending(list(handles), finish, keep_alive, result)
+        _table[handle] = pending
     return handle
 
 
@@ -60,8 +62,7 @@ def unwrap_single(handle: int) -> int:
 
 def poll(handle: int) -> bool:
     """True when the operation finished (successfully or not); ``synchronize`` then returns at once."""
-    with _lock:
-        pending = _table.get(handle)
+    pending = _table.get(handle)
     if pending is None:
         return True
     try:
@@ -73,8 +74,7 @@ def poll(handle: int) -> bool:
 def synchronize(handle: int) -> Any:
     """Wait for the operation and return its result; errors are ``HorovodInternalError``s
     (``hpcdl.common.HpcdlInternalError``) carrying the runtime's message. Unknown handles return None."""
-    with _lock:
-        pending = _table.pop(handle, None)
+    pending = _table.pop(handle, None)
     if pending is None:
         return None
     try:

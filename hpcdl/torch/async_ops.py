@@ -148,11 +148,7 @@ def _allreduce_one(
     over) goes to the engine in one call, its result being ``output`` itself; anything else (Adasum, CUDA,
     non-contiguous tensors) through :func:`_allreduce_launch`."""
     direct = (
-        op != Adasum
-        and tensor.device.type == "cpu"
-        and output.device.type == "cpu"
-        and tensor.is_contiguous()
-        and output.is_contiguous()
+        op != Adasum and tensor.is_cpu and output.is_cpu and tensor.is_contiguous() and output.is_contiguous()
     )
     if not direct:
         return _single(
@@ -167,7 +163,7 @@ def _allreduce_one(
         runtime_dtype(tensor),
         tensor.data_ptr(),
         output.data_ptr(),
-        tuple(tensor.shape) or (1,),  # a 0-d tensor travels as one element
+        tensor.shape or (1,),  # a 0-d tensor travels as one element
         runtime_op(op),
         float(prescale_factor),
         float(postscale_factor),
