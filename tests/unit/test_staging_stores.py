@@ -25,6 +25,6 @@ def test_auto_choice_and_copies(tmp_path: Path) -> None:
     subprocess.run([compiler, *flags, *map(str, SOURCES), "-o", str(program)], check=True)
     done = subprocess.run([str(program)], capture_output=True, text=True, timeout=60)
     lines = done.stdout.splitlines()
-    assert len(lines) == 13, done.stdout + done.stderr
+    assert len(lines) == 16, done.stdout + done.stderr
     assert [line for line in lines if not line.startswith("ok ")] == []
     assert done.returncode == 0

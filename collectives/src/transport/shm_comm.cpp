@@ -25,6 +25,9 @@ struct ShmComm::Header {
 struct ShmComm::RankCtl {
   alignas(128) std::atomic<uint32_t> step;
   int32_t pid;
+  // The rank's time for the last full allreduce chunk (ns; 0: none since it was read), written before it
+  // publishes the next chunk's first step: every rank feeds StagingStores the slowest rank's time.
+  std::atomic<uint64_t> chunk_ns;
   alignas(128) std::atomic<uint32_t> bell;
   std::atomic<int32_t> bell_sleeping;
 };
@@ -346,9 +349,11 @@ Status ShmComm::reduce_segments(const Segment* segments, size_t nseg, int dtype,
         stores_.copy(to + size_t(rel) * es, input(s, at), size_t(len) * es);
       });
     }
+    ctl(rank_).chunk_ns.store(last_chunk_ns_, std::memory_order_relaxed);  // published with the step
     publish();
     st = wait_all(deadline, what);
     if (!st.is_ok()) return st;
+    record_slowest_chunk();
     const uint32_t staged = step_;
     const int64_t mine = part_len(rank_), mine_at = part_begin(rank_);
     if (mine > 0) {
@@ -378,9 +383,21 @@ Status ShmComm::reduce_segments(const Segment* segments, size_t nseg, int dtype,
         line_copy(output(s, at), from + size_t(rel) * es, size_t(len) * es);
       });
     }
-    if (ce == chunk_elems) stores_.record_chunk(std::chrono::duration<double>(Clock::now() - chunk_start).count());
+    if (ce == chunk_elems)
+      last_chunk_ns_ = uint64_t(std::max<int64_t>(
+          1, std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - chunk_start).count()));
   }
   return Status::ok();
+}
+
+// Called when every member has published the step that carries its last chunk time. The members ran the
+// same chunks, so either all or none of them has a time; all feed the same (slowest) one to their
+// StagingStores, which then make the same choices on every rank.
+void ShmComm::record_slowest_chunk() {
+  uint64_t slowest = 0;
+  for (int r = 0; r < size_; ++r) slowest = std::max(slowest, ctl(r).chunk_ns.load(std::memory_order_relaxed));
+  if (slowest > 0) stores_.record_chunk(double(slowest) * 1e-9);
+  last_chunk_ns_ = 0;
 }
 
 // ---- allgatherv --------------------------------------------------------------------------------------

@@ -77,6 +77,7 @@ class ShmComm : public Comm {
   Status agree(const OpDesc& desc, Deadline deadline, const std::string& what, std::vector<OpDesc>* all = nullptr);
   Status reduce_segments(const Segment* segments, size_t nseg, int dtype, int op, double prescale,
                          double postscale, Deadline deadline, const std::string& what);
+  void record_slowest_chunk();
   Status check_usable() const;
   Status fail(Status status);
 
@@ -93,6 +94,7 @@ class ShmComm : public Comm {
   Status broken_;
   WaitPolicy policy_;
   StagingStores stores_;
+  uint64_t last_chunk_ns_ = 0;  // this rank's time for its last full allreduce chunk, not yet shared
 };
 
 }  // namespace hpcdl

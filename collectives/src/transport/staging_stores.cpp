@@ -38,8 +38,16 @@ void StagingStores::copy(void* dst, const void* src, size_t n) const {
 void StagingStores::record_chunk(double seconds) {
   if (mode_ != Mode::kAuto) return;
   if (trial_left_ > 0) {
-    trial_[kTrialChunks - trial_left_] = seconds;
-    if (--trial_left_ == 0) end_trial();
+    --trial_left_;
+    if (trial_left_ >= kTrialChunks) {  // a warm-up chunk: not timed; the last one may show the trial lost
+      if (trial_left_ == kTrialChunks && seconds > kHopeless * median(recent_, recent_count_)) {
+        trial_left_ = 0;
+        keep_current();
+      }
+      return;
+    }
+    trial_[kTrialChunks - 1 - trial_left_] = seconds;
+    if (trial_left_ == 0) end_trial();
     return;
   }
   recent_[recent_next_] = seconds;
@@ -52,7 +60,7 @@ void StagingStores::record_chunk(double seconds) {
       since_trial_ >= kRecent && settled_cost_ > 0 && median(recent_, recent_count_) > kJump * settled_cost_;
   if ((jumped || since_trial_ >= interval_) && recent_count_ >= kTrialChunks) {
     since_trial_ = 0;
-    trial_left_ = kTrialChunks;
+    trial_left_ = kTrialWarmup + kTrialChunks;
   }
 }
 
@@ -67,9 +75,13 @@ void StagingStores::end_trial() {
     interval_ = kFirstInterval;
     settled_cost_ = tried;
   } else {
-    interval_ = std::min(interval_ * 4, kMaxInterval);
-    settled_cost_ = current;
+    keep_current();
   }
+}
+
+void StagingStores::keep_current() {
+  interval_ = std::min(interval_ * 4, kMaxInterval);
+  settled_cost_ = median(recent_, recent_count_);
 }
 
 #if defined(__x86_64__)

@@ -10,9 +10,11 @@
 // losing), and switches when the other kind is clearly faster. When the kind in use becomes much slower
 // than it was at the last trial (the host moved the vCPUs), it tries the other kind at once.
 //
-// Every rank times the same chunks, which end in a barrier, and follows the same schedule, so the ranks
-// reach the same choice without talking. A rank that chooses differently is still correct: only how the
-// writer stores its bytes changes, never which bytes.
+// The ranks of a communicator feed their StagingStores the same chunk times (the slowest rank's, which the
+// shared-memory transport passes through its control blocks), so they make the same choices. Each rank's
+// own times, though close, crossed the thresholds at different chunks: one rank tried the other kind
+// while its peer did not, and both then timed a mix. A rank that chooses differently is still correct:
+// only how the writer stores its bytes changes, never which bytes.
 #pragma once
 
 #include <cstddef>
@@ -24,15 +26,27 @@ class StagingStores {
   enum class Mode { kAuto, kCached, kStreaming };
 
   // Chunks between trials of the other kind: short at first and after a switch, four times longer after
-  // each trial the other kind lost, so a settled choice spends 3 chunks in 512 (0.6%) on trials.
+  // each trial the other kind lost, so a settled choice spends 5 chunks in 512 (1%) on trials.
   static constexpr int kFirstInterval = 8;
   static constexpr int kMaxInterval = 512;
+  // A trial's first chunks find the staging buffers as the other kind left them (after streaming stores
+  // none of their lines is cached; cached stores then pay a read for ownership of each): one chunk per
+  // staging buffer, so the chunks after those two are the ones timed. Counting the cold ones made cached
+  // stores lose trials they win by 40% once warm (2 MiB chunks: 0.29 ms against 0.21 ms).
+  static constexpr int kTrialWarmup = 2;
+  // A last warm-up chunk this many times slower than the current kind ends the trial as lost, so that where
+  // the other kind is far slower a trial costs two chunks instead of five. Measured on a 2-vCPU VM: a
+  // cached trial's second chunk took 3.6 to 8.5 times streaming's median where cached stores lose (no
+  // shared cache), 0.6 to 1.9 times where they win; the first chunk overlaps both (1.0 to 4.2).
+  static constexpr double kHopeless = 3.0;
   static constexpr int kTrialChunks = 3;  // a trial's cost is the median of this many chunks
   static constexpr int kRecent = 8;       // the current kind's cost is the median of this many chunks
   static constexpr double kSwitchBelow = 0.85;  // the other kind must be 15% faster to win
   // A current kind whose recent median exceeds this times its cost at the last trial is tried against the
-  // other at once (the machine changed state); otherwise trials wait for the interval.
-  static constexpr double kJump = 1.5;
+  // other at once (the machine changed state); otherwise trials wait for the interval. When the vCPUs
+  // come to share a cache, streaming stores become 1.35 to 1.6 times slower while cached ones become the
+  // faster kind: a factor of 1.5 missed that change.
+  static constexpr double kJump = 1.3;
 
   explicit StagingStores(Mode mode = Mode::kAuto) : mode_(mode) {}
 
@@ -53,6 +67,7 @@ class StagingStores {
 
  private:
   void end_trial();
+  void keep_current();  // the trial was lost: longer interval, and the current cost is the new reference
 
   Mode mode_;
   bool prefer_streaming_ = false;
