@@ -242,13 +242,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._allreduce_delay[p] = self.backward_passes_per_step
             if self._groups is not None:
                 self._group_counts[self._p_to_group[p]] = 0
-            if p.grad.is_sparse:
+            grad = p.grad
+            if grad.is_sparse:
                 aggregated = self._compression.decompress(output, ctx)
                 if not aggregated.is_sparse:
                     aggregated = aggregated.to_sparse()
-                p.grad.zero_().add_(aggregated)
-            else:
-                p.grad.set_(self._compression.decompress(output, ctx))
+                grad.zero_().add_(aggregated)
+                continue
+            result = self._compression.decompress(output, ctx)
+            if result is not grad:  # reduced in place (no compression): already there; set_ costs 0.5 us
+                grad.set_(result)
         self._handles.clear()
         self._synchronized = True
 
