@@ -37,7 +37,7 @@ class StagingStores {
   // A last warm-up chunk this many times slower than the current kind ends the trial as lost, so that where
   // the other kind is far slower a trial costs two chunks instead of five. Measured on a 2-vCPU VM: a
   // cached trial's second chunk took 3.6 to 8.5 times streaming's median where cached stores lose (no
-  // shared cache), 0.6 to 1.9 times where they win; the first chunk overlaps both (1.0 to 4.2).
+  // shared cache), 0.6 to 1.9 times in the other trials; the first chunk overlaps both (1.0 to 4.2).
   static constexpr double kHopeless = 3.0;
   static constexpr int kTrialChunks = 3;  // a trial's cost is the median of this many chunks
   static constexpr int kRecent = 8;       // the current kind's cost is the median of this many chunks
