@@ -267,8 +267,13 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument(
         "--iterations", type=int, default=10, help="rounds: timed steps per variant (median kept)"
     )
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--latency-repeats", type=int, default=2000)
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per variant first (default 2)")
+    parser.add_argument(
+        "--latency-repeats",
+        type=int,
+        default=2000,
+        help="lone 4-byte allreduces timed for the latency line, median kept (default 2000)",
+    )
     parser.add_argument(
         "--skip", default="", help="comma list of variants to skip: packed, torch, gloo, mpi4py"
     )
