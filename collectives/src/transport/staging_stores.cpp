@@ -39,10 +39,12 @@ void StagingStores::record_chunk(double seconds) {
   if (mode_ != Mode::kAuto) return;
   if (trial_left_ > 0) {
     --trial_left_;
-    if (trial_left_ >= kTrialChunks) {  // a warm-up chunk: not timed; the last one may show the trial lost
-      if (trial_left_ == kTrialChunks && seconds > kHopeless * median(recent_, recent_count_)) {
+    if (trial_left_ > kTrialChunks) return;  // a warm-up chunk, not timed
+    if (trial_left_ == kTrialChunks) {         // the last warm-up chunk may show the trial lost already
+      const double current = median(recent_, recent_count_);
+      if (seconds > kHopeless * current) {
         trial_left_ = 0;
-        keep_current();
+        keep_current(current);
       }
       return;
     }
@@ -75,13 +77,13 @@ void StagingStores::end_trial() {
     interval_ = kFirstInterval;
     settled_cost_ = tried;
   } else {
-    keep_current();
+    keep_current(current);
   }
 }
 
-void StagingStores::keep_current() {
+void StagingStores::keep_current(double current) {
   interval_ = std::min(interval_ * 4, kMaxInterval);
-  settled_cost_ = median(recent_, recent_count_);
+  settled_cost_ = current;
 }
 
 #if defined(__x86_64__)

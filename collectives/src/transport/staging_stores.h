@@ -67,7 +67,7 @@ class StagingStores {
 
  private:
   void end_trial();
-  void keep_current();  // the trial was lost: longer interval, and the current cost is the new reference
+  void keep_current(double current);  // the trial was lost: longer interval; `current` is the new reference
 
   Mode mode_;
   bool prefer_streaming_ = false;
