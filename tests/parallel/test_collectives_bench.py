@@ -8,14 +8,18 @@ import subprocess
 import sys
 
 
-def test_allreduce_benchmark_json_records() -> None:
+def bench(*args: str) -> str:
+    """``hpcdl bench ARGS``'s standard output, outside any job this test may itself run in."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_COMM", "PMI_"))}
-    command = [sys.executable, "-m", "hpcdl", "bench", "allreduce", "-np", "2", "--sizes", "4,65536"]
-    done = subprocess.run(
-        [*command, "--repeats", "1", "--json"], capture_output=True, text=True, timeout=240, env=env
-    )
+    command = [sys.executable, "-m", "hpcdl", "bench", *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
-    records = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return done.stdout
+
+
+def test_allreduce_benchmark_json_records() -> None:
+    out = bench("allreduce", "-np", "2", "--sizes", "4,65536", "--repeats", "1", "--json")
+    records = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     impls = {r["impl"] for r in records}
     assert {"memcpy", "hpcdl", "gloo"} <= impls
     for r in records:
@@ -26,12 +30,8 @@ def test_allreduce_benchmark_json_records() -> None:
 
 
 def test_fusion_benchmark_report() -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_COMM", "PMI_"))}
-    command = [sys.executable, "-m", "hpcdl", "bench", "fusion", "-np", "2", "--no-mpi", "--json"]
     options = ["--iterations", "2", "--warmup", "1", "--latency-repeats", "20", "--skip", "torch,gloo"]
-    done = subprocess.run([*command, *options], capture_output=True, text=True, timeout=240, env=env)
-    assert done.returncode == 0, done.stdout + done.stderr
-    report = json.loads(done.stdout)
+    report = json.loads(bench("fusion", "-np", "2", "--no-mpi", "--json", *options))
     assert (report["ranks"], report["tensors"], report["parameters"]) == (2, 161, 25_557_032)
     steps = report["median_step_ms"]
     assert set(steps) == {"engine", "packed", "flat"} and all(ms > 0 for ms in steps.values())
