@@ -296,6 +296,28 @@ def check_fusion_workload() -> None:
     passed("fusion_workload")
 
 
+# ---- scenario: short steps ---------------------------------------------------------------------------
+
+
+def check_short_steps(steps: int) -> None:
+    """A loop of short steps (submit a few small allreduces, then wait for them): prints how long the loop
+    took, which the test compares with the cycle time it set. A step's cycle starts once its caller waits;
+    the cycle time only bounds how long the engine collects a burst that is still arriving."""
+    r, n = hc.rank(), hc.size()
+    counts = [1, 7, 64, 300, 1000, 5, 4096, 33]
+    hc.barrier()
+    started = time.monotonic()
+    for step in range(steps):
+        handles = [
+            E.allreduce_async(values(r, c, i + step), name=f"short.{i}", op=SUM) for i, c in enumerate(counts)
+        ]
+        for i, h in enumerate(handles):
+            expected = sum(values(q, counts[i], i + step) for q in range(n))
+            np.testing.assert_array_equal(E.synchronize(h), expected)
+    print(f"RESULT short_steps {steps} steps in {time.monotonic() - started:.3f} s", flush=True)
+    passed("short_steps")
+
+
 # ---- scenario: join ---------------------------------------------------------------------------------
 
 
@@ -410,6 +432,7 @@ SCENARIOS: dict[str, Callable[[list[str]], None]] = {
     ],
     "fusion": lambda _args: check_fusion_workload(),
     "join": lambda _args: check_join_uneven(),
+    "short_steps": lambda args: check_short_steps(int(args[0])),
     "timeline": lambda args: check_timeline(args[0]),
     "timeline_kill": lambda _args: check_timeline_survives_kill(),
     "stall": lambda _args: check_stall(),

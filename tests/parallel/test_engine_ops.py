@@ -81,3 +81,14 @@ def test_join_with_uneven_data() -> None:
     done = run_scenario(3, "join")
     for rank in range(3):
         assert passes(done.stdout, rank) == ["join_uneven"]
+
+
+def test_a_loop_of_short_steps_is_not_paced_by_the_cycle_time() -> None:
+    # With a 100 ms cycle time, 20 steps paced by it would take 2 s; each step's cycle must start as soon
+    # as its caller waits for the step's results.
+    done = run_scenario(2, "short_steps", "20", HPCDL_CYCLE_TIME="100")
+    for rank in range(2):
+        assert passes(done.stdout, rank) == ["short_steps"]
+        (line,) = results(done.stdout, rank, "short_steps")
+        seconds = float(line.split()[-2])
+        assert seconds < 1.0, f"rank {rank}: {line} (a step per 100 ms cycle would take 2 s)"

@@ -267,7 +267,7 @@ void Engine::settle() {
   if (cycle <= Clock::duration::zero() || threshold <= 0) return;  // no batching wanted
   const auto give_up = Clock::now() + cycle;
   std::unique_lock<std::mutex> lock(mutex_);
-  settling_ = true;
+  collecting_ = true;
   batch_wake_bytes_ = threshold;
   for (bool first = true; !queue_.empty() && callers_waiting_ == 0 && !shutdown_requested_ &&
                           queue_bytes_ < threshold;
@@ -277,18 +277,24 @@ void Engine::settle() {
     if (now >= quiet_at || now >= give_up) break;
     queue_cv_.wait_until(lock, std::min(first ? quiet_at : std::max(quiet_at, now + kSettleRecheck), give_up));
   }
-  settling_ = false;
+  collecting_ = false;
   batch_wake_bytes_ = 0;
 }
 
-// In the middle of a burst that is being fused, waits up to the cycle time for more tensors.
+// In the middle of a burst that is being fused, waits up to the cycle time for more tensors; or less, when
+// a caller already waits for a result while operations are queued: then nothing is coming that the cycle
+// could wait for (a loop of short steps would otherwise run one step per cycle time).
 void Engine::wait_for_batch() {
   const auto [cycle, threshold] = batching_knobs();
   if (!fused_last_cycle_ || cycle <= Clock::duration::zero() || threshold <= 0) return;
   const auto until = last_cycle_start_ + cycle;
   std::unique_lock<std::mutex> lock(mutex_);
+  collecting_ = true;
   batch_wake_bytes_ = threshold;
-  queue_cv_.wait_until(lock, until, [&] { return queue_bytes_ >= threshold || shutdown_requested_; });
+  queue_cv_.wait_until(lock, until, [&] {
+    return queue_bytes_ >= threshold || shutdown_requested_ || (!queue_.empty() && callers_waiting_ > 0);
+  });
+  collecting_ = false;
   batch_wake_bytes_ = 0;
 }
 

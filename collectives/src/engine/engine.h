@@ -200,7 +200,7 @@ class Engine {
   int64_t queue_bytes_ = 0;
   Clock::time_point last_enqueue_;
   int callers_waiting_ = 0;       // callers blocked in wait() on a pending operation
-  bool settling_ = false;         // the engine thread sleeps in settle()
+  bool collecting_ = false;       // the engine thread sleeps in settle() or wait_for_batch()
   int64_t batch_wake_bytes_ = 0;  // > 0 while it sleeps in settle or wait_for_batch: wake at this many bytes
   std::unordered_map<int64_t, std::shared_ptr<EngineOp>> handles_;
   std::unordered_set<Key, KeyHash> pending_names_;

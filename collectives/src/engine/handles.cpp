@@ -142,11 +142,12 @@ Status Engine::wait(int64_t handle, double timeout_s) {
   auto op = find(handle);
   if (!op) return unknown_handle(handle);
   if (op->status.load(std::memory_order_acquire) != HPCDL_PENDING) return op_status(*op);
-  // A caller that waits has finished submitting: the engine need not settle any longer (see settle()).
+  // A caller that waits has finished submitting: the engine need not collect any longer (see settle() and
+  // wait_for_batch()).
   {
     std::lock_guard<std::mutex> lock(mutex_);
     ++callers_waiting_;
-    if (settling_) queue_cv_.notify_one();
+    if (collecting_) queue_cv_.notify_one();
   }
   // The result is usually microseconds away: look a few times before sleeping.
   const auto spin_until = Clock::now() + std::chrono::microseconds(20);
