@@ -96,6 +96,18 @@ def test_engine_helpers_take_any_native_array(runtime) -> None:
     np.testing.assert_array_equal(in_place, [0, 2, 4, 6])
 
 
+def test_engine_refuses_a_broadcast_root_outside_the_set(runtime) -> None:
+    from hpcdl.common import engine
+
+    with pytest.raises(
+        hc.HpcdlError, match=r"broadcast root 1 is not a member of process set 0 \(members: rank 0\)"
+    ):
+        engine.broadcast_async(np.ones(2), root=1, name="bad.root")
+    np.testing.assert_array_equal(
+        engine.synchronize(engine.broadcast_async(np.ones(2), name="bad.root")), [1, 1]
+    )
+
+
 def test_engine_refuses_a_read_only_output(runtime) -> None:
     from hpcdl.common import engine
 

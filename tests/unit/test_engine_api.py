@@ -26,6 +26,9 @@ def test_numpy_helpers_reject_bad_arrays_before_submitting() -> None:
     a = np.ones(4, np.float32)
     with pytest.raises(HpcdlError, match="shape and dtype"):
         engine.allreduce_async(a, out=np.ones(3, np.float32))
+    strided = np.ones((4, 4), np.float32)[:, 1]
+    with pytest.raises(HpcdlError, match="C-contiguous"):  # reduced in place, it would need a copy
+        engine.allreduce_async(strided, out=strided)
     with pytest.raises(HpcdlError, match="in place"):
         engine.broadcast_async(np.ones((4, 4), np.float32)[:, 1])
     with pytest.raises(HpcdlError, match="names"):

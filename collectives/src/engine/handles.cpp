@@ -38,15 +38,19 @@ Status Engine::enqueue(const hpcdl_request& r, int64_t* handle) {
       (r.reduce_op < HPCDL_SUM || r.reduce_op > HPCDL_PRODUCT))
     return invalid("unknown reduction " + std::to_string(r.reduce_op) + " (expected 0..4, see hpcdl_reduce_op)");
   if (r.group_id != 0 && r.group_size < 1) return invalid("a grouped operation needs group_size >= 1");
-  ProcessSet set;
-  if (!runtime_.process_set(r.process_set, &set))
-    return invalid("process set " + std::to_string(r.process_set) + " does not exist; create it with "
-                   "add_process_set() on every rank or pass it to init()");
-  if (set.my_rank < 0)
-    return invalid("rank " + std::to_string(rank_) + " is not a member of process set " +
-                   std::to_string(r.process_set) + " (members: " + ranks_text(set.ranks) + ")");
-  const int n = static_cast<int>(set.ranks.size());
-  if (r.process_set != 0) q.members.assign(set.ranks.begin(), set.ranks.end());
+  // The global set (every rank, fixed at init) needs no copy of its description: most operations use it.
+  int n = size_;
+  if (r.process_set != 0) {
+    ProcessSet set;
+    if (!runtime_.process_set(r.process_set, &set))
+      return invalid("process set " + std::to_string(r.process_set) + " does not exist; create it with "
+                     "add_process_set() on every rank or pass it to init()");
+    if (set.my_rank < 0)
+      return invalid("rank " + std::to_string(rank_) + " is not a member of process set " +
+                     std::to_string(r.process_set) + " (members: " + ranks_text(set.ranks) + ")");
+    n = static_cast<int>(set.ranks.size());
+    q.members.assign(set.ranks.begin(), set.ranks.end());
+  }
   const int64_t elements = q.num_elements();
   const bool has_data = r.op_type != HPCDL_OP_BARRIER && r.op_type != HPCDL_OP_JOIN && elements > 0;
   if (has_data && r.input == nullptr) return invalid("the request has no input buffer");
@@ -56,9 +60,9 @@ Status Engine::enqueue(const hpcdl_request& r, int64_t* handle) {
   if ((r.op_type == HPCDL_OP_ALLGATHER || r.op_type == HPCDL_OP_ALLTOALL || r.op_type == HPCDL_OP_REDUCESCATTER) &&
       q.shape.empty())
     return invalid(std::string(op_type_name(r.op_type)) + " needs a tensor with at least one dimension");
-  if (r.op_type == HPCDL_OP_BROADCAST && std::find(set.ranks.begin(), set.ranks.end(), r.root) == set.ranks.end())
+  if (r.op_type == HPCDL_OP_BROADCAST && index_of(members_of(q), r.root) < 0)
     return invalid("broadcast root " + std::to_string(r.root) + " is not a member of process set " +
-                   std::to_string(r.process_set) + " (members: " + ranks_text(set.ranks) + ")");
+                   std::to_string(r.process_set) + " (members: " + ranks_text(members_of(q)) + ")");
   if (r.op_type == HPCDL_OP_ALLTOALL) {
     if (r.splits != nullptr && r.nsplits > 0) {
       if (r.nsplits != n)
@@ -93,23 +97,21 @@ Status Engine::enqueue(const hpcdl_request& r, int64_t* handle) {
     int64_t k = unnamed_counter_[{r.process_set, r.op_type}]++;
     q.name = std::string(op_type_name(r.op_type)) + ".noname." + std::to_string(k);
   }
-  Key key{q.process_set, q.name};
-  if (pending_names_.count(key))
+  if (!pending_names_.insert(Key{q.process_set, q.name}).second)
     return invalid("an operation named '" + q.name + "' is already pending" +
                    (q.process_set ? " in process set " + std::to_string(q.process_set) : std::string()) +
                    " on this rank; wait for it before submitting the name again, or use another name");
   op->id = next_handle_++;
-  handles_[op->id] = op;
-  pending_names_.insert(key);
+  *handle = op->id;
+  handles_.emplace(op->id, op);
   queue_bytes_ += elements * dtype_size(q.dtype);
-  queue_.push_back(op);
   last_enqueue_ = op->submitted;
+  queue_.push_back(std::move(op));
   if (waiting_) {
     control_->notify_self();
     waiting_ = false;
   }
   if (batch_wake_bytes_ > 0 && queue_bytes_ >= batch_wake_bytes_) queue_cv_.notify_one();
-  *handle = op->id;
   return Status::ok();
 }
 
@@ -139,13 +141,17 @@ Status Engine::poll(int64_t handle) {
 }
 
 Status Engine::wait(int64_t handle, double timeout_s) {
-  auto op = find(handle);
-  if (!op) return unknown_handle(handle);
-  if (op->status.load(std::memory_order_acquire) != HPCDL_PENDING) return op_status(*op);
-  // A caller that waits has finished submitting: the engine need not collect any longer (see settle() and
-  // wait_for_batch()).
+  std::shared_ptr<EngineOp> op;
   {
+    // One look under the lock, and no reference taken, for an operation that already finished (most of a
+    // step's waits).
     std::lock_guard<std::mutex> lock(mutex_);
+    auto it = handles_.find(handle);
+    if (it == handles_.end()) return unknown_handle(handle);
+    if (it->second->status.load(std::memory_order_acquire) != HPCDL_PENDING) return op_status(*it->second);
+    op = it->second;
+    // A caller that waits has finished submitting: the engine need not collect any longer (see settle()
+    // and wait_for_batch()).
     ++callers_waiting_;
     if (collecting_) queue_cv_.notify_one();
   }
