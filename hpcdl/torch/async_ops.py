@@ -24,6 +24,7 @@ from hpcdl.torch.reduce_ops import Adasum, Average, check_op, resolve_op, runtim
 
 poll = _handles.poll
 synchronize = _handles.synchronize
+_ALLREDUCE = OpType.ALLREDUCE  # a module global: looking a member up on its enum class costs ~0.1 us
 
 
 # ---- staging helpers -------------------------------------------------------------------------------
@@ -148,7 +149,10 @@ def _allreduce_one(
     over) goes to the engine in one call, its result being ``output`` itself; anything else (Adasum, CUDA,
     non-contiguous tensors) through :func:`_allreduce_launch`."""
     direct = (
-        op != Adasum and tensor.is_cpu and output.is_cpu and tensor.is_contiguous() and output.is_contiguous()
+        op != Adasum
+        and tensor.is_cpu
+        and tensor.is_contiguous()
+        and (output is tensor or (output.is_cpu and output.is_contiguous()))
     )
     if not direct:
         return _single(
@@ -156,19 +160,22 @@ def _allreduce_one(
                 [tensor], [output], name, op, prescale_factor, postscale_factor, process_set
             )
         )
+    address = tensor.data_ptr()
     handle = engine.submit(
-        OpType.ALLREDUCE,
+        _ALLREDUCE,
         name,
         id_of(process_set),
         runtime_dtype(tensor),
-        tensor.data_ptr(),
-        output.data_ptr(),
+        address,
+        address if output is tensor else output.data_ptr(),
         tensor.shape or (1,),  # a 0-d tensor travels as one element
         runtime_op(op),
         float(prescale_factor),
         float(postscale_factor),
+        keep=(tensor, output),
+        result=lambda _h, output=output: output,
     )
-    return _handles.register((handle,), None, keep_alive=(tensor, output), result=output)
+    return _handles.register_engine_handle(handle)
 
 
 def _single(launch: Callable[[], int]) -> int:
