@@ -31,9 +31,8 @@ class ResultHandle(EngineHandle, Protocol):
 @dataclass(slots=True)
 class Pending:
     handles: Sequence[EngineHandle]
-    finish: Callable[[], Any] | None  # None: the result is `result` as it is
+    finish: Callable[[], Any]
     keep_alive: Any = ()
-    result: Any = None
 
 
 _lock = threading.Lock()
@@ -41,16 +40,10 @@ _table: dict[int, Pending | ResultHandle] = {}
 _ids = itertools.count(1)
 
 
-def register(
-    handles: Sequence[EngineHandle],
-    finish: Callable[[], Any] | None,
-    keep_alive: Any = (),
-    result: Any = None,
-) -> int:
+def register(handles: Sequence[EngineHandle], finish: Callable[[], Any], keep_alive: Any = ()) -> int:
     """Remember a submitted operation; returns the int handle the user sees. Its result is what `finish`
-    builds once the handles are done or, without `finish`, `result` as it is (a tensor the engine writes
-    in place)."""
-    pending = Pending(tuple(handles), finish, keep_alive, result)
+    builds once the handles are done."""
+    pending = Pending(tuple(handles), finish, keep_alive)
     with _lock:
         handle = next(_ids)
         _table[handle] = pending
@@ -104,7 +97,7 @@ def synchronize(handle: int) -> Any:
     try:
         for h in pending.handles:
             h.wait()
-        return pending.result if pending.finish is None else pending.finish()
+        return pending.finish()
     finally:
         for h in pending.handles:
             h.release()
