@@ -15,6 +15,7 @@
 #include <Python.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <structmember.h>
 
 #include "hpcdl/c_api.h"
@@ -38,6 +39,15 @@ static wait_fn wait_ptr;
 static handle_fn poll_ptr, release_ptr;
 static PyObject* raise_status; /* Python callable: raises the hpcdl exception for a status */
 static PyObject* error_class;   /* hpcdl.common.exceptions.HpcdlError */
+/* What allreduce() accepts without the Python helper: numpy.ndarray, and the buffer formats of the dtypes
+ * the runtime has (format -> the runtime's dtype code), both from bind(). */
+#define MAX_FORMATS 16
+static PyTypeObject* array_type;
+static struct {
+  char format[8];
+  int32_t dtype;
+} formats[MAX_FORMATS];
+static int nformats;
 /* Handles dropped while their operation still runs, as (id, buffers) tuples: the buffers must outlive
  * the operation. Reaped at the next submission. Only touched with the GIL held. */
 static PyObject* orphans;
@@ -56,14 +66,32 @@ static PyObject* fail(int status) {
   return NULL;
 }
 
-/* bind(enqueue, wait, poll, release, raise_status, error_class): the functions' addresses in the loaded
- * runtime, the callable that raises for a status, and the exception class of bad submissions. */
+/* bind(enqueue, wait, poll, release, raise_status, error_class, array_type, formats): the functions'
+ * addresses in the loaded runtime, the callable that raises for a status, the exception class of bad
+ * submissions, numpy.ndarray and a dict {buffer format: runtime dtype code}. */
 static PyObject* bind(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 6) {
+  if (nargs != 8 || !PyType_Check(args[6]) || !PyDict_Check(args[7]) || PyDict_GET_SIZE(args[7]) > MAX_FORMATS) {
     PyErr_SetString(PyExc_TypeError,
-                    "bind() takes the addresses of enqueue, wait, poll and release, raise_status and error_class");
+                    "bind() takes the addresses of enqueue, wait, poll and release, raise_status, error_class, "
+                    "the array type and a dict of at most 16 buffer formats");
     return NULL;
   }
+  Py_ssize_t pos = 0;
+  PyObject *key, *value;
+  int n = 0;
+  while (PyDict_Next(args[7], &pos, &key, &value)) {
+    const char* f = PyUnicode_AsUTF8(key);
+    long code = PyLong_AsLong(value);
+    if (f == NULL || (code == -1 && PyErr_Occurred())) return NULL;
+    if (strlen(f) >= sizeof(formats[n].format)) {
+      PyErr_Format(PyExc_ValueError, "buffer format %R is too long", key);
+      return NULL;
+    }
+    strcpy(formats[n].format, f);
+    formats[n++].dtype = (int32_t)code;
+  }
+  nformats = n;
+  Py_XSETREF(array_type, (PyTypeObject*)Py_NewRef(args[6]));
   void* f[4];
   for (int i = 0; i < 4; ++i) {
     f[i] = PyLong_AsVoidPtr(args[i]);
@@ -91,6 +119,7 @@ typedef struct {
   int ndim;
   PyObject* keep;   /* the objects owning the buffers, alive until the engine is done with them */
   PyObject* result; /* callable(handle) -> what the helper that submitted it promises, or None */
+  PyObject* value;  /* or that result itself, when the helper knows it at submission (an output array) */
   char released, finished;
 } HandleObject;
 
@@ -98,6 +127,7 @@ static int handle_traverse(HandleObject* self, visitproc visit, void* arg) {
   Py_VISIT(self->op_type);
   Py_VISIT(self->keep);
   Py_VISIT(self->result);
+  Py_VISIT(self->value);
   return 0;
 }
 
@@ -105,6 +135,7 @@ static int handle_clear(HandleObject* self) {
   Py_CLEAR(self->op_type);
   Py_CLEAR(self->keep);
   Py_CLEAR(self->result);
+  Py_CLEAR(self->value);
   return 0;
 }
 
@@ -185,6 +216,12 @@ static PyObject* handle_release(HandleObject* self, PyObject* unused) {
   Py_RETURN_NONE;
 }
 
+static PyObject* handle_result(HandleObject* self, PyObject* unused) {
+  if (self->value) return Py_NewRef(self->value);
+  if (self->result && self->result != Py_None) return PyObject_CallOneArg(self->result, (PyObject*)self);
+  Py_RETURN_NONE;
+}
+
 static PyMethodDef handle_methods[] = {
     {"_check_live", (PyCFunction)handle_check_live, METH_NOARGS, "Raise HpcdlError if the handle was released."},
     {"poll", (PyCFunction)handle_poll, METH_NOARGS, "True when the operation finished; raises if it failed."},
@@ -193,6 +230,8 @@ static PyMethodDef handle_methods[] = {
     {"release", (PyCFunction)handle_release, METH_NOARGS,
      "Free the handle and any engine-owned output. Idempotent; buffers of a running operation stay alive "
      "until it finishes."},
+    {"result", (PyCFunction)handle_result, METH_NOARGS,
+     "What the NumPy helper that created this handle promises (after wait()), or None."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -291,6 +330,27 @@ static PyObject* bad_submission(void) {
   return NULL;
 }
 
+/* Enqueues r and returns a new cls instance for it that keeps `keep` alive and gives `result` (a
+ * callable) or `value` as its result; raises the runtime's error when the runtime refuses r. */
+static PyObject* enqueue_into(PyTypeObject* cls, const hpcdl_request* r, PyObject* op_type, PyObject* keep,
+                              PyObject* result, PyObject* value) {
+  HandleObject* h = (HandleObject*)cls->tp_alloc(cls, 0);
+  if (h == NULL) return NULL;
+  hpcdl_handle id = enqueue_ptr(r);
+  if (id <= 0) {
+    h->released = 1; /* nothing to release */
+    Py_DECREF(h);
+    return fail((int)-id);
+  }
+  h->id = id;
+  h->op_type = Py_NewRef(op_type);
+  h->ndim = r->ndim > 1 ? (int)r->ndim : 1;
+  h->keep = Py_NewRef(keep);
+  h->result = Py_NewRef(result);
+  h->value = value ? Py_NewRef(value) : NULL;
+  return (PyObject*)h;
+}
+
 #define SUBMIT_ARGS 17
 
 /* submit(cls, op_type, name, process_set, dtype, input, output, shape, reduce_op, prescale, postscale,
@@ -341,32 +401,102 @@ static PyObject* submit(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
   }
   r.splits = splits;
   r.nsplits = (int32_t)nsplits;
-  HandleObject* h = (HandleObject*)cls->tp_alloc(cls, 0);
-  if (h == NULL) {
-    PyMem_Free(splits);
+  PyObject* h = enqueue_into(cls, &r, args[1], args[15], args[16], NULL);
+  PyMem_Free(splits);
+  return h;
+}
+
+/* The runtime dtype of a buffer format (NULL means unsigned bytes), or -1 for one the fast path leaves to
+ * the Python helper (another byte order, a dtype the runtime lacks). */
+static int32_t dtype_of_format(const char* format) {
+  if (format == NULL) format = "B";
+  for (int i = 0; i < nformats; ++i)
+    if (strcmp(formats[i].format, format) == 0) return formats[i].dtype;
+  return -1;
+}
+
+#define ALLREDUCE_ARGS 9
+
+/* allreduce(cls, op_type, a, name, reduce_op, prescale, postscale, out, process_set) -> a cls instance,
+ * or None where engine.allreduce_async's Python helper must take the call.
+ *
+ * The whole submission of a gradient reduced into an array the caller gave (in place or not), in one C
+ * call: its Python helper (checks, the dtype's lookup, the output's closure) cost as much as submit()
+ * itself, about 0.6 us a tensor, more right after a collective has emptied the caches. Anything else
+ * (no output array, a non-contiguous or foreign-order array, an unsupported dtype, a shape or dtype
+ * mismatch, a read-only output) returns None, and the helper handles it, errors included. */
+static PyObject* allreduce(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != ALLREDUCE_ARGS) {
+    PyErr_Format(PyExc_TypeError, "allreduce() takes %d arguments (%zd given)", ALLREDUCE_ARGS, nargs);
     return NULL;
   }
-  hpcdl_handle id = enqueue_ptr(&r);
-  PyMem_Free(splits);
-  if (id <= 0) {
-    h->released = 1; /* nothing to release */
-    Py_DECREF(h);
-    return fail((int)-id);
+  if (!PyType_Check(args[0]) || !PyType_IsSubtype((PyTypeObject*)args[0], &HandleType)) {
+    PyErr_SetString(PyExc_TypeError, "allreduce() needs a HandleBase subclass as its first argument");
+    return NULL;
   }
-  h->id = id;
-  h->op_type = Py_NewRef(args[1]);
-  h->ndim = ndim > 1 ? (int)ndim : 1;
-  h->keep = Py_NewRef(args[15]);
-  h->result = Py_NewRef(args[16]);
-  return (PyObject*)h;
+  PyObject *a = args[2], *out = args[7];
+  if (enqueue_ptr == NULL || out == Py_None || !PyObject_TypeCheck(a, array_type) ||
+      !PyObject_TypeCheck(out, array_type))
+    Py_RETURN_NONE;
+  const int in_place = out == a;
+  Py_buffer in, res;
+  if (PyObject_GetBuffer(a, &in, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (in_place ? PyBUF_WRITABLE : 0)) != 0) {
+    PyErr_Clear();
+    Py_RETURN_NONE;
+  }
+  int ok = in.ndim <= MAX_DIMS;
+  void* output = in.buf;
+  if (ok && !in_place) {
+    ok = PyObject_GetBuffer(out, &res, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) == 0;
+    if (!ok) {
+      PyErr_Clear();
+    } else {
+      ok = res.ndim == in.ndim && strcmp(res.format ? res.format : "B", in.format ? in.format : "B") == 0;
+      for (int d = 0; ok && d < in.ndim; ++d) ok = res.shape[d] == in.shape[d];
+      output = res.buf;
+      PyBuffer_Release(&res);
+    }
+  }
+  hpcdl_request r;
+  int64_t shape[MAX_DIMS];
+  r.dtype = ok ? dtype_of_format(in.format) : -1;
+  for (int d = 0; d < in.ndim && d < MAX_DIMS; ++d) shape[d] = in.shape[d];
+  r.ndim = in.ndim;
+  r.input = in.buf;
+  PyBuffer_Release(&in); /* the handle keeps the arrays alive */
+  if (r.dtype < 0) Py_RETURN_NONE;
+  r.op_type = (int32_t)PyLong_AsLong(args[1]);
+  r.name = NULL;
+  if (args[3] != Py_None && (r.name = PyUnicode_AsUTF8(args[3])) == NULL) return NULL;
+  r.output = output;
+  r.shape = shape;
+  r.reduce_op = (int32_t)PyLong_AsLong(args[4]);
+  r.prescale = PyFloat_AsDouble(args[5]);
+  r.postscale = PyFloat_AsDouble(args[6]);
+  r.process_set = (int32_t)PyLong_AsLong(args[8]);
+  if (PyErr_Occurred()) return NULL;
+  r.root = 0;
+  r.splits = NULL;
+  r.nsplits = 0;
+  r.group_id = 0;
+  r.group_size = 0;
+  if (PyList_GET_SIZE(orphans) > 0 && reap_orphans() < 0) return NULL;
+  PyObject* keep = in_place ? Py_NewRef(a) : PyTuple_Pack(2, a, out);
+  if (keep == NULL) return NULL;
+  PyObject* h = enqueue_into((PyTypeObject*)args[0], &r, args[1], keep, Py_None, out);
+  Py_DECREF(keep);
+  return h;
 }
 
 static PyMethodDef methods[] = {
     {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL,
-     "bind(enqueue, wait, poll, release, raise_status, error_class)"},
+     "bind(enqueue, wait, poll, release, raise_status, error_class, array_type, formats)"},
     {"submit", (PyCFunction)(void (*)(void))submit, METH_FASTCALL,
      "submit(cls, op_type, name, process_set, dtype, input, output, shape, reduce_op, prescale, postscale, "
      "root, splits, group_id, group_size, keep, result) -> handle (a cls instance)"},
+    {"allreduce", (PyCFunction)(void (*)(void))allreduce, METH_FASTCALL,
+     "allreduce(cls, op_type, a, name, reduce_op, prescale, postscale, out, process_set) -> handle, or None "
+     "when the Python helper must take the call"},
     {NULL, NULL, 0, NULL},
 };
 

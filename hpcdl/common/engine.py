@@ -27,7 +27,7 @@ from hpcdl.common import _hotpath
 from hpcdl.common.exceptions import HpcdlError, error_for
 from hpcdl.common.library import load
 from hpcdl.common.ops import reducescatter_rows
-from hpcdl.common.types import Buffer, DType, OpType, ReduceOp, dtype_of
+from hpcdl.common.types import Buffer, DType, OpType, ReduceOp, buffer_formats, dtype_of
 
 __all__ = [
     "Handle",
@@ -72,7 +72,8 @@ def _lib() -> ctypes.CDLL:
             lib.hpcdl_process_set_size.argtypes = [ctypes.c_int]
             lib.hpcdl_process_set_rank.argtypes = [ctypes.c_int]
             hot = (lib.hpcdl_enqueue, lib.hpcdl_wait, lib.hpcdl_poll, lib.hpcdl_release)
-            _hotpath.bind(*(ctypes.cast(f, ctypes.c_void_p).value for f in hot), _raise, HpcdlError)
+            addresses = (ctypes.cast(f, ctypes.c_void_p).value for f in hot)
+            _hotpath.bind(*addresses, _raise, HpcdlError, np.ndarray, buffer_formats())
             _declared = True
     return lib
 
@@ -86,8 +87,9 @@ class Handle(_hotpath.HandleBase):
     """One submitted operation. Keeps the buffers it refers to alive until it is released.
 
     ``poll()`` (True when finished; raises if it failed), ``wait(timeout=None)`` (blocks; None: the
-    runtime's timeout) and ``release()`` (idempotent; a running operation's buffers stay alive until it
-    finishes) are implemented in C (``hpcdl/common/_hotpath.c``), like the handle's creation by
+    runtime's timeout), ``release()`` (idempotent; a running operation's buffers stay alive until it
+    finishes) and ``result()`` (what the NumPy helper that created it promises, after ``wait``) are
+    implemented in C (``hpcdl/common/_hotpath.c``), like the handle's creation by
     :func:`enqueue`: they run once per tensor per training step.
     """
 
@@ -123,10 +125,6 @@ class Handle(_hotpath.HandleBase):
         if result < 0:
             _raise(-result)
         return int(result)
-
-    def result(self) -> Any:
-        """What the NumPy helper that created this handle promises (after :meth:`wait`)."""
-        return self._result(self) if self._result is not None else None
 
     def _call_output(self, shape: Any) -> tuple[int, int]:
         self._check_live()
@@ -254,6 +252,11 @@ def allreduce_async(
     process_set: int = 0,
 ) -> Handle:
     """Allreduce ``a`` into ``out`` (a new array when None; ``out=a`` reduces in place)."""
+    # The hot path of a training step, run once per gradient: reducing into an array the caller gave is
+    # one C call, which returns None for whatever needs the checks below (and before the first _lib()).
+    handle = _hotpath.allreduce(Handle, _ALLREDUCE, a, name, op, prescale, postscale, out, process_set)
+    if handle is not None:
+        return handle
     a = _contiguous(a)
     if out is None:
         out = np.empty_like(a)
@@ -261,8 +264,6 @@ def allreduce_async(
         raise HpcdlError("out must be a C-contiguous array with the input's shape and dtype")
     if not _declared:
         _lib()
-    # The hot path of a training step, run once per gradient: the arrays go to the C accelerator as they
-    # are (see enqueue), and nothing is looked up or built that an in-place reduction does not need.
     return _hotpath.submit(
         Handle,
         _ALLREDUCE,

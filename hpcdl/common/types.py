@@ -84,6 +84,16 @@ def dtype_of(array: np.ndarray) -> DType:
         ) from None
 
 
+def buffer_formats() -> dict[str, DType]:
+    """The buffer-protocol formats (``memoryview(a).format``) of the arrays whose dtype the runtime has."""
+    formats = {}
+    for char in np.typecodes["All"]:
+        dtype = np.dtype(char)
+        if dtype in _FROM_NUMPY:
+            formats[memoryview(np.empty(0, dtype)).format] = _FROM_NUMPY[dtype]
+    return formats
+
+
 @dataclass(frozen=True)
 class Buffer:
     """A raw view of memory the caller keeps alive until the operation using it completes."""
