@@ -45,6 +45,13 @@ def _follow_control(stdin: BinaryIO, child: subprocess.Popen) -> None:
     _stop_group(child)
 
 
+def _interrupts_by_default() -> None:
+    """In the rank's process, before exec: SIGINT back at its default. A launcher started with it ignored
+    (a non-interactive shell starts background commands so) passes that on to its agents, and the rank
+    would never see the Ctrl-C the launcher forwards; a Python rank would get no KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def main() -> None:
     stdin = sys.stdin.buffer
     spec = json.loads(stdin.readline())
@@ -57,7 +64,13 @@ def main() -> None:
             f"hpcdl run: cannot enter {spec['cwd']} here ({exc.strerror}); staying in {os.getcwd()}\n"
         )
     try:
-        child = subprocess.Popen(spec["argv"], env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+        child = subprocess.Popen(
+            spec["argv"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_interrupts_by_default,
+        )
     except OSError as exc:
         sys.stderr.write(f"hpcdl run: cannot start {spec['argv'][0]}: {exc.strerror}\n")
         sys.stderr.write(f"{spec['token']} exit 127\n")

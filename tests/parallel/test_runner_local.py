@@ -154,8 +154,19 @@ def test_failing_rank_stops_the_others(tmp_path: Path, how: str, code: int, desc
     assert wait_gone(pids, 2.0) == []
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_signal_to_launcher_reaches_every_rank(tmp_path: Path, signum: int) -> None:
+def _ignore_interrupts() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize(
+    ("signum", "started_ignoring_interrupts"),
+    [(signal.SIGINT, False), (signal.SIGTERM, False), (signal.SIGINT, True)],
+)
+def test_signal_to_launcher_reaches_every_rank(
+    tmp_path: Path, signum: int, started_ignoring_interrupts: bool
+) -> None:
+    """Also when the launcher starts with SIGINT ignored, as a non-interactive shell starts a command
+    run in the background (``hpcdl run ... &`` in a job script): the ranks still get the forwarded SIGINT."""
     script = tmp_path / "wait.py"
     script.write_text(MISBEHAVE)
     launcher = subprocess.Popen(
@@ -175,6 +186,7 @@ def test_signal_to_launcher_reaches_every_rank(tmp_path: Path, signum: int) -> N
         stderr=subprocess.PIPE,
         text=True,
         env=clean_env(),
+        preexec_fn=_ignore_interrupts if started_ignoring_interrupts else None,
     )
     try:
         wait_files(tmp_path, "*.pid", 6)
