@@ -4,8 +4,9 @@
  * and a Python handle class every operation cost 10 to 15 us of Python (a ctypes structure, pointer
  * lookups, argument conversion, an object with seven attributes and a finaliser), as much as the engine's
  * whole negotiation. Here submit() builds the hpcdl_request on the stack from Python objects, calls the
- * runtime and returns the handle object in one call; the handle's poll, wait and release, and its
- * deallocation, are C too.
+ * runtime and returns the handle object in one call; allreduce() does the same straight from NumPy
+ * arrays (a gradient's allreduce, with the checks its Python helper made); the handle's poll, wait,
+ * release and result, and its deallocation, are C too.
  *
  * It links to nothing: bind() hands it the addresses of hpcdl_enqueue, hpcdl_wait, hpcdl_poll and
  * hpcdl_release from the library hpcdl.common.library loaded through ctypes, so HPCDL_LIBRARY keeps
