@@ -352,10 +352,11 @@ static PyObject* enqueue_into(PyTypeObject* cls, const hpcdl_request* r, PyObjec
   return (PyObject*)h;
 }
 
-#define SUBMIT_ARGS 17
+#define SUBMIT_ARGS 18
 
 /* submit(cls, op_type, name, process_set, dtype, input, output, shape, reduce_op, prescale, postscale,
- *        root, splits, group_id, group_size, keep, result) -> a cls (a HandleBase subclass) instance. */
+ *        root, splits, group_id, group_size, keep, result, value) -> a cls (a HandleBase subclass)
+ * instance; value None means none. */
 static PyObject* submit(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   if (!bound()) return NULL;
   if (nargs != SUBMIT_ARGS) {
@@ -402,7 +403,7 @@ static PyObject* submit(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
   }
   r.splits = splits;
   r.nsplits = (int32_t)nsplits;
-  PyObject* h = enqueue_into(cls, &r, args[1], args[15], args[16], NULL);
+  PyObject* h = enqueue_into(cls, &r, args[1], args[15], args[16], args[17] == Py_None ? NULL : args[17]);
   PyMem_Free(splits);
   return h;
 }
@@ -494,7 +495,7 @@ static PyMethodDef methods[] = {
      "bind(enqueue, wait, poll, release, raise_status, error_class, array_type, formats)"},
     {"submit", (PyCFunction)(void (*)(void))submit, METH_FASTCALL,
      "submit(cls, op_type, name, process_set, dtype, input, output, shape, reduce_op, prescale, postscale, "
-     "root, splits, group_id, group_size, keep, result) -> handle (a cls instance)"},
+     "root, splits, group_id, group_size, keep, result, value) -> handle (a cls instance)"},
     {"allreduce", (PyCFunction)(void (*)(void))allreduce, METH_FASTCALL,
      "allreduce(cls, op_type, a, name, reduce_op, prescale, postscale, out, process_set) -> handle, or None "
      "when the Python helper must take the call"},

@@ -155,11 +155,14 @@ def enqueue(
     group_size: int = 0,
     keep: tuple[Any, ...] = (),
     result: Optional[Callable[[Handle], Any]] = None,
+    value: Any = None,
 ) -> Handle:
     """Submit one operation to the engine and return its handle.
 
     ``input`` (and ``output`` for allreduce/broadcast/reducescatter; it may be the same buffer) must stay
     valid until the handle completes; pass the objects owning them in ``keep``. ``root`` is a world rank.
+    ``handle.result()`` is ``value`` when given (a result known at submission, such as the output array),
+    else ``result(handle)`` (one made from the engine's output), else None.
     """
     return submit(
         op_type,
@@ -178,6 +181,7 @@ def enqueue(
         group_size,
         keep,
         result,
+        value,
     )
 
 
@@ -198,6 +202,7 @@ def submit(
     group_size: int = 0,
     keep: Any = None,
     result: Optional[Callable[[Handle], Any]] = None,
+    value: Any = None,
 ) -> Handle:
     """:func:`enqueue` with the buffers as raw addresses (no Buffer objects), as a framework hands over its
     own tensors; whoever owns them keeps them alive until the handle completes (or passes them in
@@ -206,7 +211,7 @@ def submit(
         _lib()
     return _hotpath.submit(
         Handle, op_type, name, process_set, dtype, input_ptr, output_ptr, shape, reduce_op, prescale,
-        postscale, root, splits, group_id, group_size, keep, result,
+        postscale, root, splits, group_id, group_size, keep, result, value,
     )  # fmt: skip
 
 
@@ -281,7 +286,8 @@ def allreduce_async(
         0,
         0,
         a if out is a else (a, out),
-        lambda _h, out=out: out,
+        None,
+        out,
     )
 
 
@@ -315,7 +321,7 @@ def grouped_allreduce_async(
                 group_id=group,
                 group_size=len(arrays),
                 keep=(a, out),
-                result=lambda _h, out=out: out,
+                value=out,
             )
         )
     return handles
@@ -349,7 +355,7 @@ def broadcast_async(a: np.ndarray, root: int = 0, name: Optional[str] = None, pr
         process_set=process_set,
         root=root,
         keep=(a,),
-        result=lambda _h, a=a: a,
+        value=a,
     )
 
 
@@ -400,7 +406,7 @@ def reducescatter_async(
         prescale=prescale,
         postscale=postscale,
         keep=(a, out),
-        result=lambda _h, out=out: out,
+        value=out,
     )
 
 

@@ -173,7 +173,7 @@ def _allreduce_one(
         float(prescale_factor),
         float(postscale_factor),
         keep=(tensor, output),
-        result=lambda _h, output=output: output,
+        value=output,
     )
     return _handles.register_engine_handle(handle)
 

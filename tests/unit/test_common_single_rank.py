@@ -97,30 +97,35 @@ def test_engine_helpers_take_any_native_array(runtime) -> None:
 
 
 def test_reducing_into_a_given_array_takes_the_one_call_c_path(runtime) -> None:
-    """``allreduce_async`` into an array the caller gave, in place or not, is one C call (no Python
-    closure makes its result); the dtype it reads from the buffer format must be the array's own, which a
-    prescale shows even on one rank. Whatever that path cannot take still gets the Python checks' errors."""
+    """``allreduce_async`` into an array the caller gave, in place or not, is one C call (the Python
+    helper's checks never run); the dtype it reads from the buffer format must be the array's own, which
+    a prescale shows even on one rank. Whatever that path cannot take still gets the Python checks' errors."""
     from hpcdl.common import engine
 
     class Tagged(np.ndarray):
         pass
 
+    def python_helper_called(a: np.ndarray) -> np.ndarray:
+        raise AssertionError(f"the Python helper took an allreduce into a given {a.dtype} array")
+
     engine.synchronize(engine.allreduce_async(np.ones(1, np.float32), name="bind"))  # binds the C path
     dtypes = (np.float16, np.float32, np.float64, np.int8, np.int16, np.int32, np.int64, np.uint8)
-    for dtype in (*dtypes, np.longlong):
-        for shape in ((2, 3), ()):
-            a = np.arange(6).astype(dtype).reshape(2, 3) if shape else np.array(3, dtype)
-            out = np.empty_like(a)
-            handle = engine.allreduce_async(a, op=ReduceOp.SUM, prescale=2.0, out=out)
-            assert handle._result is None and engine.synchronize(handle) is out
-            np.testing.assert_array_equal(out, a * 2)
-            in_place = a.copy().view(Tagged)
-            handle = engine.allreduce_async(in_place, op=ReduceOp.SUM, prescale=2.0, out=in_place)
-            assert handle._result is None and engine.synchronize(handle) is in_place
-            np.testing.assert_array_equal(in_place, a * 2)
-    flags = np.array([True, False])
-    assert engine.synchronize(engine.allreduce_async(flags, op=ReduceOp.SUM, out=flags)) is flags
-    np.testing.assert_array_equal(flags, [True, False])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(engine, "_contiguous", python_helper_called)
+        for dtype in (*dtypes, np.longlong):
+            for shape in ((2, 3), ()):
+                a = np.arange(6).astype(dtype).reshape(2, 3) if shape else np.array(3, dtype)
+                out = np.empty_like(a)
+                handle = engine.allreduce_async(a, op=ReduceOp.SUM, prescale=2.0, out=out)
+                assert engine.synchronize(handle) is out
+                np.testing.assert_array_equal(out, a * 2)
+                in_place = a.copy().view(Tagged)
+                handle = engine.allreduce_async(in_place, op=ReduceOp.SUM, prescale=2.0, out=in_place)
+                assert engine.synchronize(handle) is in_place
+                np.testing.assert_array_equal(in_place, a * 2)
+        flags = np.array([True, False])
+        assert engine.synchronize(engine.allreduce_async(flags, op=ReduceOp.SUM, out=flags)) is flags
+        np.testing.assert_array_equal(flags, [True, False])
 
     a = np.ones(4, np.float32)
     with pytest.raises(hc.HpcdlError, match="shape and dtype"):
