@@ -43,20 +43,20 @@ _ids = itertools.count(1)
 def register(handles: Sequence[EngineHandle], finish: Callable[[], Any], keep_alive: Any = ()) -> int:
     """Remember a submitted operation; returns the int handle the user sees. Its result is what `finish`
     builds once the handles are done."""
-    pending = Pending(tuple(handles), finish, keep_alive)
-    with _lock:
-        handle = next(_ids)
-        _table[handle] = pending
-    return handle
+    return _add(Pending(tuple(handles), finish, keep_alive))
 
 
 def register_engine_handle(handle: ResultHandle) -> int:
     """Remember an operation that is one engine handle keeping its own buffers and making its own result
-    (``hpcdl.common.engine.Handle`` with ``keep`` and ``result``). It runs once per gradient, and skips
+    (``hpcdl.common.engine.Handle`` with ``keep`` and ``value``). It runs once per gradient, and skips
     the entry ``register`` builds: 0.4 us less."""
+    return _add(handle)
+
+
+def _add(entry: Pending | ResultHandle) -> int:
     with _lock:
         key = next(_ids)
-        _table[key] = handle
+        _table[key] = entry
     return key
 
 
