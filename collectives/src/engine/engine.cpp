@@ -269,17 +269,18 @@ void Engine::settle() {
   std::unique_lock<std::mutex> lock(mutex_);
   collecting_ = true;
   batch_wake_bytes_ = threshold;
-  // A pause counts only from when this thread went to sleep: it runs on the core a caller submits from,
-  // so a caller cannot enqueue while this thread is awake (its wake-up at the burst's first enqueue, each
-  // look it takes), and that time is not the caller's pause.
-  auto asleep_since = Clock::now();
+  // A pause counts from the last enqueue; while this thread keeps to the core its caller submits from,
+  // only from when it went to sleep: the caller cannot enqueue while this thread is awake there (its
+  // wake-up at a burst's first enqueue, each look it takes), and that time is not the caller's pause.
+  const bool shares_core = pinned_ && on_own_core_;
+  auto asleep_since = shares_core ? Clock::now() : Clock::time_point::min();
   for (bool first = true; !queue_.empty() && callers_waiting_ == 0 && !shutdown_requested_ &&
                           queue_bytes_ < threshold;
        first = false) {
     const auto now = Clock::now();
     const auto quiet_at = std::max(last_enqueue_, asleep_since) + kSettle;
     if (now >= quiet_at || now >= give_up) break;
-    asleep_since = now;
+    if (shares_core) asleep_since = now;
     queue_cv_.wait_until(lock, std::min(first ? quiet_at : std::max(quiet_at, now + kSettleRecheck), give_up));
   }
   collecting_ = false;
