@@ -331,10 +331,19 @@ static PyObject* bad_submission(void) {
   return NULL;
 }
 
-/* Enqueues r and returns a new cls instance for it that keeps `keep` alive and gives `result` (a
- * callable) or `value` as its result; raises the runtime's error when the runtime refuses r. */
+/* cls when it is a HandleBase subclass; else raises TypeError for function `fn`. */
+static PyTypeObject* handle_class(PyObject* cls, const char* fn) {
+  if (PyType_Check(cls) && PyType_IsSubtype((PyTypeObject*)cls, &HandleType)) return (PyTypeObject*)cls;
+  PyErr_Format(PyExc_TypeError, "%s() needs a HandleBase subclass as its first argument", fn);
+  return NULL;
+}
+
+/* Reaps the handles orphaned since the last submission, enqueues r and returns a new cls instance for it
+ * that keeps `keep` alive and gives `result` (a callable) or `value` as its result; raises the runtime's
+ * error when the runtime refuses r. */
 static PyObject* enqueue_into(PyTypeObject* cls, const hpcdl_request* r, PyObject* op_type, PyObject* keep,
                               PyObject* result, PyObject* value) {
+  if (PyList_GET_SIZE(orphans) > 0 && reap_orphans() < 0) return NULL;
   HandleObject* h = (HandleObject*)cls->tp_alloc(cls, 0);
   if (h == NULL) return NULL;
   hpcdl_handle id = enqueue_ptr(r);
@@ -363,12 +372,8 @@ static PyObject* submit(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
     PyErr_Format(PyExc_TypeError, "submit() takes %d arguments (%zd given)", SUBMIT_ARGS, nargs);
     return NULL;
   }
-  PyTypeObject* cls = (PyTypeObject*)args[0];
-  if (!PyType_Check(args[0]) || !PyType_IsSubtype(cls, &HandleType)) {
-    PyErr_SetString(PyExc_TypeError, "submit() needs a HandleBase subclass as its first argument");
-    return NULL;
-  }
-  if (PyList_GET_SIZE(orphans) > 0 && reap_orphans() < 0) return NULL;
+  PyTypeObject* cls = handle_class(args[0], "submit");
+  if (cls == NULL) return NULL;
   hpcdl_request r;
   int64_t shape[MAX_DIMS];
   Py_ssize_t ndim = 0, nsplits = 0;
@@ -432,10 +437,8 @@ static PyObject* allreduce(PyObject* self, PyObject* const* args, Py_ssize_t nar
     PyErr_Format(PyExc_TypeError, "allreduce() takes %d arguments (%zd given)", ALLREDUCE_ARGS, nargs);
     return NULL;
   }
-  if (!PyType_Check(args[0]) || !PyType_IsSubtype((PyTypeObject*)args[0], &HandleType)) {
-    PyErr_SetString(PyExc_TypeError, "allreduce() needs a HandleBase subclass as its first argument");
-    return NULL;
-  }
+  PyTypeObject* cls = handle_class(args[0], "allreduce");
+  if (cls == NULL) return NULL;
   PyObject *a = args[2], *out = args[7];
   if (enqueue_ptr == NULL || out == Py_None || !PyObject_TypeCheck(a, array_type) ||
       !PyObject_TypeCheck(out, array_type))
@@ -482,10 +485,9 @@ static PyObject* allreduce(PyObject* self, PyObject* const* args, Py_ssize_t nar
   r.nsplits = 0;
   r.group_id = 0;
   r.group_size = 0;
-  if (PyList_GET_SIZE(orphans) > 0 && reap_orphans() < 0) return NULL;
   PyObject* keep = in_place ? Py_NewRef(a) : PyTuple_Pack(2, a, out);
   if (keep == NULL) return NULL;
-  PyObject* h = enqueue_into((PyTypeObject*)args[0], &r, args[1], keep, Py_None, out);
+  PyObject* h = enqueue_into(cls, &r, args[1], keep, Py_None, out);
   Py_DECREF(keep);
   return h;
 }
