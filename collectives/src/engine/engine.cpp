@@ -764,13 +764,35 @@ void Engine::decide_and_run(const std::vector<Ready>& work) {
 }
 
 void Engine::finish(Pending& e, int code, const std::string& message) {
-  if (!e.local) return;
+  std::shared_ptr<EngineOp> waited_on;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    waited_on = mark_finished(e, code, message);
+  }
+  if (waited_on) waited_on->done.notify_all();
+}
+
+// A batch finishes under one hold of mutex_, and its waiters wake after it: a caller that waits on the
+// batch's operations one by one then finds them all done, where finishing them one at a time made it take
+// turns with this thread for the lock at each wait (and, sharing a core, for the core).
+void Engine::finish(const std::vector<Ready>& batch, int code, const std::string& message) {
+  std::vector<std::shared_ptr<EngineOp>> waited_on;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const Ready& r : batch)
+      if (auto op = mark_finished(*r.entry, code, message)) waited_on.push_back(std::move(op));
+  }
+  for (const auto& op : waited_on) op->done.notify_all();
+}
+
+// Under mutex_: the entry's own operation leaves PENDING. Returns it when a caller waits on it.
+std::shared_ptr<EngineOp> Engine::mark_finished(Pending& e, int code, const std::string& message) {
+  if (!e.local) return nullptr;
   std::shared_ptr<EngineOp> op = std::move(e.local);
-  std::lock_guard<std::mutex> lock(mutex_);
   pending_names_.erase({op->request.process_set, op->request.name});
   if (code != HPCDL_OK) op->error = message;
   op->status.store(code, std::memory_order_release);
-  if (op->waiters > 0) op->done.notify_all();
+  return op->waiters > 0 ? op : nullptr;
 }
 
 // Response cache: operations that ran with every member's submission are remembered under a small id; a

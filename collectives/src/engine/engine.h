@@ -168,6 +168,8 @@ class Engine {
   Status run_fused(const std::vector<Ready>& batch, Comm& comm, const std::string& what);
   void run_inline(Pending& entry);
   void finish(Pending& entry, int code, const std::string& message);
+  void finish(const std::vector<Ready>& batch, int code, const std::string& message);
+  std::shared_ptr<EngineOp> mark_finished(Pending& entry, int code, const std::string& message);
   void remember(const Key& key, const Pending& entry);
   void stall_check(Clock::time_point now);
   void fail_everything(const Status& status);
