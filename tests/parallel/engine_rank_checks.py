@@ -405,10 +405,12 @@ def check_autotune(steps: int) -> None:
     r = hc.rank()
     user_threshold = E.engine_knob("fusion_threshold")
     cycle_times = set()
-    for _ in range(steps):
-        handles = [E.allreduce_async(values(r, 2000, i), name=f"at.{i}") for i in range(20)]
-        for h in handles:
-            E.synchronize(h)
+    for i in range(steps):
+        # One operation a step: a burst (what autotune scores) that no scheduling delay can split, so each
+        # step's sample changes a knob that the next step's negotiation carries to every rank. (Twenty
+        # tensors a step, submitted one by one, split into several bursts on a loaded host, and autotune
+        # could converge within one step, unseen between two reads.)
+        E.synchronize(E.allreduce_async(values(r, 20 * 2000, i), name="at.step"))
         time.sleep(0.02)  # let the engine go idle: one step per burst
         cycle_times.add(E.engine_knob("cycle_time_ms"))
         assert E.engine_knob("fusion_threshold") == user_threshold, "autotune changed a knob the user set"
