@@ -73,10 +73,13 @@ assert len(SHAPES) == 161 and sum(int(np.prod(s)) for s in SHAPES) == 25_557_032
 def timed_rounds(
     steps: dict[str, Callable[[], None]], warmup: int, iterations: int, barrier: Callable[[], None]
 ) -> dict[str, list[float]]:
-    """Seconds of each step, in rounds: every round runs each variant once, after a barrier, in an order
-    shuffled anew each round (the same on every rank). Interleaving makes the variants share whatever
-    state the machine is in (this VM's shared-memory speed changes from one second to the next), and the
-    shuffling varies which variant each one follows (a step runs with the caches its predecessor left)."""
+    """Seconds of each step, in rounds: every round runs each variant once, in an order shuffled anew each
+    round (the same on every rank). Interleaving makes the variants share whatever state the machine is in
+    (this VM's shared-memory speed changes from one second to the next).
+
+    Each timed step follows an untimed step of its own variant, as a training step follows the previous
+    one: it pays what that step left running (the engine thread's bookkeeping after the last wait, which
+    overlaps the caller's next work) and nothing another variant left."""
     for step in steps.values():
         for _ in range(warmup):
             step()
@@ -85,6 +88,8 @@ def timed_rounds(
         order = list(steps)
         random.Random(r).shuffle(order)
         for name in order:
+            barrier()
+            steps[name]()
             barrier()
             started = time.perf_counter()
             steps[name]()
