@@ -463,10 +463,17 @@ Status Engine::exchange(const std::vector<uint8_t>& mine, std::vector<std::vecto
   uint32_t len = static_cast<uint32_t>(mine.size());
   std::memcpy(send.data(), &len, sizeof len);
   std::memcpy(send.data() + sizeof len, mine.data(), std::min(mine.size(), kInline));
-  const std::string what = "engine negotiation";
+  std::string what = "engine negotiation";
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!pending_names_.empty()) {
+      what += " (this rank waits for " + std::to_string(pending_names_.size()) + " operation(s), e.g. '" +
+              pending_names_.begin()->second + "')";
+    }
+  }
   Status s = control_->allgatherv(send.data(), recv.data(), std::vector<int64_t>(size_, kSlotBytes), HPCDL_UINT8,
                                   deadline(), what);
-  if (!s.is_ok()) return with_pending_note(s);
+  if (!s.is_ok()) return s;
   all->assign(size_, {});
   std::vector<int64_t> extra(size_, 0);
   int64_t extra_total = 0;
@@ -482,25 +489,13 @@ Status Engine::exchange(const std::vector<uint8_t>& mine, std::vector<std::vecto
   std::vector<uint8_t> more(static_cast<size_t>(extra_total));
   const uint8_t* tail = mine.data() + std::min(mine.size(), kInline);
   s = control_->allgatherv(tail, more.data(), extra, HPCDL_UINT8, deadline(), what);
-  if (!s.is_ok()) return with_pending_note(s);
+  if (!s.is_ok()) return s;
   size_t off = 0;
   for (int r = 0; r < size_; ++r) {
     (*all)[r].insert((*all)[r].end(), more.begin() + off, more.begin() + off + extra[r]);
     off += static_cast<size_t>(extra[r]);
   }
   return Status::ok();
-}
-
-// A failed negotiation's error, with what this rank was waiting for.
-Status Engine::with_pending_note(Status status) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  size_t pending = 0;
-  const std::string* example = nullptr;
-  for (const auto& kv : names_)
-    if (pending_ids_.pending(kv.second) && pending++ == 0) example = &kv.first.second;
-  if (pending > 0)
-    status.message += " (this rank waits for " + std::to_string(pending) + " operation(s), e.g. '" + *example + "')";
-  return status;
 }
 
 // Removes an entry that ends before this cycle's decisions, and its place in the cycle's work.
@@ -527,8 +522,8 @@ bool Engine::decode(int rank, const std::vector<uint8_t>& message, bool* shutdow
     uint8_t kind = 0;
     if (!in.get(&kind)) return false;
     RequestPtr request;
-    int32_t id = -1;
     if (kind == kCachedRequest) {
+      int32_t id = -1;
       if (!in.get(&id) || id < 0 || id >= static_cast<int32_t>(cache_.size()) || !cache_[id].used) return false;
       const CacheSlot& slot = cache_[id];
       int m = index_of(slot.members, rank);
@@ -565,7 +560,6 @@ bool Engine::decode(int rank, const std::vector<uint8_t>& message, bool* shutdow
     const int m = key.first == 0 ? rank : index_of(request->members, rank);
     if (m < 0) return false;  // enqueue only accepts members
     if (m >= static_cast<int>(e.by_member.size()) || e.by_member[m]) return false;  // enqueue refuses duplicates
-    e.cache_slot = e.arrived.empty() || e.cache_slot == id ? id : -1;
     e.arrived.push_back(rank);
     e.last_arrival = last_cycle_start_;
     if (local) e.local = local;
@@ -675,8 +669,6 @@ void Engine::decide_and_run(const std::vector<Ready>& work) {
   for (const Ready& r : ready) {
     Pending& e = *r.entry;
     e.decided = now;
-    e.count = e.any()->num_elements();
-    e.bytes = e.count * dtype_size(e.any()->dtype);
     std::vector<const OpRequest*> requests;
     for (const auto& q : e.by_member) requests.push_back(q.get());
     std::string message;
@@ -744,7 +736,7 @@ void Engine::decide_and_run(const std::vector<Ready>& work) {
   };
   for (const Ready& r : runnable) {
     const OpRequest& q = *r.entry->any();
-    const int64_t bytes = r.entry->bytes;
+    int64_t bytes = entry_bytes(*r.entry);
     bool fusable = q.op_type == HPCDL_OP_ALLREDUCE && threshold > 0 && bytes <= threshold &&
                    !r.entry->all_inline() && (bytes <= kFuseTensorMaxBytes || fuses_large(q.process_set));
     if (fusable) {
@@ -797,7 +789,7 @@ void Engine::finish(const std::vector<Ready>& batch, int code, const std::string
 std::shared_ptr<EngineOp> Engine::mark_finished(Pending& e, int code, const std::string& message) {
   if (!e.local) return nullptr;
   std::shared_ptr<EngineOp> op = std::move(e.local);
-  pending_ids_.finish(op->id);
+  pending_names_.erase({op->request.process_set, op->request.name});
   if (code != HPCDL_OK) op->error = message;
   op->status.store(code, std::memory_order_release);
   return op->waiters > 0 ? op : nullptr;
@@ -810,12 +802,6 @@ void Engine::remember(const Key& key, const Pending& e) {
   if (cache_capacity_ <= 0) return;
   for (const auto& q : e.by_member)
     if (!q || q->op_type == HPCDL_OP_JOIN) return;
-  // It ran from the slot every member sent the id of (the common case in a training loop): the slot's
-  // requests are this entry's own, so the slot still holds this key and only its use is recorded.
-  if (e.cache_slot >= 0 && cache_[e.cache_slot].by_member == e.by_member) {
-    cache_[e.cache_slot].last_used = ++cache_clock_;
-    return;
-  }
   auto it = cache_index_.find(key);
   int id;
   if (it != cache_index_.end()) {
@@ -916,8 +902,7 @@ void Engine::fail_everything(const Status& status) {
     op->error = failed_.message + " (" + describe(op->request) + " did not complete)";
     op->status.store(failed_.code == HPCDL_OK ? HPCDL_ERR_SHUTDOWN : failed_.code, std::memory_order_release);
   }
-  pending_ids_.finish_all(next_handle_);
-  names_.clear();
+  pending_names_.clear();
   for (auto& op : ops)
     if (op->waiters > 0) op->done.notify_all();
 }

@@ -35,11 +35,11 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "comm.h"
 #include "engine/autotune.h"
-#include "engine/pending_ids.h"
 #include "engine/request.h"
 #include "engine/timeline.h"
 #include "runtime.h"
@@ -50,17 +50,12 @@ class Runtime;
 
 // One submitted operation: what the caller's handle refers to.
 struct EngineOp {
-  // What the engine thread and a waiting caller touch after the transfer comes first, in one cache line:
-  // by then the transfer has evicted the operation from the caches.
   int64_t id = 0;
+  OpRequest request;
   const void* input = nullptr;
   void* output = nullptr;
-  std::atomic<int> status{HPCDL_PENDING};
-  // Callers blocked in wait() on this operation (under Engine::mutex_): only they are woken when it
-  // finishes, so a caller waiting on one of many operations is not woken by every other one.
-  int waiters = 0;
-  OpRequest request;
   Clock::time_point submitted;
+  std::atomic<int> status{HPCDL_PENDING};
   // Written by the engine thread before `status` leaves PENDING; read-only afterwards.
   std::string error;
   std::vector<uint8_t> owned_output;
@@ -68,6 +63,9 @@ struct EngineOp {
   std::vector<int64_t> received_splits;
   int join_result = -1;
   std::vector<int> waiting_for;  // ranks that have not submitted it yet (under Engine::mutex_)
+  // Callers blocked in wait() on this operation (under Engine::mutex_): only they are woken when it
+  // finishes, so a caller waiting on one of many operations is not woken by every other one.
+  int waiters = 0;
   std::condition_variable done;
 };
 
@@ -107,27 +105,21 @@ class Engine {
 
   // Everything the ranks have said about one name that has not run yet; identical on every rank.
   struct Pending {
-    // What a batch's execution touches after the transfer comes first (see EngineOp).
-    std::shared_ptr<EngineOp> local;  // this rank's own submission
-    // Elements and bytes of any(), set when the entry is decided.
-    int64_t count = 0, bytes = 0;
-    // The response-cache slot every member's submission named by id; -1 when one came in full or from
-    // another slot.
-    int cache_slot = -1;
-    bool finished = false;  // decided this cycle; leaves table_ at the end of decide_and_run
-    bool held = false;      // ready, waiting for the rest of its group
-    std::vector<RequestPtr> by_member;
     uint64_t sequence = 0;  // creation order: the order ready operations run in
     std::vector<int> members;  // world ranks of the process set
+    std::vector<RequestPtr> by_member;
     // Tiny allreduces travel with their data inside the control message; when every member's data is
     // here, each rank reduces locally (same inputs, same order: the same result) and no collective runs.
     std::vector<std::vector<uint8_t>> payload;
     bool all_inline() const;
     std::vector<int> arrived;  // world ranks in the order their submissions arrived
     Clock::time_point first_seen, last_arrival, decided;
+    std::shared_ptr<EngineOp> local;  // this rank's own submission
+    bool held = false;                // ready, waiting for the rest of its group
     const OpRequest* any() const;
     Clock::time_point last_stall_warning;
     uint64_t listed_in_cycle = 0;  // the cycle that last listed it as work (lists each entry once)
+    bool finished = false;         // decided this cycle; leaves table_ at the end of decide_and_run
   };
   struct CacheSlot {
     Key key;
@@ -183,10 +175,9 @@ class Engine {
   void fail_everything(const Status& status);
   std::vector<int> members_of(const OpRequest& request) const;
   std::shared_ptr<EngineOp> find(int64_t handle) const;
-  void sweep_names();
-  Status with_pending_note(Status status) const;
   void record_timeline(const Pending& entry, const char* phase, Clock::time_point begin, Clock::time_point end,
                        const std::string& args = "");
+  int64_t entry_bytes(const Pending& entry) const;
 
   Runtime& runtime_;
   int rank_ = 0, size_ = 1;
@@ -214,16 +205,9 @@ class Engine {
   bool collecting_ = false;       // the engine thread sleeps in settle() or wait_for_batch()
   int64_t batch_wake_bytes_ = 0;  // > 0 while it sleeps in settle or wait_for_batch: wake at this many bytes
   std::unordered_map<int64_t, std::shared_ptr<EngineOp>> handles_;
-  // The handle of the latest operation submitted under each name: enqueue refuses a name whose operation is
-  // still pending. A name's entry stays when its operation finishes, since removing it there would touch
-  // each name's (cold) entry on the engine thread just before the waiters wake; a training loop submits
-  // the same names every step, and enqueue sweeps out finished ones whenever the map has doubled since the
-  // last sweep.
-  std::unordered_map<Key, int64_t, KeyHash> names_;
-  size_t names_sweep_at_ = 1024;
+  std::unordered_set<Key, KeyHash> pending_names_;
   std::map<std::pair<int, int>, int64_t> unnamed_counter_;
   int64_t next_handle_ = 1;
-  PendingIds pending_ids_{next_handle_};
   bool waiting_ = false;  // the engine thread sleeps in wait_notify; enqueue rings the doorbell
   bool shutdown_requested_ = false;
   bool running_ = false;

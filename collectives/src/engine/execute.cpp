@@ -12,6 +12,11 @@ namespace hpcdl {
 
 using namespace engine_detail;
 
+int64_t Engine::entry_bytes(const Pending& e) const {
+  const OpRequest* r = e.any();
+  return r ? r->num_elements() * dtype_size(r->dtype) : 0;
+}
+
 void Engine::record_timeline(const Pending& e, const char* phase, Clock::time_point begin, Clock::time_point end,
                              const std::string& args) {
   if (!timeline_.active()) return;
@@ -27,7 +32,7 @@ void Engine::record_timeline(const Pending& e, const char* phase, Clock::time_po
 
 void Engine::run_batch(const std::vector<Ready>& batch, bool fused) {
   int64_t bytes = 0;
-  for (const Ready& r : batch) bytes += r.entry->bytes;
+  for (const Ready& r : batch) bytes += entry_bytes(*r.entry);
   if (bytes >= kWideBytes) keep_to_own_core(false);  // bandwidth-bound: let the scheduler place it
   const Key& first = *batch.front().key;
   std::shared_ptr<Comm> data;
@@ -63,9 +68,9 @@ void Engine::run_batch(const std::vector<Ready>& batch, bool fused) {
     s = run_one(*batch.front().entry, *data, describe(*batch.front().entry->any()));
     if (timeline_.active() && s.is_ok())
       record_timeline(*batch.front().entry, op_type_upper(batch.front().entry->any()->op_type), start, Clock::now(),
-                      "\"bytes\":" + std::to_string(batch.front().entry->bytes));
+                      "\"bytes\":" + std::to_string(entry_bytes(*batch.front().entry)));
   }
-  for (const Ready& r : batch) burst_bytes_ += r.entry->bytes;
+  for (const Ready& r : batch) burst_bytes_ += entry_bytes(*r.entry);
   finish(batch, s.code, s.message);
   if (!s.is_ok()) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -180,10 +185,10 @@ Status Engine::run_fused(const std::vector<Ready>& batch, Comm& comm, const std:
   const bool native = comm.native_segments();
   // Which tensors go through the fusion buffer depends only on sizes, the same on every rank, so every
   // rank lists the same segments in the same order (the fusion buffer first).
-  auto packed = [&](const Pending& e) { return !native || e.bytes <= kPackTensorMaxBytes; };
+  auto packed = [&](const Pending& e) { return !native || entry_bytes(e) <= kPackTensorMaxBytes; };
   int64_t packed_count = 0, total = 0, joined_bytes = 0;
   for (const Ready& r : batch) {
-    const int64_t count = r.entry->count;
+    const int64_t count = r.entry->any()->num_elements();
     total += count;
     if (packed(*r.entry)) packed_count += count;
     else if (!r.entry->local) joined_bytes += count * dsize;
@@ -203,7 +208,7 @@ Status Engine::run_fused(const std::vector<Ready>& batch, Comm& comm, const std:
   const auto t0 = Clock::now();
   int64_t off = 0;
   for (const Ready& r : batch) {
-    const int64_t count = r.entry->count;
+    const int64_t count = r.entry->any()->num_elements();
     const size_t bytes = static_cast<size_t>(count * dsize);
     if (!packed(*r.entry)) {
       if (r.entry->local) {
@@ -227,18 +232,10 @@ Status Engine::run_fused(const std::vector<Ready>& batch, Comm& comm, const std:
                                            deadline(), what);
   if (!s.is_ok()) return s;
   const auto t2 = Clock::now();
-  // The transfer evicted the batch's entries and operations from the caches: fetch them for the copies
-  // below and finish() all at once, rather than one miss after another.
-  for (const Ready& r : batch) {
-    __builtin_prefetch(r.entry);
-    __builtin_prefetch(reinterpret_cast<const char*>(r.entry) + 64);
-  }
-  for (const Ready& r : batch)
-    if (EngineOp* op = r.entry->local.get()) __builtin_prefetch(op);
   off = 0;
   for (const Ready& r : batch) {
     if (!packed(*r.entry)) continue;
-    size_t bytes = static_cast<size_t>(r.entry->count * dsize);
+    size_t bytes = static_cast<size_t>(r.entry->any()->num_elements() * dsize);
     if (r.entry->local) std::memcpy(r.entry->local->output, reduced + off, bytes);
     off += static_cast<int64_t>(bytes);
   }

@@ -97,15 +97,11 @@ Status Engine::enqueue(const hpcdl_request& r, int64_t* handle) {
     int64_t k = unnamed_counter_[{r.process_set, r.op_type}]++;
     q.name = std::string(op_type_name(r.op_type)) + ".noname." + std::to_string(k);
   }
-  auto named = names_.try_emplace(Key{q.process_set, q.name}, 0);
-  if (!named.second && pending_ids_.pending(named.first->second))
+  if (!pending_names_.insert(Key{q.process_set, q.name}).second)
     return invalid("an operation named '" + q.name + "' is already pending" +
                    (q.process_set ? " in process set " + std::to_string(q.process_set) : std::string()) +
                    " on this rank; wait for it before submitting the name again, or use another name");
   op->id = next_handle_++;
-  pending_ids_.add(op->id);
-  named.first->second = op->id;
-  if (names_.size() >= names_sweep_at_) sweep_names();
   *handle = op->id;
   handles_.emplace(op->id, op);
   queue_bytes_ += elements * dtype_size(q.dtype);
@@ -117,13 +113,6 @@ Status Engine::enqueue(const hpcdl_request& r, int64_t* handle) {
   }
   if (batch_wake_bytes_ > 0 && queue_bytes_ >= batch_wake_bytes_) queue_cv_.notify_one();
   return Status::ok();
-}
-
-// Under mutex_: drops the names whose operations finished (see names_).
-void Engine::sweep_names() {
-  for (auto it = names_.begin(); it != names_.end();)
-    it = pending_ids_.pending(it->second) ? std::next(it) : names_.erase(it);
-  names_sweep_at_ = std::max<size_t>(1024, 2 * names_.size());
 }
 
 std::shared_ptr<EngineOp> Engine::find(int64_t handle) const {
