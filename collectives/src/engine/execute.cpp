@@ -70,7 +70,7 @@ void Engine::run_batch(const std::vector<Ready>& batch, bool fused) {
       record_timeline(*batch.front().entry, op_type_upper(batch.front().entry->any()->op_type), start, Clock::now(),
                       "\"bytes\":" + std::to_string(entry_bytes(*batch.front().entry)));
   }
-  for (const Ready& r : batch) burst_bytes_ += entry_bytes(*r.entry);
+  burst_bytes_ += bytes;
   finish(batch, s.code, s.message);
   if (!s.is_ok()) {
     std::lock_guard<std::mutex> lock(mutex_);
