@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything hpcdl's tests need on a fresh Debian 12 / Ubuntu 22.04+ machine:
 # compilers and CMake, OpenMPI and MPICH, Lmod, Slurm + munge, sshd and iproute2 for multi-host tests,
-# then hpcdl itself (editable, with its torch/mpi/dev extras) into the current Python.
+# then a virtual environment (.venv, or $HPCDL_VENV) holding hpcdl itself (editable) with every Python
+# package a test uses: its torch/tensorflow/mpi/dev extras, matplotlib, and the wheel build backend.
 # Run as root (or with sudo available). Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,7 +11,7 @@ SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
 APT_PACKAGES=(
-  build-essential cmake ninja-build pkg-config git python3-dev
+  build-essential cmake ninja-build pkg-config git python3-dev python3-venv
   openmpi-bin libopenmpi-dev mpich libmpich-dev
   lmod tcl8.6
   slurm-wlm slurm-client slurm-wlm-torque munge
@@ -27,9 +28,20 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get install -y -q --no-install-recommends -o DPkg::Lock::Timeout=600 "${missing[@]}"
 fi
 
+VENV=${HPCDL_VENV:-.venv}
 PY=${PYTHON:-python3}
-echo "==> $PY -m pip install -e .[torch,mpi,dev]"
-# torch is pinned to the CPU wheel so that no dependency range pulls a CUDA build.
-$PY -m pip install -q "torch==2.13.0"
-$PY -m pip install -q -e ".[torch,mpi,dev]"
-echo "==> done: try 'hpcdl check-build --verbose'"
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "==> $PY -m venv $VENV"
+  "$PY" -m venv "$VENV"
+fi
+VPY="$VENV/bin/python"
+"$VPY" -m pip install -q --upgrade pip
+# torch and tensorflow are pinned to their CPU wheels so that no dependency range pulls a CUDA build.
+echo "==> $VPY -m pip install torch==2.13.0 tensorflow-cpu==2.21.0"
+"$VPY" -m pip install -q "torch==2.13.0"
+"$VPY" -m pip install -q "tensorflow-cpu==2.21.0"
+# The build backend is installed into the environment itself: the wheel test builds without isolation.
+echo "==> $VPY -m pip install -e .[torch,tensorflow,mpi,dev]"
+"$VPY" -m pip install -q "scikit-build-core>=0.8"
+"$VPY" -m pip install -q -e ".[torch,tensorflow,mpi,dev]"
+echo "==> done: run the tests with '$VPY -m pytest'; try '$VENV/bin/hpcdl check-build --verbose'"
