@@ -177,7 +177,8 @@ Status Runtime::start(const Options& options) {
   if (serve && rank_ == 0 && size_ > 1) {
     if (bootstrap == "mpi" && secret.empty()) {
       uint8_t raw[32];
-      random_bytes(raw, sizeof(raw));
+      Status st = random_bytes(raw, sizeof(raw));
+      if (!st.is_ok()) return st;
       static const char* hex = "0123456789abcdef";
       for (uint8_t b : raw) secret += std::string{hex[b >> 4], hex[b & 15]};
     }

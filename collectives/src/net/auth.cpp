@@ -56,7 +56,8 @@ Status auth_client(int fd, const std::string& secret, const std::string& header,
   if (std::memcmp(challenge, kMagic, 8) != 0)
     return Status::error(HPCDL_ERR_AUTH, what + ": it does not speak hpcdl's protocol (wrong address or port?)");
   uint8_t nonce_c[32];
-  random_bytes(nonce_c, sizeof(nonce_c));
+  st = random_bytes(nonce_c, sizeof(nonce_c));
+  if (!st.is_ok()) return st;
   Digest mac = client_mac(secret, challenge + 8, nonce_c, header);
   std::string msg = bytes(kMagic, 8) + bytes(nonce_c, 32) + bytes(mac.data(), 32);
   uint32_t len = uint32_t(header.size());
@@ -131,9 +132,12 @@ void AuthServer::loop() {
           drop(0);
         }
         Pending p;
+        if (!random_bytes(p.nonce_s, 32).is_ok()) {  // no challenge can be made: turn the client away
+          close(fd);
+          continue;
+        }
         p.fd = fd;
         p.started = Clock::now();
-        random_bytes(p.nonce_s, 32);
         p.out.assign(kMagic, kMagic + 8);
         p.out.insert(p.out.end(), p.nonce_s, p.nonce_s + 32);
         pending.push_back(std::move(p));
