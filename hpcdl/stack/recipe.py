@@ -15,8 +15,15 @@ from pathlib import Path
 from typing import Any, Union
 from urllib.parse import urlparse
 
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
+from hpcdl.stack.names import (
+    file_name_problem,
+    has_control_characters,
+    name_problem,
+    variant_problem,
+    version_problem,
+)
 from hpcdl.stack.spec import Spec, SpecError, parse_spec
 from hpcdl.stack.yamlfile import LineDict, LineList, StackFileError, load_yaml
 
@@ -216,7 +223,15 @@ def _sources(check: _Checker, entry: LineDict, version: str) -> tuple[Source, ..
             )
         if url and urlparse(url).scheme not in ("http", "https", "file", "ftp"):
             check.error(item.line_of("url"), f"version {version}: url must be http(s), ftp or file: {url}")
-        sources.append(Source(url, sha, check.text(item, "strip").strip("/")))
+        elif url and file_name_problem(Source(url, sha).filename):
+            problem = file_name_problem(Source(url, sha).filename)
+            check.error(item.line_of("url"), f"version {version}: the url must end in a file name: {problem}")
+        strip = check.text(item, "strip").strip("/")
+        if ".." in Path(strip).parts or has_control_characters(strip):
+            check.error(
+                item.line_of("strip"), f"version {version}: strip names a directory inside the archive"
+            )
+        sources.append(Source(url, sha, strip))
     return tuple(sources)
 
 
@@ -227,10 +242,8 @@ def _versions(check: _Checker, doc: LineDict, system: str) -> tuple[RecipeVersio
     versions = []
     for version, entry in versions_map.items():
         line = versions_map.line_of(version)
-        try:
-            Version(version)
-        except InvalidVersion:
-            check.error(line, f"'{version}' is not a version number")
+        if version_problem(version):
+            check.error(line, version_problem(version))
             continue
         if entry is None or not isinstance(entry, LineDict):
             check.error(line, f"version {version} must be a mapping (use {{}} for pip-resolved versions)")
@@ -250,6 +263,9 @@ def _variants(check: _Checker, doc: LineDict) -> tuple[Variant, ...]:
     section = check.mapping(doc, "variants")
     for name, entry in section.items():
         line = section.line_of(name)
+        if variant_problem(name):
+            check.error(line, variant_problem(name))
+            continue
         if not isinstance(entry, LineDict):
             check.error(line, f"variant '{name}' must be a mapping with default and description")
             continue
@@ -338,9 +354,10 @@ def _build(check: _Checker, doc: LineDict) -> BuildSpec:
     links = []
     raw_links = check.mapping(section, "links")
     for path, target in raw_links.items():
-        if not isinstance(target, str) or Path(path).is_absolute() or ".." in Path(path).parts:
+        if not isinstance(target, str) or not _inside_install(path, target):
             check.error(
-                raw_links.line_of(path), f"links.{path}: a relative path inside the install -> a target name"
+                raw_links.line_of(path),
+                f"links.{path}: a relative path inside the install -> a target inside the install",
             )
         else:
             links.append((path, target))
@@ -351,6 +368,15 @@ def _build(check: _Checker, doc: LineDict) -> BuildSpec:
         _env_pairs(check, section, "env"),
         tuple(links),
     )
+
+
+def _inside_install(path: str, target: str) -> bool:
+    """Whether a link at `path` (relative to the install) to `target` stays inside the install."""
+    if has_control_characters(path + target) or Path(path).is_absolute() or Path(target).is_absolute():
+        return False
+    link = os.path.normpath(path)
+    pointed = os.path.normpath(os.path.join(os.path.dirname(link), target))
+    return link != "." and not any(p == ".." or p.startswith("../") for p in (link, pointed))
 
 
 def _module(check: _Checker, doc: LineDict) -> ModuleSpec:
@@ -380,7 +406,9 @@ def parse_recipe(path: Path) -> Recipe:
         raise RecipeError(f"{path}:1: a recipe must be a YAML mapping (name, versions, build, ...)")
     check.unknown_keys(doc, _TOP_KEYS, "a recipe")
     name = check.text(doc, "name", required=True)
-    if name and name != path.stem:
+    if name and name_problem(name):
+        check.error(doc.line_of("name"), name_problem(name))
+    elif name and name != path.stem:
         check.error(doc.line_of("name"), f"recipe name '{name}' must match its file name '{path.stem}.yaml'")
     build = _build(check, doc)
     provides = check.sequence(doc, "provides")

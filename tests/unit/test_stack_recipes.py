@@ -151,3 +151,29 @@ def test_dependency_on_an_unknown_package_is_reported(tmp_path: Path) -> None:
     )
     with pytest.raises(RecipeError, match="depends on 'nosuchthing', which no recipe provides"):
         load_recipes([tmp_path])
+
+
+@pytest.mark.parametrize(
+    ("versions", "build", "complaint"),
+    [
+        (
+            '"1.0": {url: "https://example.org/dl/..", sha256: unknown}',
+            "{system: make}",
+            "is not a plain file name",
+        ),
+        (
+            '"1.0": {url: "https://example.org/p.tar.gz", sha256: unknown, strip: ../..}',
+            "{system: make}",
+            "strip names a directory inside the archive",
+        ),
+        ('"1.0/../..": {}', "{system: pip}", "'1.0/../..' is not a version number"),
+        ('"1.0": {}', "{system: pip, links: {lib/x: ../../../etc/passwd}}", "a target inside the install"),
+        ('"1.0": {}', "{system: pip, links: {../x: y}}", "a target inside the install"),
+    ],
+)
+def test_recipe_fields_that_could_leave_the_install_are_refused(
+    tmp_path: Path, versions: str, build: str, complaint: str
+) -> None:
+    path = write(tmp_path, "pkg", f"name: pkg\ndescription: d\nversions:\n  {versions}\nbuild: {build}\n")
+    with pytest.raises(RecipeError, match=re.escape(complaint)):
+        parse_recipe(path)
