@@ -158,6 +158,9 @@ class _Checker:
         if not isinstance(value, (str, int)) or isinstance(value, bool):
             self.error(mapping.line_of(key), f"'{key}' must be a string")
             return ""
+        if has_control_characters(str(value)):
+            self.error(mapping.line_of(key), f"'{key}' must be one line without control characters")
+            return ""
         return str(value)
 
     def mapping(self, parent: LineDict, key: str) -> LineDict:
@@ -323,7 +326,7 @@ def _env_pairs(check: _Checker, section: LineDict, key: str) -> tuple[tuple[str,
     for name, value in values.items():
         if not _ENV_NAME.match(name):
             check.error(values.line_of(name), f"'{name}' is not an environment variable name")
-        elif not isinstance(value, str):
+        elif not isinstance(value, str) or has_control_characters(value):
             check.error(
                 values.line_of(name), f"{key}.{name} must be a string (a path relative to the prefix)"
             )
@@ -390,9 +393,12 @@ def _module(check: _Checker, doc: LineDict) -> ModuleSpec:
         )
     env = check.mapping(section, "env")
     check.unknown_keys(env, {"setenv", "prepend_path"}, "module.env")
+    family = check.text(section, "family")
+    if family and name_problem(family):
+        check.error(section.line_of("family"), f"module family: {name_problem(family)}")
     return ModuleSpec(
         level,
-        check.text(section, "family"),
+        family,
         _env_pairs(check, env, "setenv"),
         _env_pairs(check, env, "prepend_path"),
     )

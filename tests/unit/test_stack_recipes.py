@@ -177,3 +177,21 @@ def test_recipe_fields_that_could_leave_the_install_are_refused(
     path = write(tmp_path, "pkg", f"name: pkg\ndescription: d\nversions:\n  {versions}\nbuild: {build}\n")
     with pytest.raises(RecipeError, match=re.escape(complaint)):
         parse_recipe(path)
+
+
+def test_recipe_text_that_would_end_up_in_a_modulefile_is_one_line(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "pkg",
+        """\
+        name: pkg
+        description: "two\\nlines"
+        versions: {"1.0": {}}
+        build: {system: pip}
+        module: {family: "mpi;id"}
+        """,
+    )
+    with pytest.raises(RecipeError) as caught:
+        parse_recipe(path)
+    assert "pkg.yaml:2: 'description' must be one line without control characters" in str(caught.value)
+    assert "pkg.yaml:5: module family: 'mpi;id' is not a package name" in str(caught.value)
