@@ -173,7 +173,17 @@ Outcome member_of_crafted(size_t size, mode_t mode, uid_t owner, bool genuine_lo
   return o;
 }
 
-bool has(const std::string& text, const char* part) { return text.find(part) != std::string::npos; }
+bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+void check_chunk_mismatch(size_t maker_chunk, size_t member_chunk, const std::string& what) {
+  auto [maker, member] = pair_run(2, maker_chunk, 2, member_chunk);
+  const std::string both = "HPCDL_SHM_CHUNK_BYTES is " + std::to_string(member_chunk) + " on rank 1 but " +
+                           std::to_string(maker_chunk) + " on rank 0";
+  check(!member.ok && member.signal == 0 && has(member.message, both),
+        what + ": it refuses the segment (no SIGBUS), naming both values", member.message);
+  check(!maker.ok && maker.signal == 0 && has(maker.message, both),
+        what + ": the maker fails at once, naming both values", maker.message);
+}
 
 }  // namespace
 
@@ -182,22 +192,10 @@ int main() {
     auto [maker, member] = pair_run(2, 1 << 16, 2, 1 << 16);
     check(maker.ok && member.ok, "same settings: both attach and reduce", maker.message + member.message);
   }
-  {  // the member stages more per chunk than the segment holds: it would read past its end
-    auto [maker, member] = pair_run(2, 1 << 16, 2, 1 << 20);
-    const char* both = "HPCDL_SHM_CHUNK_BYTES is 1048576 on rank 1 but 65536 on rank 0";
-    check(!member.ok && member.signal == 0 && has(member.message, both),
-          "a member with a larger chunk refuses the segment (no SIGBUS), naming both values", member.message);
-    check(!maker.ok && maker.signal == 0 && has(maker.message, both),
-          "a member with a larger chunk: the maker fails at once, naming both values", maker.message);
-  }
-  {  // the member stages less: it would read the peers' buffers at the wrong offsets
-    auto [maker, member] = pair_run(2, 1 << 20, 2, 1 << 16);
-    const char* both = "HPCDL_SHM_CHUNK_BYTES is 65536 on rank 1 but 1048576 on rank 0";
-    check(!member.ok && member.signal == 0 && has(member.message, both),
-          "a member with a smaller chunk refuses the segment, naming both values", member.message);
-    check(!maker.ok && maker.signal == 0 && has(maker.message, both),
-          "a member with a smaller chunk: the maker fails at once, naming both values", maker.message);
-  }
+  // A member staging more per chunk would read past the segment's end (SIGBUS); one staging less would
+  // read the peers' buffers at the wrong offsets. Both sides must fail at once, naming both values.
+  check_chunk_mismatch(1 << 16, 1 << 20, "a member with a larger chunk");
+  check_chunk_mismatch(1 << 20, 1 << 16, "a member with a smaller chunk");
   {  // a segment cut short after the maker sized it (by anything that can write the file)
     auto [maker, member] = pair_run(2, 1 << 16, 2, 1 << 16, 1.0, [](const std::string& name) {
       int fd = shm_open(name.c_str(), O_RDWR, 0);

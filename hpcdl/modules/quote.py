@@ -9,6 +9,7 @@ read them as names, and control characters are refused outright (hpcdl.modules.r
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 # One component of a module name (name, version, compiler): what Lmod and Environment Modules read as a
 # plain word and what is safe as a directory name.
@@ -19,33 +20,33 @@ _LUA_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n"}
 _TCL_SPECIAL = set('\\"$[]{}')
 
 
+def _quoted(value: object, escape: Callable[[str], str]) -> str:
+    return '"' + "".join(escape(char) for char in str(value)) + '"'
+
+
+def _lua_char(char: str) -> str:
+    if char in _LUA_ESCAPES:
+        return _LUA_ESCAPES[char]
+    return f"\\{ord(char):03d}" if CONTROL.match(char) else char
+
+
+def _tcl_char(char: str) -> str:
+    if char in _TCL_SPECIAL:
+        return "\\" + char
+    return f"\\{ord(char):03o}" if CONTROL.match(char) else char
+
+
 def lua(value: object) -> str:
     """`value` as a double-quoted Lua string literal: backslash and quote escaped, control characters as
-    decimal escapes, so the literal always ends where it should."""
-    out = []
-    for char in str(value):
-        if char in _LUA_ESCAPES:
-            out.append(_LUA_ESCAPES[char])
-        elif CONTROL.match(char):
-            out.append(f"\\{ord(char):03d}")
-        else:
-            out.append(char)
-    return '"' + "".join(out) + '"'
+    three-digit decimal escapes, so the literal always ends where it should."""
+    return _quoted(value, _lua_char)
 
 
 def tcl(value: object) -> str:
     """`value` as a double-quoted Tcl word with no substitution left in it: backslash, quote, $, brackets
     and braces escaped (an escaped brace does not count when Tcl matches the braces of a proc body),
     control characters as three-digit octal escapes."""
-    out = []
-    for char in str(value):
-        if char in _TCL_SPECIAL:
-            out.append("\\" + char)
-        elif CONTROL.match(char):
-            out.append(f"\\{ord(char):03o}")
-        else:
-            out.append(char)
-    return '"' + "".join(out) + '"'
+    return _quoted(value, _tcl_char)
 
 
 def module_name_problem(name: str) -> str:

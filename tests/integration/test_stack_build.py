@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from http_mirror import http_mirror
-from stack_fixtures import MiniStack, new_test_stack, write_binary, write_pylib
+from stack_fixtures import MiniStack, build, new_test_stack, resolve_lock, write_binary, write_pylib
 
 from hpcdl.stack.builder import Builder, BuildOptions, BuildProgress, PackageStep, site_packages
 from hpcdl.stack.fetch import Transfer
@@ -27,44 +27,12 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def hpcdl(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "hpcdl", *args], capture_output=True, text=True, timeout=300, check=False
-    )
-
-
 @pytest.fixture
 def stack(tmp_path: Path) -> MiniStack:
     stack = new_test_stack(tmp_path)
     stack.write_greet("hello-stack")
     stack.write_wave()
     return stack
-
-
-def resolve_lock(stack: MiniStack, tmp_path: Path, *specs: str) -> Path:
-    lock = tmp_path / "stack.lock"
-    done = hpcdl(
-        "stack", "resolve", *specs, "--recipes", str(stack.recipes), "--format", "lock", "-o", str(lock)
-    )
-    assert done.returncode == 0, done.stderr
-    return lock
-
-
-def build(lock: Path, prefix: Path, stack: MiniStack, *extra: str) -> subprocess.CompletedProcess:
-    return hpcdl(
-        "stack",
-        "build",
-        str(lock),
-        "--prefix",
-        str(prefix),
-        "--mirror",
-        str(stack.mirror),
-        "--recipes",
-        str(stack.recipes),
-        "--jobs",
-        "2",
-        *extra,
-    )
 
 
 def installed(prefix: Path, lock: Path, name: str) -> Path:
@@ -246,17 +214,7 @@ def test_a_download_resumes_from_its_part_through_an_http_mirror(stack: MiniStac
     tarball = (stack.mirror / "greet-1.0.tar.gz").read_bytes()
     (cache / "greet-1.0.tar.gz.part").write_bytes(tarball[:500])  # what an interrupted build left
     with http_mirror(stack.mirror) as (base, server):
-        done = hpcdl(
-            "stack",
-            "build",
-            str(lock),
-            "--prefix",
-            str(prefix),
-            "--mirror",
-            base,
-            "--recipes",
-            str(stack.recipes),
-        )
+        done = build(lock, prefix, stack, mirror=base)
     assert done.returncode == 0, done.stderr
     assert ("/greet-1.0.tar.gz", "bytes=500-") in server.requests
     assert server.body_bytes == len(tarball) - 500

@@ -28,6 +28,14 @@ def served(tmp_path: Path) -> tuple[Path, bytes]:
     return root, data
 
 
+def cache_holding_part(tmp_path: Path, part: bytes) -> Path:
+    """A download cache where an interrupted download left `part`."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / (NAME + ".part")).write_bytes(part)
+    return cache
+
+
 def source(base: str, data: bytes, pinned: bool = True) -> Source:
     return Source(f"{base}/{NAME}", hashlib.sha256(data).hexdigest() if pinned else UNKNOWN_CHECKSUM)
 
@@ -36,10 +44,8 @@ def test_a_half_written_part_is_resumed_with_a_range_request(
     served: tuple[Path, bytes], tmp_path: Path
 ) -> None:
     root, data = served
-    cache = tmp_path / "cache"
-    cache.mkdir()
     half = len(data) // 2
-    (cache / (NAME + ".part")).write_bytes(data[:half])
+    cache = cache_holding_part(tmp_path, data[:half])
     seen: list[Transfer] = []
     with http_mirror(root) as (base, server):
         got = fetch(source(base, data), "payload", cache, None, on_transfer=seen.append)
@@ -54,9 +60,7 @@ def test_a_half_written_part_is_resumed_with_a_range_request(
 
 def test_a_server_without_ranges_sends_the_whole_file(served: tuple[Path, bytes], tmp_path: Path) -> None:
     root, data = served
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    (cache / (NAME + ".part")).write_bytes(data[: MIB // 2])
+    cache = cache_holding_part(tmp_path, data[: MIB // 2])
     with http_mirror(root) as (base, server):
         server.ranges = False
         got = fetch(source(base, data), "payload", cache, None)
@@ -68,9 +72,7 @@ def test_a_part_from_another_file_fails_verification_and_is_fetched_whole(
     served: tuple[Path, bytes], tmp_path: Path
 ) -> None:
     root, data = served
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    (cache / (NAME + ".part")).write_bytes(bytes(MIB))  # zeros: not a prefix of the file
+    cache = cache_holding_part(tmp_path, bytes(MIB))  # zeros: not a prefix of the file
     with http_mirror(root) as (base, server):
         got = fetch(source(base, data), "payload", cache, None)
     assert hashlib.sha256(got.read_bytes()).hexdigest() == hashlib.sha256(data).hexdigest()
@@ -96,9 +98,7 @@ def test_a_broken_transfer_keeps_its_part_and_the_next_fetch_resumes(
 
 def test_an_unpinned_file_is_never_resumed(served: tuple[Path, bytes], tmp_path: Path) -> None:
     root, data = served
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    (cache / (NAME + ".part")).write_bytes(data[:MIB])
+    cache = cache_holding_part(tmp_path, data[:MIB])
     with http_mirror(root) as (base, server):
         got = fetch(source(base, data, pinned=False), "payload", cache, None, verify=False)
     assert server.requests == [(f"/{NAME}", None)]  # nothing could prove the pieces belong together

@@ -6,13 +6,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from stack_fixtures import MiniStack, new_test_stack, write_pylib
+from stack_fixtures import MiniStack, build, new_test_stack, resolve_lock, write_pylib
 
 from hpcdl.stack.builder import Builder, BuildError, BuildOptions, BuildProgress, PackageStep
 from hpcdl.stack.lockfile import load_lock
@@ -21,17 +19,6 @@ from hpcdl.stack.recipe import load_recipes
 pytestmark = pytest.mark.skipif(
     not (shutil.which("cc") and shutil.which("make")), reason="needs a C compiler and make (build-essential)"
 )
-
-
-def hpcdl(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "hpcdl", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env=env,
-    )
 
 
 @pytest.fixture
@@ -51,17 +38,7 @@ def victim(tmp_path: Path) -> Path:
 
 
 def lock_for(stack: MiniStack, tmp_path: Path) -> Path:
-    lock = tmp_path / "stack.lock"
-    done = hpcdl(
-        "stack", "resolve", "greet", "--recipes", str(stack.recipes), "--format", "lock", "-o", str(lock)
-    )
-    assert done.returncode == 0, done.stderr
-    return lock
-
-
-def build(lock: Path, prefix: Path, stack: MiniStack, *extra: str, env=None) -> subprocess.CompletedProcess:
-    args = ["stack", "build", str(lock), "--prefix", str(prefix), "--recipes", str(stack.recipes)]
-    return hpcdl(*args, "--mirror", str(stack.mirror), *extra, env=env)
+    return resolve_lock(stack, tmp_path, "greet")
 
 
 def untouched(victim: Path) -> bool:
@@ -134,11 +111,7 @@ def test_pip_installs_only_the_archive_the_recipe_pins(stack: MiniStack, tmp_pat
     given the recipe's sha256 with --require-hashes, refuses it."""
     write_pylib(stack)
     recipes = load_recipes([stack.recipes])
-    lock_path = tmp_path / "stack.lock"
-    done = hpcdl(
-        "stack", "resolve", "pylib", "--recipes", str(stack.recipes), "--format", "lock", "-o", str(lock_path)
-    )
-    assert done.returncode == 0, done.stderr
+    lock_path = resolve_lock(stack, tmp_path, "pylib")
     prefix = (tmp_path / "prefix").resolve()
     cached = prefix / ".hpcdl" / "cache" / "pylib-0.3.tar.gz"
 
