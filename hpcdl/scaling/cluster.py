@@ -101,9 +101,11 @@ def submit_study(
     per_node = options.ranks_per_node or gpus or 1
     arrays = backend.array_variable is not None and spec.repeats > 1
     batches = [list(range(1, spec.repeats + 1))] if arrays else [[r] for r in range(1, spec.repeats + 1)]
+    shapes = {
+        workers: geometry(workers, per_node, gpus) for workers in spec.workers
+    }  # all, before submitting
     jobs: list[StudyJob] = []
-    for workers in spec.workers:
-        nodes, ranks_per_node, gpus_per_node = geometry(workers, per_node, gpus)
+    for workers, (nodes, ranks_per_node, gpus_per_node) in shapes.items():
         where = point_dir(directory, workers).resolve()
         where.mkdir(parents=True, exist_ok=True)
         for repeats in batches:

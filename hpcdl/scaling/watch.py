@@ -9,13 +9,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Optional
 
-from hpcdl.scaling.study import StudyError
+from hpcdl.common.exceptions import HpcdlError
 from hpcdl.schedulers import JobState, SchedulerError, get_scheduler
 from hpcdl.schedulers.records import JobRecord, records_dir
 
 FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"})
 DEFAULT_INTERVAL_S = 5.0
 DEFAULT_TIMEOUT_S = 24 * 3600.0
+
+
+class WaitTimeoutError(HpcdlError):
+    """Jobs were still queued or running when the wait's deadline passed."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +72,7 @@ def wait(
     interval: float = DEFAULT_INTERVAL_S,
     on_poll: Callable[[list[JobStatus]], None] = lambda statuses: None,
 ) -> list[JobStatus]:
-    """Poll every ``interval`` seconds until every job has finished; StudyError after ``timeout``."""
+    """Poll every ``interval`` seconds until every job has finished; WaitTimeoutError after ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
         statuses = poll(jobs)
@@ -77,7 +81,7 @@ def wait(
             return statuses
         if time.monotonic() + interval > deadline:
             waiting = [f"{s.job.job_id} ({s.summary()})" for s in statuses if not s.finished]
-            raise StudyError(
+            raise WaitTimeoutError(
                 f"job(s) {', '.join(waiting)} had not finished after {timeout:.0f} s; "
                 "wait longer (--timeout) or look at them with hpcdl jobs status"
             )
