@@ -277,6 +277,7 @@ class StepTimer:
         self._tracing = False
         with contextlib.suppress(HpcdlError):
             engine.stop_timeline()
+        self._write({"kind": "timeline_stop", "at": round(time.time(), 6)})
 
     def _write_note(self, text: str) -> None:
         self._write({"kind": "note", "text": text})
@@ -294,6 +295,7 @@ class RankSteps:
     steps: list[dict[str, Any]]
     timeline_origin: Optional[float] = None
     cpus: int = 0
+    timeline_stop: Optional[float] = None
 
 
 def read_rank_steps(path: Path) -> RankSteps:
@@ -301,6 +303,7 @@ def read_rank_steps(path: Path) -> RankSteps:
     header: Optional[dict[str, Any]] = None
     steps: list[dict[str, Any]] = []
     origin: Optional[float] = None
+    stop: Optional[float] = None
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as exc:
@@ -317,6 +320,8 @@ def read_rank_steps(path: Path) -> RankSteps:
             header = record
         elif kind == "timeline":
             origin = float(record["origin"])
+        elif kind == "timeline_stop":
+            stop = float(record["at"])
         elif kind is None:
             steps.append(record)
     if header is None or header.get("format") != FORMAT:
@@ -331,6 +336,7 @@ def read_rank_steps(path: Path) -> RankSteps:
         steps,
         origin,
         int(header.get("cpus") or 0),
+        stop,
     )
 
 

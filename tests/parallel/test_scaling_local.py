@@ -80,7 +80,7 @@ def check_points(directory: Path, mode: str) -> list[dict]:
 
 @pytest.mark.parametrize("mode", ["strong", "weak"])
 def test_a_local_study_measures_fits_and_draws(tmp_path: Path, mode: str) -> None:
-    batch = ["--global-batch", "16"] if mode == "strong" else ["--batch", "4"]
+    batch = ["--global-batch", "16", "--timeline", "2"] if mode == "strong" else ["--batch", "4"]
     done = scaling("run", f"--{mode}", *STUDY_OPTIONS, *batch, "-o", "study", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     study = tmp_path / "study"
@@ -99,6 +99,19 @@ def test_a_local_study_measures_fits_and_draws(tmp_path: Path, mode: str) -> Non
     for w in (1, 2, 4):
         for r in (1, 2):
             assert len(list((study / "points" / f"W{w}" / f"repeat-{r}").glob("steps.rank*.jsonl"))) == w
+
+    if mode == "strong":  # rank 0 recorded an engine timeline of two measured steps of each run
+        trace = study / "points" / "W2" / "repeat-1" / "timeline.json"
+        picture = subprocess.run(
+            [sys.executable, "-m", "hpcdl", "timeline", "step", str(trace)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert picture.returncode == 0, picture.stderr
+        lanes = picture.stdout.splitlines()
+        assert lanes[1].startswith("rank 0 ") and lanes[2].startswith("rank 1 ") and "fused" in picture.stdout
+        assert (trace.parent / "timeline-step2.png").stat().st_size > 5_000  # steps 1 and 2 traced: the later
 
     # the report can be made again (other threshold), and never over the user's own file
     again = scaling("report", "study", "--threshold", "0.9", cwd=tmp_path)
