@@ -12,6 +12,7 @@ from typing import Optional
 import typer
 
 from hpcdl.cli import progress
+from hpcdl.cli.submit import _pairs as env_pairs
 from hpcdl.common.exceptions import HpcdlError
 from hpcdl.scaling import cluster, local, publish, textplot
 from hpcdl.scaling import report as report_module
@@ -49,16 +50,6 @@ def _params(items: list[str]) -> dict[str, list[str]]:
     return params
 
 
-def _pairs(items: list[str]) -> dict[str, str]:
-    env = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep:
-            raise StudyError(f"--env {item!r} must be NAME=VALUE")
-        env[name] = value
-    return env
-
-
 def _fail(command: str, exc: HpcdlError) -> typer.Exit:
     typer.echo(f"hpcdl scaling {command}: {exc}", err=True)
     return typer.Exit(2)
@@ -78,8 +69,8 @@ def _publish_and_show(
     spec = study_module.load(directory)
     results = collect(spec, directory)
     records = None
-    if allreduce_file is None and not fit_from_study and (directory / local.ALLREDUCE_FILE).is_file():
-        allreduce_file = directory / local.ALLREDUCE_FILE
+    if allreduce_file is None and not fit_from_study and (directory / study_module.ALLREDUCE_FILE).is_file():
+        allreduce_file = directory / study_module.ALLREDUCE_FILE
     if allreduce_file is not None and not fit_from_study:
         records = local.load_allreduce(allreduce_file)
     report = report_module.build(
@@ -202,7 +193,7 @@ def run_command(
                 walltime=walltime,
                 account=account,
                 partition=partition,
-                env=_pairs(env),
+                env=env_pairs(env),
                 modules=modules,
                 setup=setup,
             )

@@ -16,12 +16,10 @@ from typing import Optional
 
 from hpcdl.scaling import watch
 from hpcdl.scaling.steps import REPEAT_VARIABLE
-from hpcdl.scaling.study import StudyError, StudySpec, point_dir
+from hpcdl.scaling.study import JOBS_FILE, StudyError, StudySpec, point_dir
 from hpcdl.scaling.watch import JobStatus, WatchedJob
 from hpcdl.schedulers import Sweep, get_scheduler, load_site
 from hpcdl.schedulers.submission import submit_job
-
-JOBS_FILE = "jobs.json"
 
 
 @dataclass(frozen=True)

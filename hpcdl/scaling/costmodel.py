@@ -307,7 +307,7 @@ def fit_study(results: StudyResults, allreduce: Optional[list[dict[str, Any]]] =
             )
         compute = one
         chi2 = data.chi2(compute.value, inverse_bandwidth.value, latency.value)
-        dof = len(data.steps) - (0 if results.points[0].workers == 1 else 1)
+        dof = len(data.steps) - 1  # G, from the one-worker point or fitted
     return CostModel(
         mode=results.spec.mode,
         base_workers=results.base_workers,

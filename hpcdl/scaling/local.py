@@ -20,11 +20,10 @@ from pathlib import Path
 from typing import Optional
 
 from hpcdl.scaling.results import RunResult, read_run
-from hpcdl.scaling.study import Run, StudyError, StudySpec, plan, repeat_dir
+from hpcdl.scaling.study import ALLREDUCE_FILE, Run, StudyError, StudySpec, plan, repeat_dir
 
 DEFAULT_RUN_TIMEOUT_S = 3600.0
 STOP_GRACE_S = 10.0
-ALLREDUCE_FILE = "allreduce.jsonl"
 TAIL_LINES = 15
 
 

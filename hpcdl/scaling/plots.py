@@ -14,6 +14,7 @@ import numpy as np
 
 from hpcdl.common.exceptions import HpcdlError
 from hpcdl.scaling.report import Report, title
+from hpcdl.scaling.results import PointResult
 
 # Line colours, fixed so that the pictures read alike (and tests can find the curves).
 MEASURED = "#1f77b4"
@@ -57,6 +58,15 @@ def _log2_axis(axes: Any, report: Report) -> None:
     axes.grid(True, which="major", alpha=0.3)
 
 
+def _measured(axes: Any, points: list[PointResult], values: list[float], errors: list[float]) -> None:
+    """The measured points, joined, with their error bars."""
+    workers = [p.workers for p in points]
+    axes.errorbar(
+        workers, values, yerr=errors, fmt="o-", color=MEASURED, linewidth=2.5, markersize=7, capsize=4,
+        label="measured",
+    )  # fmt: skip
+
+
 def speedup_figure(report: Report) -> Any:
     figure = _figure()
     axes = figure.add_subplot()
@@ -66,17 +76,7 @@ def speedup_figure(report: Report) -> Any:
     axes.plot(curve, curve / base, "--", color=IDEAL, linewidth=2, label="ideal")
     if report.model is not None:
         axes.plot(curve, report.model.speedup(curve), "-", color=MODEL, linewidth=2.5, label="model")
-    axes.errorbar(
-        [p.workers for p in points],
-        [p.speedup for p in points],
-        yerr=[p.speedup_err for p in points],
-        fmt="o-",
-        color=MEASURED,
-        linewidth=2.5,
-        markersize=7,
-        capsize=4,
-        label="measured",
-    )
+    _measured(axes, points, [p.speedup for p in points], [p.speedup_err for p in points])
     _log2_axis(axes, report)
     axes.set_yscale("log", base=2)
     axes.set_ylabel(f"speed-up over W={base}")
@@ -92,17 +92,7 @@ def efficiency_figure(report: Report) -> Any:
     curve = _curve_workers(report)
     if report.model is not None:
         axes.plot(curve, report.model.efficiency(curve), "-", color=MODEL, linewidth=2.5, label="model")
-    axes.errorbar(
-        [p.workers for p in points],
-        [p.efficiency for p in points],
-        yerr=[p.efficiency_err for p in points],
-        fmt="o-",
-        color=MEASURED,
-        linewidth=2.5,
-        markersize=7,
-        capsize=4,
-        label="measured",
-    )
+    _measured(axes, points, [p.efficiency for p in points], [p.efficiency_err for p in points])
     axes.axhline(
         report.threshold,
         color=THRESHOLD,

@@ -31,6 +31,8 @@ from hpcdl.scaling import steps
 
 FORMAT = 1
 STUDY_FILE = "study.json"
+JOBS_FILE = "jobs.json"  # the batch jobs of a submitted study
+ALLREDUCE_FILE = "allreduce.jsonl"  # hpcdl bench allreduce records taken with the study
 MODES = ("strong", "weak")
 _PARAM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -261,8 +263,11 @@ def create(directory: Path, spec: StudySpec, force: bool) -> None:
             f"{directory} already holds {what}; choose another --output, or add --force to run the study "
             "there again (its old runs and report are replaced)"
         )
-    if force and (directory / "points").is_dir():
-        shutil.rmtree(directory / "points")
+    if force:  # the old study's runs and measurements, never anything else
+        if (directory / "points").is_dir():
+            shutil.rmtree(directory / "points")
+        for name in (JOBS_FILE, ALLREDUCE_FILE):
+            (directory / name).unlink(missing_ok=True)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / STUDY_FILE).write_text(json.dumps(spec.to_json(), indent=2) + "\n", encoding="utf-8")
 

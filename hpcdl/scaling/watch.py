@@ -91,13 +91,12 @@ def wait(
 def recent_jobs(since_hours: float, now: Optional[float] = None) -> list[WatchedJob]:
     """The jobs hpcdl submitted from this account in the last ``since_hours`` hours, oldest first."""
     cutoff = (time.time() if now is None else now) - since_hours * 3600
-    found = []
     directory = records_dir()
-    for path in (
-        sorted(directory.glob("*.json"), key=lambda p: p.stat().st_mtime) if directory.is_dir() else []
-    ):
-        if path.stat().st_mtime < cutoff:
-            continue
+    if not directory.is_dir():
+        return []
+    recent = [p for p in directory.glob("*.json") if p.stat().st_mtime >= cutoff]
+    found = []
+    for path in sorted(recent, key=lambda p: p.stat().st_mtime):
         try:
             record = JobRecord(**json.loads(path.read_text()))
         except (OSError, ValueError, TypeError):
