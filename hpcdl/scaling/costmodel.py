@@ -26,6 +26,10 @@ from hpcdl.scaling.results import StudyResults, standard_error
 from hpcdl.scaling.study import StudyError
 
 MAX_PREDICTED_WORKERS = 1 << 20
+FITTED = (
+    "fitted to the study's step times (so they absorb every cost that grows with W: waiting for "
+    "collectives, and compute that does not split evenly)"
+)
 RELATIVE_FLOOR = 1e-3  # a point's standard error is at least this fraction of its step time
 
 
@@ -36,12 +40,21 @@ class Estimate:
     fitted: bool = True  # False: fixed (e.g. a latency the data could not resolve, set to 0)
 
     def describe(self, unit: str, scale: float = 1.0, digits: int = 3) -> str:
+        """``value ± error unit``, the value to ``digits`` significant digits and the error to as many
+        decimals."""
         value = self.value * scale
+        decimals = _decimals(value, digits)
         if not self.fitted:
-            return f"{value:.{digits}g} {unit} (fixed)"
+            return f"{value:.{decimals}f} {unit} (fixed)"
         if self.error is None:
-            return f"{value:.{digits}g} {unit} (error unknown)"
-        return f"{value:.{digits}g} ± {self.error * scale:.{digits - 1}g} {unit}"
+            return f"{value:.{decimals}f} {unit} (error unknown)"
+        return f"{value:.{decimals}f} ± {self.error * scale:.{decimals}f} {unit}"
+
+
+def _decimals(value: float, digits: int) -> int:
+    if value == 0 or not math.isfinite(value):
+        return digits - 1
+    return max(0, digits - 1 - math.floor(math.log10(abs(value))))
 
 
 @dataclass
@@ -290,7 +303,7 @@ def fit_study(results: StudyResults, allreduce: Optional[list[dict[str, Any]]] =
             notes.append(
                 "parameter errors unknown: repeat each point (--repeats 2 or more) or measure more points"
             )
-        chi2, dof, source = fit.chi2, fit.dof, "fitted to the study"
+        chi2, dof, source = fit.chi2, fit.dof, FITTED
     else:
         if data.reduced_bytes is None:
             raise StudyError(
@@ -298,7 +311,7 @@ def fit_study(results: StudyResults, allreduce: Optional[list[dict[str, Any]]] =
                 "reduces; give the optimizer to StepTimer.watch in your script"
             )
         inverse_bandwidth, latency, what = fit_allreduce(allreduce)
-        source = f"hpcdl bench allreduce ({what})"
+        source = f"measured by hpcdl bench allreduce ({what})"
         one = _one_worker_compute(results, data)
         if one is None:
             comm = data.bandwidth_column * inverse_bandwidth.value + data.latency_column * latency.value

@@ -190,13 +190,7 @@ def model_lines(report: Report) -> list[str]:
     if model.reduced_bytes is not None:
         lines.append(f"S = {model.reduced_bytes / 1e6:.2f} MB reduced per step")
     fit = f"χ² = {model.chi2:.2f} for {model.dof} degree(s) of freedom" if model.chi2 is not None else ""
-    source = model.source
-    if source == "fitted to the study":
-        source = (
-            "fitted to the study's step times (they absorb every cost that grows with W: waiting for "
-            "collectives, and compute that does not split evenly)"
-        )
-    lines.append(f"B and α {source}" + (f"; {fit}" if fit else ""))
+    lines.append(f"B and α {model.source}" + (f"; {fit}" if fit else ""))
     return lines
 
 
@@ -212,8 +206,14 @@ def limit_line(report: Report) -> str:
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" for _ in header) + "|"]
-    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+    """A Markdown table with its columns padded, so that it also reads as plain text."""
+    widths = [max(len(cell) for cell in column) for column in zip(header, *rows)]
+
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(cell.rjust(width) for cell, width in zip(cells, widths)) + " |"
+
+    rule = "|" + "|".join("-" * (width + 1) + ":" for width in widths) + "|"
+    return [line(header), rule, *(line(row) for row in rows)]
 
 
 def measured_table(report: Report) -> list[str]:

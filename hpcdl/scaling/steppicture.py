@@ -258,7 +258,7 @@ def text(picture: StepPicture, width: int = TEXT_WIDTH) -> str:
                 row[column] = TEXT_MARKS.get(s.phase, "?")
         lines.append(f"{lane.label[:label_width]:<{label_width}} |{''.join(row)}|")
     lines.append(f"{'':<{label_width}}  0{'':>{width - 10}}{picture.duration_ms:.2f} ms")
-    legend = [f"{mark} {name.lower()}" for name, mark in TEXT_MARKS.items() if name in _phases(picture)]
+    legend = [f"{mark} {_legend_name(name)}" for name, mark in TEXT_MARKS.items() if name in _phases(picture)]
     lines.append("  ".join(dict.fromkeys(legend)))
     lines += [f"note: {note}" for note in picture.notes]
     return "\n".join(lines)

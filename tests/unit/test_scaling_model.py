@@ -53,7 +53,7 @@ def test_fit_recovers_compute_bandwidth_and_latency(mode: str) -> None:
     assert model.bandwidth is not None
     assert_recovered(model.bandwidth, B, 0.10)
     assert_recovered(model.latency, ALPHA, 0.10)
-    assert model.reduced_bytes == S and model.source == "fitted to the study"
+    assert model.reduced_bytes == S and model.source.startswith("fitted to the study's step times")
     for w in (2, 8, 32, 64):
         assert model.step(w) == pytest.approx(true_step(mode, w), rel=0.02)
 
@@ -121,7 +121,7 @@ def test_allreduce_records_give_bandwidth_and_latency() -> None:
 def test_study_model_with_benchmark_parameters() -> None:
     results = synthetic_study("strong", [1, 2, 4])
     model = fit_study(results, allreduce=allreduce_records(4))
-    assert model.source.startswith("hpcdl bench allreduce")
+    assert model.source.startswith("measured by hpcdl bench allreduce")
     assert model.bandwidth is not None and abs(model.bandwidth.value - B) < 0.05 * B
     assert model.step(8) == pytest.approx(true_step("strong", 8), rel=0.03)
     assert model.chi2 is not None and math.isfinite(model.chi2)
