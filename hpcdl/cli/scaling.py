@@ -181,8 +181,7 @@ def run_command(
             )
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         directory = output or Path(f"scaling-{mode}-{stamp}")
-        study_module.stamp(spec, "hpcdl scaling " + shlex.join(sys.argv[2:] if len(sys.argv) > 2 else []))
-        study_module.create(directory, spec, force)
+        batch_plan = None
         if submit:
             options = cluster.BatchOptions(
                 scheduler=scheduler,
@@ -197,7 +196,11 @@ def run_command(
                 modules=modules,
                 setup=setup,
             )
-            _submit(spec, directory, options, force, no_progress)
+            batch_plan = cluster.plan_jobs(spec, directory, options)  # everything checked, nothing written
+        study_module.stamp(spec, "hpcdl scaling " + shlex.join(sys.argv[2:]))
+        study_module.create(directory, spec, force)
+        if batch_plan is not None:
+            _submit(spec, directory, batch_plan, force, no_progress)
             return
         _run_here(spec, directory, run_timeout, measure_allreduce, no_progress)
         _publish_and_show(directory, threshold, None, False, None, force)
@@ -235,7 +238,7 @@ def _run_here(
 
 
 def _submit(
-    spec: StudySpec, directory: Path, options: cluster.BatchOptions, force: bool, no_progress: bool
+    spec: StudySpec, directory: Path, batch_plan: cluster.BatchPlan, force: bool, no_progress: bool
 ) -> None:
     with progress.bar("submitting", len(spec.workers), no_progress=no_progress) as bar:
 
@@ -245,7 +248,7 @@ def _submit(
             if job.repeats[-1] == spec.repeats:
                 bar.advance()
 
-        cluster.submit_study(spec, directory, options, force, on_submitted)
+        cluster.submit_study(batch_plan, directory, force, on_submitted)
     typer.echo(str(directory))
     typer.echo(
         f"hpcdl scaling: submitted; follow the jobs with: hpcdl jobs watch --study {directory}; "

@@ -18,7 +18,7 @@ from hpcdl.scaling import watch
 from hpcdl.scaling.steps import REPEAT_VARIABLE
 from hpcdl.scaling.study import JOBS_FILE, StudyError, StudySpec, point_dir
 from hpcdl.scaling.watch import JobStatus, WatchedJob
-from hpcdl.schedulers import Sweep, get_scheduler, load_site
+from hpcdl.schedulers import JobSpec, Scheduler, SiteConfig, Sweep, get_scheduler, load_site
 from hpcdl.schedulers.submission import submit_job
 
 
@@ -85,30 +85,40 @@ def load_jobs(directory: Path) -> list[StudyJob]:
         raise StudyError(f"cannot read {path}: {exc}") from None
 
 
-def submit_study(
-    spec: StudySpec,
-    directory: Path,
-    options: BatchOptions,
-    force: bool = False,
-    on_submitted: Callable[[StudyJob], None] = lambda job: None,
-) -> list[StudyJob]:
-    """Submit every point; ``jobs.json`` is updated after each, so a failure part-way keeps what went in."""
+@dataclass(frozen=True)
+class PlannedJob:
+    """One batch job of a study, rendered and checked, not yet submitted."""
+
+    workers: int
+    repeats: list[int]
+    job: JobSpec
+    script: Path
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    site: SiteConfig
+    backend: Scheduler
+    jobs: list[PlannedJob]
+
+
+def plan_jobs(spec: StudySpec, directory: Path, options: BatchOptions) -> BatchPlan:
+    """Every job of the study, checked against the site and its scheduler (geometry, walltime, the
+    script the scheduler would accept) before anything is written or submitted."""
     site = load_site(options.site_file)
     backend = get_scheduler(options.scheduler or site.scheduler)
     gpus = options.gpus_per_node if options.gpus_per_node is not None else (site.gpus_per_node or 0)
     per_node = options.ranks_per_node or gpus or 1
     arrays = backend.array_variable is not None and spec.repeats > 1
     batches = [list(range(1, spec.repeats + 1))] if arrays else [[r] for r in range(1, spec.repeats + 1)]
-    shapes = {
-        workers: geometry(workers, per_node, gpus) for workers in spec.workers
-    }  # all, before submitting
-    jobs: list[StudyJob] = []
+    shapes = {workers: geometry(workers, per_node, gpus) for workers in spec.workers}
+    planned = []
     for workers, (nodes, ranks_per_node, gpus_per_node) in shapes.items():
         where = point_dir(directory, workers).resolve()
-        where.mkdir(parents=True, exist_ok=True)
         for repeats in batches:
             single = None if arrays else repeats[0]
             label = "" if arrays else f"-r{single}"
+            output = "job-{job_id}_{array_index}.out" if arrays else f"job{label}-{{job_id}}.out"
             job = site.make_job(
                 spec.rank_command(workers, site.python),
                 nodes=nodes,
@@ -121,21 +131,38 @@ def submit_study(
                 partition=options.partition,
                 qos=options.qos,
                 constraint=options.constraint,
-                output=str(
-                    where / ("job-{job_id}_{array_index}.out" if arrays else f"job{label}-{{job_id}}.out")
-                ),
+                output=str(where / output),
                 env={**options.env, **spec.environment(directory, workers, single)},
                 modules=options.modules,
                 setup=options.setup,
                 sweep=Sweep.parse([f"{REPEAT_VARIABLE}={','.join(map(str, repeats))}"]) if arrays else None,
                 launcher_args=options.launcher_args,
             )
-            script = where / f"job{label}.{backend.name}.sh"
-            submitted = submit_job(backend, job, site, script, force=force, workdir=directory.resolve())
-            entry = StudyJob(workers, submitted.job_id, backend.name, repeats, str(script))
-            jobs.append(entry)
-            save_jobs(directory, jobs)
-            on_submitted(entry)
+            backend.render(job, site)  # raises what the scheduler would reject
+            planned.append(PlannedJob(workers, repeats, job, where / f"job{label}.{backend.name}.sh"))
+    return BatchPlan(site, backend, planned)
+
+
+def submit_study(
+    plan: BatchPlan,
+    directory: Path,
+    force: bool = False,
+    on_submitted: Callable[[StudyJob], None] = lambda job: None,
+) -> list[StudyJob]:
+    """Submit the planned jobs; ``jobs.json`` is updated after each, so a failure part-way keeps what went
+    in."""
+    jobs: list[StudyJob] = []
+    for planned in plan.jobs:
+        planned.script.parent.mkdir(parents=True, exist_ok=True)
+        submitted = submit_job(
+            plan.backend, planned.job, plan.site, planned.script, force=force, workdir=directory.resolve()
+        )
+        entry = StudyJob(
+            planned.workers, submitted.job_id, plan.backend.name, planned.repeats, str(planned.script)
+        )
+        jobs.append(entry)
+        save_jobs(directory, jobs)
+        on_submitted(entry)
     return jobs
 
 

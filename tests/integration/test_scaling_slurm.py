@@ -89,4 +89,4 @@ def test_an_impossible_geometry_is_refused_before_anything_is_submitted(
     )  # fmt: skip
     assert done.returncode == 2
     assert "3 workers do not fill nodes of 2 ranks" in done.stderr
-    assert not (tmp_path / "s" / "jobs.json").exists()
+    assert not (tmp_path / "s").exists()  # not even the study directory was made
