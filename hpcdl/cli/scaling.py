@@ -103,7 +103,9 @@ def run_command(
         False, "--weak", help="Weak scaling: each worker keeps its batch (or --param)."
     ),
     workers: str = typer.Option("1,2,4", "--workers", "-W", help="Worker counts, e.g. 1,2,4,8."),
-    model: str = typer.Option("small", "--model", help="Built-in model without COMMAND: small | resnet50."),
+    model: Optional[str] = typer.Option(
+        None, "--model", help="Built-in model without COMMAND: small (default) | resnet50."
+    ),
     image_size: int = typer.Option(0, "--image-size", help="Image side of the built-in model (0: its own)."),
     global_batch: Optional[int] = typer.Option(None, "--global-batch", help="--strong: samples per step."),
     batch: Optional[int] = typer.Option(None, "--batch", help="--weak: samples per worker per step."),
@@ -155,14 +157,14 @@ def run_command(
         mode = "strong" if strong else "weak"
         counts = _counts(workers, "-W")
         user_command = tuple(command or ())
-        if user_command and model != "small":
+        if user_command and model is not None:
             raise StudyError("give either COMMAND (your script) or --model (the built-in workload), not both")
         spec = StudySpec(
             mode=mode,
             workers=counts,
             workload=Workload(command=user_command)
             if user_command
-            else Workload(model=model, image_size=image_size),
+            else Workload(model=model or "small", image_size=image_size),
             global_batch=global_batch,
             batch=batch,
             params=_params(param),
@@ -179,6 +181,8 @@ def run_command(
                 "--measure-allreduce runs here; on a cluster run hpcdl bench allreduce --json on the nodes "
                 "and pass the records to hpcdl scaling report --allreduce"
             )
+        if measure_allreduce and max(counts) < 2:
+            raise StudyError("--measure-allreduce needs a worker count above 1 (an allreduce of one rank)")
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         directory = output or Path(f"scaling-{mode}-{stamp}")
         batch_plan = None
@@ -228,8 +232,6 @@ def _run_here(
         results = local.run_study(spec, directory, on_event, run_timeout)
         if measure_allreduce:
             largest = max(spec.workers)
-            if largest < 2:
-                raise StudyError("--measure-allreduce needs a worker count above 1")
             bar.update(description=f"hpcdl bench allreduce -np {largest}")
             sizes = [r.reduced_bytes for r in results if r.reduced_bytes]
             path = local.measure_allreduce(directory, largest, max(sizes) if sizes else None, run_timeout)

@@ -128,8 +128,10 @@ class StepTimer:
         self.reduced_bytes = reduced_bytes
         self.directory = Path(directory) if directory is not None else run_directory()
         self.steps_done = 0
-        self.seconds: list[float] = []
-        self.comm_seconds: list[float] = []
+        self.total_seconds = 0.0  # over every step, warm-up included
+        self.total_comm_seconds = 0.0
+        self.last_seconds = 0.0
+        self.last_comm_seconds = 0.0
         self._current: Optional[_Step] = None
         self._file: Optional[Any] = None
         self._warmup = _env_int(WARMUP_VARIABLE, 0) or 0
@@ -173,8 +175,9 @@ class StepTimer:
         finally:
             current, self._current = self._current, None
         seconds = time.perf_counter() - current.start
-        self.seconds.append(seconds)
-        self.comm_seconds.append(current.comm)
+        self.last_seconds, self.last_comm_seconds = seconds, current.comm
+        self.total_seconds += seconds
+        self.total_comm_seconds += current.comm
         self._write(
             {
                 "step": self.steps_done,

@@ -34,6 +34,7 @@ STUDY_FILE = "study.json"
 JOBS_FILE = "jobs.json"  # the batch jobs of a submitted study
 ALLREDUCE_FILE = "allreduce.jsonl"  # hpcdl bench allreduce records taken with the study
 MODES = ("strong", "weak")
+MODEL_NAMES = ("small", "resnet50")  # hpcdl.scaling.models.MODELS, named here without importing torch
 _PARAM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -104,6 +105,8 @@ class StudySpec:
         if len(set(self.workers)) != len(self.workers):
             raise StudyError(f"worker counts {self.workers} repeat a value; give each once")
         self.workers = sorted(self.workers)
+        if self.workload.model is not None and self.workload.model not in MODEL_NAMES:
+            raise StudyError(f"no built-in model {self.workload.model!r}; choose {' or '.join(MODEL_NAMES)}")
         for name, value, least in (("--steps", self.steps, 1), ("--warmup", self.warmup, 0)):
             if value < least:
                 raise StudyError(f"{name} must be at least {least}, got {value}")

@@ -8,6 +8,7 @@ import torch
 from hpcdl.benchmarks.fusion import resnet50_gradient_shapes
 
 from hpcdl.scaling.models import MODELS, ResNet50, SmallCNN
+from hpcdl.scaling.study import MODEL_NAMES
 
 
 def test_resnet50_is_torchvisions_layout() -> None:
@@ -26,6 +27,10 @@ def test_small_cnn_trains_on_any_image_size(side: int) -> None:
     loss = torch.nn.functional.cross_entropy(model(images), labels)
     loss.backward()
     assert all(p.grad is not None for p in model.parameters())
+
+
+def test_the_study_knows_every_model_by_name() -> None:
+    assert set(MODEL_NAMES) == set(MODELS)
 
 
 def test_resnet50_runs_a_step_on_small_images() -> None:

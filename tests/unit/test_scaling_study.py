@@ -24,6 +24,7 @@ def spec(**changes) -> StudySpec:
     ("changes", "message"),
     [
         (dict(mode="both"), "use --strong or --weak"),
+        (dict(workload=Workload(model="big")), "no built-in model 'big'; choose small or resnet50"),
         (dict(workers=[]), "no worker counts"),
         (dict(workers=[2, 2]), "repeat a value"),
         (dict(workers=[0, 2]), "at least 1"),
@@ -158,7 +159,8 @@ def test_step_timer_records_steps_and_the_waits_inside_them(
         offset, duration = s["waits"][0]
         assert offset >= 0.009 and duration == pytest.approx(s["comm"], abs=1e-5)
     assert records.steps[3]["comm"] == 0.0
-    assert timer.comm_seconds[0] == pytest.approx(records.steps[0]["comm"])
+    assert timer.last_comm_seconds == 0.0 and timer.steps_done == 4
+    assert timer.total_comm_seconds == pytest.approx(sum(s["comm"] for s in records.steps))
 
 
 def test_step_timer_outside_a_study_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
