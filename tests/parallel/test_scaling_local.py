@@ -9,11 +9,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from runner_helpers import clean_env
+from runner_helpers import clean_env, read_pids, wait_gone
 
 from hpcdl.scaling import plots
 
@@ -184,3 +185,19 @@ def test_a_failing_run_stops_the_study_and_shows_why(tmp_path: Path) -> None:
     assert "W=1 repeat 1 failed (hpcdl run exit 1)" in done.stderr
     assert "no data found in /scratch/x" in done.stderr
     assert "points/W1/repeat-1/output.log" in done.stderr
+
+
+def test_a_run_past_its_deadline_is_stopped_with_its_ranks(tmp_path: Path) -> None:
+    (tmp_path / "stuck.py").write_text(
+        "import os, time\n"
+        "open(f'rank{os.environ[\"HPCDL_RANK\"]}.pid', 'w').write(str(os.getpid()))\n"
+        "time.sleep(120)\n"
+    )
+    started = time.monotonic()
+    done = scaling(
+        "run", "--strong", "-W", "2", "--repeats", "1", "--run-timeout", "8", "-o", "s", "--", "stuck.py",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 2 and time.monotonic() - started < 60
+    assert "W=2 repeat 1 did not finish within 8 s and was stopped; raise --run-timeout" in done.stderr
+    assert wait_gone(read_pids(tmp_path), 10) == []  # hpcdl run took its ranks down with it
