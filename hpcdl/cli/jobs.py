@@ -141,7 +141,12 @@ def watch_command(
     timeout: float = typer.Option(
         watch.DEFAULT_TIMEOUT_S, "--timeout", help="Give up after this many seconds."
     ),
-    no_progress: bool = typer.Option(False, "--no-progress", help=progress.NO_PROGRESS_HELP),
+    no_progress: bool = typer.Option(
+        False,
+        "--no-progress",
+        help="Print state changes as lines instead of a live table (the default when standard error is not "
+        "a terminal).",
+    ),
 ) -> None:
     """A live table of job states until every job has ended (exit 1 when one failed or was cancelled)."""
     started = time.monotonic()

@@ -39,6 +39,7 @@ def hpcdl(
     )
 
 
+@pytest.mark.slow
 def test_a_study_runs_as_one_job_array_per_worker_count_and_is_collected(
     cluster: SlurmCluster, tmp_path: Path
 ) -> None:

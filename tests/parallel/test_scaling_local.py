@@ -79,6 +79,7 @@ def check_points(directory: Path, mode: str) -> list[dict]:
     return points
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["strong", "weak"])
 def test_a_local_study_measures_fits_and_draws(tmp_path: Path, mode: str) -> None:
     batch = ["--global-batch", "16", "--timeline", "2"] if mode == "strong" else ["--batch", "4"]
