@@ -148,7 +148,7 @@ def watch_command(
         "a terminal).",
     ),
 ) -> None:
-    """A live table of job states until every job has ended (exit 1 when one failed or was cancelled)."""
+    """A live table of job states until every job has ended (exit 1 unless every one completed)."""
     started = time.monotonic()
     try:
         jobs = _watched(job_ids or [], study, since, scheduler)
@@ -164,7 +164,7 @@ def watch_command(
             )
     except HpcdlError as exc:
         raise _fail("watch", exc) from None
-    failed = [s for s in statuses if not s.succeeded and not s.error]
+    unconfirmed = [s for s in statuses if not s.succeeded]
     counts: dict[str, int] = {}
     for status in statuses:
         for state in status.states or [None]:
@@ -172,7 +172,7 @@ def watch_command(
             counts[key] = counts.get(key, 0) + 1
     summary = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
     typer.echo(f"hpcdl jobs watch: all {len(statuses)} job(s) ended: {summary}", err=True)
-    if failed:
+    if unconfirmed:
         raise typer.Exit(1)
 
 
