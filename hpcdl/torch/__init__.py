@@ -11,6 +11,7 @@ the learning rate up (``hvd.LearningRateWarmup``).
 from __future__ import annotations
 
 from hpcdl.common.exceptions import HpcdlInternalError
+from hpcdl.scaling.steps import StepTimer
 from hpcdl.torch import elastic
 from hpcdl.torch.async_ops import (
     allgather_async,
@@ -95,6 +96,7 @@ __all__ = [
     "Min",
     "ProcessSet",
     "Product",
+    "StepTimer",
     "Sum",
     "SyncBatchNorm",
     "add_process_set",
