@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,14 +35,9 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def hpcdl(cluster: SlurmCluster, workdir: Path, *args: str) -> tuple[int, str, str]:
-    env = {**cluster.env, "XDG_STATE_HOME": str(workdir / "state")}
-    done = subprocess.run(
-        [sys.executable, "-m", "hpcdl", *args],
-        env=env,
-        cwd=workdir,
-        capture_output=True,
-        text=True,
-        timeout=60,
+    """``hpcdl ARGS`` on the cluster's login host."""
+    done = cluster.run(
+        [sys.executable, "-m", "hpcdl", *args], cwd=workdir, env={"XDG_STATE_HOME": str(workdir / "state")}
     )
     return done.returncode, done.stdout, done.stderr
 
