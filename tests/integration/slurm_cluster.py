@@ -259,6 +259,38 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         return self.wait_state(job_id, FINAL_STATES, timeout)
 
 
+# A stand-in for Cray PALS's mpiexec (which only exists on HPE systems): the same options, carried out by
+# srun, with the PALS_* and PMI_* rank variables PALS sets. Only the launcher is stood in; Slurm's own #PBS
+# front end reads the directives and runs the script.
+_PALS_MPIEXEC = r"""#!/bin/bash
+set -e
+args=(); env=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -n) args+=(--ntasks="$2"); shift 2 ;;
+    --ppn) args+=(--ntasks-per-node="$2"); shift 2 ;;
+    --depth) args+=(--cpus-per-task="$2"); shift 2 ;;
+    --cpu-bind) shift 2 ;;
+    --env) env+=("$2"); shift 2 ;;
+    -*) echo "pals mpiexec stand-in: unknown option $1" >&2; exit 2 ;;
+    *) break ;;
+  esac
+done
+for kv in "${env[@]}"; do export "$kv"; done
+pals='export PALS_RANKID=$SLURM_PROCID PALS_LOCAL_RANKID=$SLURM_LOCALID PMI_RANK=$SLURM_PROCID \
+  PMI_SIZE=$SLURM_NTASKS PMI_LOCAL_RANK=$SLURM_LOCALID; exec "$@"'
+exec srun "${args[@]}" bash -c "$pals" pals "$@"
+"""
+
+
+def pals_mpiexec(directory: Path) -> Path:
+    """`directory` holding the stand-in for PALS's ``mpiexec``; put it first on a job's PATH."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "mpiexec").write_text(_PALS_MPIEXEC)
+    (directory / "mpiexec").chmod(0o755)
+    return directory
+
+
 @contextlib.contextmanager
 def running_cluster(base: Path, **settings: Any) -> Any:
     """A started cluster, stopped when the block ends (also on failure)."""

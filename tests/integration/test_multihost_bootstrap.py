@@ -5,7 +5,6 @@ machines) and when another program holds a port the rendezvous would use."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -14,29 +13,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
+from multihost_checks import assert_spread, occupy, reports, write_report
 from virtual_hosts import VirtualHosts, missing_requirements
 
 _MISSING = missing_requirements()
 pytestmark = pytest.mark.skipif(_MISSING is not None, reason=f"no virtual hosts: {_MISSING}")
 
-REPORT = r"""
-import json, socket, sys
-import numpy as np
-import hpcdl.common as hc
-hc.init()
-x = np.full(1 << 18, hc.rank() + 1.0, dtype=np.float32)  # beyond the small-message size
-hc.allreduce(x, out=x)
-report = json.dumps({
-    "rank": hc.rank(), "size": hc.size(), "host": socket.gethostname(),
-    "local_rank": hc.local_rank(), "local_size": hc.local_size(),
-    "cross_rank": hc.cross_rank(), "cross_size": hc.cross_size(),
-    "sum": float(x[0]), "uniform": bool((x == x[0]).all()),
-    "local": hc.transport_name(True), "cross": hc.transport_name(False),
-})
-sys.stdout.write(report + "\n")  # one write: ranks sharing a pipe never interleave within a line
-sys.stdout.flush()
-hc.shutdown()
-"""
 SECRET = "5e" * 32
 # Anything of the environment that would tell a rank another launcher's story.
 _FOREIGN = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "HPCDL_", "HOROVOD_", "MASTER_", "TORCHELASTIC_", "PALS_",
@@ -54,10 +36,9 @@ def clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Vir
     """Two two-host clusters: one whose hosts resolve every name to its address (as DNS does), one whose
     hosts resolve their own name to 127.0.1.1 (as Debian's installer writes /etc/hosts)."""
     base = tmp_path_factory.mktemp("hosts")
-    with (
-        VirtualHosts(base / "dns", ["host1", "host2"]) as dns,
-        VirtualHosts(base / "debian", ["host1", "host2"], own_name_loopback=True) as debian,
-    ):
+    dns = VirtualHosts(base / "dns", ["host1", "host2"])
+    debian = VirtualHosts(base / "debian", ["host1", "host2"], own_name_loopback=True)
+    with dns, debian:
         yield {"names in DNS": dns, "own name 127.0.1.1": debian}
 
 
@@ -68,9 +49,7 @@ def hosts(clusters: dict[str, VirtualHosts]) -> VirtualHosts:
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    script = tmp_path_factory.mktemp("scripts") / "report.py"
-    script.write_text(REPORT)
-    return script
+    return write_report(tmp_path_factory.mktemp("scripts"))
 
 
 Command = tuple[str, Sequence[str], Mapping[str, str]]  # (host, argv, environment)
@@ -101,28 +80,6 @@ def succeeded(results: list[tuple[int, str, str]]) -> str:
     for code, _, err in results:
         assert code == 0, err[-3000:]
     return "".join(out for _, out, _ in results)
-
-
-def reports(output: str) -> dict[int, dict]:
-    """The JSON report of every rank in `output` (lines may carry a launcher's "[r]<stdout>:" tag)."""
-    found = {}
-    for line in output.splitlines():
-        start = line.find("{")
-        if start >= 0:
-            report = json.loads(line[start:])
-            found[report["rank"]] = report
-    return found
-
-
-def assert_two_by_two(found: dict[int, dict], hostnames: Sequence[str]) -> None:
-    """Four ranks, two per host, summed over the hosts' TCP and shared memory within each."""
-    assert sorted(found) == [0, 1, 2, 3]
-    for rank, report in found.items():
-        assert report["host"] == hostnames[rank // 2]
-        assert (report["local_rank"], report["local_size"]) == (rank % 2, 2)
-        assert (report["cross_rank"], report["cross_size"]) == (rank // 2, 2)
-        assert report["sum"] == 10.0 and report["uniform"]
-        assert (report["local"], report["cross"]) == ("shm", "tcp")
 
 
 @pytest.mark.parametrize("naming", ["names in DNS", "own name 127.0.1.1"])
@@ -162,7 +119,7 @@ def test_torchrun_job_meets_through_master_addr_hostname(
          "--master-port", "29500", str(report)], env)
         for node in (0, 1)
     ]  # fmt: skip
-    assert_two_by_two(reports(succeeded(run_on_hosts(hosts, agents, timeout=180))), ["host1", "host2"])
+    assert_spread(reports(succeeded(run_on_hosts(hosts, agents, timeout=180))), ["host1", "host2"], 2)
 
 
 def hpcdl_run(*args: str) -> list[str]:
@@ -175,7 +132,7 @@ def test_hpcdl_run_across_hosts_by_name(hosts: VirtualHosts, report: Path) -> No
         hosts,
         [("host1", hpcdl_run("-np", "4", "-H", "host1:2,host2:2", sys.executable, str(report)), clean_env())],
     )
-    assert_two_by_two(reports(succeeded(results)), ["host1", "host2"])
+    assert_spread(reports(succeeded(results)), ["host1", "host2"], 2)
 
 
 @pytest.mark.parametrize("mpirun", ["/usr/bin/mpirun.openmpi", "/usr/bin/mpiexec.mpich"])
@@ -185,8 +142,8 @@ def test_hpcdl_run_mpi_across_hosts_by_name(hosts: VirtualHosts, report: Path, m
     argv = hpcdl_run(
         "--mpi", "--mpirun", mpirun, "-np", "4", "-H", "host1:2,host2:2", sys.executable, str(report)
     )
-    assert_two_by_two(
-        reports(succeeded(run_on_hosts(hosts, [("host1", argv, clean_env())]))), ["host1", "host2"]
+    assert_spread(
+        reports(succeeded(run_on_hosts(hosts, [("host1", argv, clean_env())]))), ["host1", "host2"], 2
     )
 
 
@@ -199,8 +156,8 @@ def test_mpirun_ranks_meet_through_mpi_across_hosts(hosts: VirtualHosts, report:
     if library.build_info().get("mpi_vendor") != "Open MPI" or not os.access(mpirun, os.X_OK):
         pytest.skip("needs an hpcdl built with Open MPI and Open MPI's mpirun")
     argv = [mpirun, "--allow-run-as-root", "-H", "host1:2,host2:2", "-np", "4", sys.executable, str(report)]
-    assert_two_by_two(
-        reports(succeeded(run_on_hosts(hosts, [("host1", argv, clean_env())]))), ["host1", "host2"]
+    assert_spread(
+        reports(succeeded(run_on_hosts(hosts, [("host1", argv, clean_env())]))), ["host1", "host2"], 2
     )
 
 
@@ -247,41 +204,6 @@ def test_one_host_identity_on_two_machines_is_refused(hosts: VirtualHosts, repor
         assert code == 1
         assert "ranks 0 and 1 both call their host 'node' but run on different machines" in err
         assert "from the rendezvous server's host and 10.99.0.2" in err
-
-
-# Holds ports like another program of the host would: the first stays silent, the others speak another
-# protocol. Prints "ready" once it listens.
-OCCUPY = r"""
-import socket, sys, threading, time
-ports = [int(p) for p in sys.argv[1:]]
-listeners = []
-for port in ports:
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: TIME_WAIT does not block it
-    s.bind(("0.0.0.0", port))
-    s.listen(16)
-    listeners.append(s)
-
-def serve(s, silent):
-    while True:
-        c, _ = s.accept()
-        if not silent:
-            c.sendall(b"SSH-2.0-OpenSSH_9.2 not hpcdl\r\n")
-        threading.Thread(target=lambda c=c: (time.sleep(600), c.close()), daemon=True).start()
-
-for i, s in enumerate(listeners):
-    threading.Thread(target=serve, args=(s, i == 0), daemon=True).start()
-print("ready", flush=True)
-time.sleep(600)
-"""
-
-
-def occupy(hosts: VirtualHosts, host: str, ports: Sequence[int]) -> subprocess.Popen:
-    """Another program on `host` holding `ports` (stopped with the hosts)."""
-    process = hosts.popen(host, [sys.executable, "-c", OCCUPY, *map(str, ports)], stdout=subprocess.PIPE,
-                          text=True)  # fmt: skip
-    assert process.stdout is not None and process.stdout.readline().strip() == "ready"
-    return process
 
 
 def test_job_starts_while_other_programs_hold_master_port_and_the_first_walked_port(
