@@ -95,10 +95,6 @@ class Meeting:
     job: str = ""  # tells this job's ranks from another's that walk the same ports with the same secret
     origin: str = ""  # the variables that named the rendezvous, for messages
 
-    @property
-    def port(self) -> int:
-        return self.ports[0] if self.ports else 0
-
 
 WALK_LENGTH = 16  # ports in a sequence rank 0 binds the first free one of
 _EPHEMERAL_START = 32768  # Linux's default net.ipv4.ip_local_port_range starts here

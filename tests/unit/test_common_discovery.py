@@ -55,14 +55,14 @@ def test_meeting_places_in_order() -> None:
     env = {"HPCDL_RENDEZVOUS_ADDR": "10.0.0.1", "HPCDL_RENDEZVOUS_PORT": "5000", "HPCDL_SECRET": "ab",
            "MASTER_ADDR": "10.0.0.2", "MASTER_PORT": "6000"}  # fmt: skip
     meet = discovery.meeting(info("hpcdl run"), env)
-    assert (meet.bootstrap, meet.addr, meet.port, meet.serve, meet.secret) == (
+    assert (meet.bootstrap, meet.addr, meet.ports, meet.serve, meet.secret) == (
         "tcp",
         "10.0.0.1",
-        5000,
+        (5000,),
         False,
         "ab",
     )
-    assert meet.ports == (5000,) and meet.job == ""  # one port given: no walk
+    assert meet.job == ""  # one port given: no walk
     del env["HPCDL_RENDEZVOUS_ADDR"]
     meet = discovery.meeting(info("torchrun"), env)
     assert (meet.addr, meet.ports, meet.serve) == ("10.0.0.2", tuple(range(6001, 6017)), True)
@@ -75,7 +75,8 @@ def test_meeting_places_in_order() -> None:
 
 def test_walked_ports_are_the_same_on_every_rank_and_leave_master_port_to_torch() -> None:
     env = {"MASTER_ADDR": "node1", "MASTER_PORT": "29500", "HPCDL_SECRET": "ab", "SLURM_JOB_ID": "7"}
-    first, last = discovery.meeting(info("torchrun", rank=0), env), discovery.meeting(info("torchrun", rank=3), env)
+    first = discovery.meeting(info("torchrun", rank=0), env)
+    last = discovery.meeting(info("torchrun", rank=3), env)
     assert first.ports == last.ports and first.job == last.job != ""
     assert 29500 not in first.ports and len(set(first.ports)) == discovery.WALK_LENGTH
     assert discovery.ports_after(65530) == (65531, 65532, 65533, 65534, 65535, *range(1024, 1035))
@@ -115,6 +116,6 @@ def test_missing_secret_warns_and_derives_one_shared_by_all_ranks() -> None:
 def test_rendezvous_serve_makes_rank_zero_host_the_given_address() -> None:
     env = {"HPCDL_RENDEZVOUS_ADDR": "node1", "HPCDL_RENDEZVOUS_PORT": "29555", "HPCDL_SECRET": "ab" * 32}
     launched = discovery.meeting(info("Slurm srun"), env)
-    assert (launched.addr, launched.port, launched.serve) == ("node1", 29555, False)
+    assert (launched.addr, launched.ports, launched.serve) == ("node1", (29555,), False)
     served = discovery.meeting(info("Slurm srun"), {**env, "HPCDL_RENDEZVOUS_SERVE": "1"})
-    assert (served.addr, served.port, served.serve) == ("node1", 29555, True)
+    assert (served.addr, served.ports, served.serve) == ("node1", (29555,), True)

@@ -167,11 +167,8 @@ void RendezvousServer::on_client(int fd, const std::string& header) {
   finish_round(complete);
 }
 
-namespace {
-
 // Why the registered ranks could not work together at the addresses they gave, or "".
-template <typename Registration>
-std::string address_problem(const std::vector<Registration>& round) {
+std::string RendezvousServer::address_problem(const std::vector<Registration>& round) {
   // A machine is named by the address its ranks connected from ("": the server's own machine).
   auto machine = [](const Registration& r) { return r.on_server_host() ? std::string() : r.seen; };
   auto describe = [](const std::string& m) { return m.empty() ? std::string("the rendezvous server's host") : m; };
@@ -197,8 +194,6 @@ std::string address_problem(const std::vector<Registration>& round) {
            "leave it unset";
   return "";
 }
-
-}  // namespace
 
 // Sends every rank the table. Entries of ranks that reached the server from its own host, without a pinned
 // address, are marked local: a rank on another host reaches them at the address it reached the server at
@@ -315,15 +310,13 @@ Status timed_out(const RendezvousTarget& target, const PeerInfo& self, int size,
                                               "rendezvous address" + loopback_hint(target, self));
 }
 
-// What one candidate of a walk answered, in words.
-std::string outcome(const Status& st, bool connected) {
-  if (!connected) return "nothing listening";
-  if (st.code == HPCDL_ERR_AUTH)
-    return st.message.find("protocol") != std::string::npos ? "another program, not an hpcdl rendezvous"
-           : st.message.find("not this job's") != std::string::npos ? "the rendezvous of another job"
-                                                                     : "an hpcdl rendezvous that refuses this job's secret";
+// What one candidate of a walk answered, in words, from the failure of connecting (`connected` false) or
+// of authenticating with `where`.
+std::string outcome(const Status& st, bool connected, const std::string& where) {
+  if (!connected) return st.code == HPCDL_ERR_TIMEOUT ? "no answer to connecting" : "refused or unreachable";
   if (st.code == HPCDL_ERR_TIMEOUT) return "no handshake within " + std::to_string(kWalkAttempt.count()) + " s";
-  return "dropped the handshake";
+  const std::string prefix = "authenticating with " + where + ": ";
+  return st.message.rfind(prefix, 0) == 0 ? st.message.substr(prefix.size()) : st.message;
 }
 
 }  // namespace
@@ -369,11 +362,11 @@ Status rendezvous_register(const RendezvousTarget& target, const std::string& se
           close(fd);
           if (answer.status.code == HPCDL_ERR_TIMEOUT) return timed_out(target, self, size, where, answer.arrived);
           if (!answer.foreign) return answer.status;
-          st = answer.status;
-        } else if (fd >= 0) {
-          close(fd);
+          last_pass["the rendezvous of another job"].push_back(target.addrs.size() > 1 ? candidate : std::to_string(port));
+          continue;
         }
-        last_pass[outcome(st, connected)].push_back(target.addrs.size() > 1 ? candidate : std::to_string(port));
+        if (fd >= 0) close(fd);
+        last_pass[outcome(st, connected, where)].push_back(target.addrs.size() > 1 ? candidate : std::to_string(port));
       }
     }
     if (Clock::now() + backoff >= deadline) break;

@@ -55,6 +55,7 @@ class RendezvousServer {
   void on_client(int fd, const std::string& header);
   void send_progress();
   void finish_round(const std::vector<Registration>& round);
+  static std::string address_problem(const std::vector<Registration>& round);
 
   AuthServer server_;
   int size_ = 0;

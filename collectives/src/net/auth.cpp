@@ -224,7 +224,7 @@ void AuthServer::loop() {
     if (tick_) tick_();
     if (rc < 0) continue;
     now = Clock::now();
-    accept_clients(pending, now);
+    if (fds[1].revents & POLLIN) accept_clients(pending, now);
     for (size_t i = pending.size(); i-- > 0;) {
       Step step = advance(pending[i], now);
       if (step == Step::kWaiting) continue;

@@ -141,11 +141,12 @@ Status connect_tcp(const std::string& host, int port, Deadline deadline, const s
       *out = fd;
       return Status::ok();
     }
-    last = errno_text(errno);
+    const int failure = errno;
+    last = errno_text(failure);
     close(fd);
     if (!retry_refused)
-      return Status::error(HPCDL_ERR_PEER_LOST, what + ": cannot connect to " + host + ":" + std::to_string(port) +
-                                                    " (" + last + ")");
+      return Status::error(failure == ETIMEDOUT ? HPCDL_ERR_TIMEOUT : HPCDL_ERR_PEER_LOST,
+                           what + ": cannot connect to " + host + ":" + std::to_string(port) + " (" + last + ")");
     if (Clock::now() + backoff >= deadline)
       return Status::error(HPCDL_ERR_TIMEOUT, what + ": cannot connect to " + host + ":" + std::to_string(port) +
                                                   " before the deadline (last error: " + last + ")");
