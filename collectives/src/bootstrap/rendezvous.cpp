@@ -40,13 +40,20 @@ Status send_frame(int fd, const std::string& text, Deadline deadline, const std:
   return send_all(fd, frame.data(), frame.size(), deadline, "rank", what);
 }
 
-// "29501-29516", or "29501, 29503" when they are not consecutive.
+// "29501, 29503-29516": runs of three or more consecutive ports as ranges.
 std::string ports_text(const std::vector<int>& ports) {
-  bool consecutive = true;
-  for (size_t i = 1; i < ports.size(); ++i) consecutive = consecutive && ports[i] == ports[i - 1] + 1;
-  if (consecutive && ports.size() > 2) return std::to_string(ports.front()) + "-" + std::to_string(ports.back());
   std::string out;
-  for (int p : ports) out += (out.empty() ? "" : ", ") + std::to_string(p);
+  for (size_t i = 0; i < ports.size();) {
+    size_t end = i + 1;
+    while (end < ports.size() && ports[end] == ports[end - 1] + 1) ++end;
+    std::string run = std::to_string(ports[i]);
+    if (end - i >= 3)
+      run += "-" + std::to_string(ports[end - 1]);
+    else
+      end = i + 1;
+    out += (out.empty() ? "" : ", ") + run;
+    i = end;
+  }
   return out;
 }
 
@@ -288,9 +295,11 @@ std::string loopback_hint(const RendezvousTarget& target, const PeerInfo& self) 
   for (const auto& addr : target.addrs) {
     std::string resolved;
     if (!resolve_address(addr, &resolved).is_ok() || !is_loopback_address(resolved)) continue;
-    return ". The rendezvous address '" + addr + "'" + (addr == resolved ? "" : " resolves to " + resolved) +
-           " on this host (" + self.host + "), a loopback address: ranks on other hosts cannot reach a rendezvous "
-           "there, and this rank reaches only one on its own host. If the job spans hosts, set " +
+    const std::string which = addr == resolved ? "The rendezvous address " + addr + " is"
+                                               : "The rendezvous address '" + addr + "' resolves to " + resolved +
+                                                     " on this host (" + self.host + "),";
+    return ". " + which + " a loopback address: ranks on other hosts cannot reach a rendezvous there, and "
+           "this rank reaches only one on its own host. If the job spans hosts, set " +
            (target.origin.empty() ? "the rendezvous address" : target.origin) +
            " to a name or address of rank 0's host that resolves to its network address on every host";
   }
@@ -343,14 +352,13 @@ Status rendezvous_register(const RendezvousTarget& target, const std::string& se
     return answer.status;
   }
   // A walk: each pass tries every candidate once; a candidate that is not this job's rendezvous is passed over.
-  std::map<std::string, std::vector<std::string>> last_pass;  // what answered -> the candidates that did
+  std::map<std::string, std::vector<std::pair<std::string, int>>> answered;  // what -> the candidates that did
   auto backoff = std::chrono::milliseconds(5);
   while (true) {
-    last_pass.clear();
+    answered.clear();
     for (const auto& addr : target.addrs) {
       for (int port : target.ports) {
-        const std::string candidate = addr + ":" + std::to_string(port);
-        const std::string where = "the rendezvous at " + candidate;
+        const std::string where = "the rendezvous at " + addr + ":" + std::to_string(port);
         const Deadline attempt_by = std::min(deadline, Clock::now() + kWalkAttempt);
         int fd = -1;
         Status st = connect_tcp(addr, port, attempt_by, who + " looking for " + where, &fd, false);
@@ -362,11 +370,11 @@ Status rendezvous_register(const RendezvousTarget& target, const std::string& se
           close(fd);
           if (answer.status.code == HPCDL_ERR_TIMEOUT) return timed_out(target, self, size, where, answer.arrived);
           if (!answer.foreign) return answer.status;
-          last_pass["the rendezvous of another job"].push_back(target.addrs.size() > 1 ? candidate : std::to_string(port));
-          continue;
+          st = Status::error(HPCDL_ERR_AUTH, "the rendezvous of another job");
+        } else if (fd >= 0) {
+          close(fd);
         }
-        if (fd >= 0) close(fd);
-        last_pass[outcome(st, connected, where)].push_back(target.addrs.size() > 1 ? candidate : std::to_string(port));
+        answered[outcome(st, connected, where)].emplace_back(addr, port);
       }
     }
     if (Clock::now() + backoff >= deadline) break;
@@ -374,7 +382,16 @@ Status rendezvous_register(const RendezvousTarget& target, const std::string& se
     backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
   }
   std::string answers;
-  for (const auto& entry : last_pass) answers += (answers.empty() ? "" : "; ") + join(entry.second) + ": " + entry.first;
+  for (const auto& entry : answered) {
+    std::vector<int> ports;
+    std::vector<std::string> candidates;
+    for (const auto& c : entry.second) {
+      ports.push_back(c.second);
+      candidates.push_back(c.first + ":" + std::to_string(c.second));
+    }
+    answers += (answers.empty() ? "" : "; ") + (target.addrs.size() > 1 ? join(candidates) : ports_text(ports)) +
+               ": " + entry.first;
+  }
   return Status::error(
       HPCDL_ERR_TIMEOUT,
       who + " found no rendezvous of this job at " + join(target.addrs) + " on port" +
