@@ -13,7 +13,6 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -96,12 +95,12 @@ def _run_rank(tmp_path: Path, port: int, secret: str) -> subprocess.CompletedPro
 
 
 def test_a_wrong_secret_is_named_at_once(tmp_path: Path) -> None:
+    """The server refuses it explicitly (a dropped connection would be retried until the deadline and
+    reported as dropped)."""
     with _rendezvous(2, make_secret()) as server:
-        started = time.monotonic()
         done = _run_rank(tmp_path, server.port, make_secret())
     assert done.returncode == 1
     assert "HpcdlAuthError" in done.stderr and "does not accept this job's secret" in done.stderr
-    assert time.monotonic() - started < 2.5  # refused, not timed out
 
 
 def test_a_dropped_handshake_is_retried_and_not_blamed_on_the_secret(tmp_path: Path) -> None:
