@@ -77,14 +77,22 @@ Status auth_client(int fd, const std::string& secret, const std::string& header,
 Status connect_authenticated(const std::string& host, int port, const std::string& secret, const std::string& header,
                              Deadline deadline, const std::string& peer, int* fd) {
   auto backoff = std::chrono::milliseconds(5);
+  Status dropped;  // the last handshake the server dropped: the cause to report when the deadline comes
+  auto gave_up = [&dropped] {
+    return Status::error(dropped.code, dropped.message + "; retried until the deadline (HPCDL_TIMEOUT)");
+  };
   while (true) {
     Status st = connect_tcp(host, port, deadline, "connecting to " + peer, fd);
-    if (!st.is_ok()) return st;
-    st = auth_client(*fd, secret, header, deadline, peer);
-    if (st.is_ok()) return st;
-    close(*fd);
-    *fd = -1;
-    if (st.code != HPCDL_ERR_PEER_LOST || Clock::now() + backoff >= deadline) return st;
+    if (st.is_ok()) {
+      st = auth_client(*fd, secret, header, deadline, peer);
+      if (st.is_ok()) return st;
+      close(*fd);
+      *fd = -1;
+    }
+    if (st.code == HPCDL_ERR_TIMEOUT && !dropped.is_ok()) return gave_up();
+    if (st.code != HPCDL_ERR_PEER_LOST) return st;
+    dropped = st;
+    if (Clock::now() + backoff >= deadline) return gave_up();
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
   }
