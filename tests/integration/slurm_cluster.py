@@ -20,7 +20,7 @@ import signal
 import stat
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -233,12 +233,6 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         assert self.hosts is not None, "start() the cluster first"
         return self.hosts.run(host, argv, env={**self.env, **(env or {})}, cwd=cwd, timeout=timeout)
 
-    def popen(
-        self, argv: Sequence[str], cwd: Optional[Path] = None, host: str = LOGIN, **kwargs: Any
-    ) -> subprocess.Popen:
-        assert self.hosts is not None, "start() the cluster first"
-        return self.hosts.popen(host, argv, cwd=cwd, env={**self.env, **kwargs.pop("env", {})}, **kwargs)
-
     def job_field(self, job_id: str, name: str) -> str:
         out = self.run(["scontrol", "-o", "show", "job", job_id]).stdout
         match = re.search(rf"\b{name}=(\S*)", out)
@@ -292,7 +286,7 @@ def pals_mpiexec(directory: Path) -> Path:
 
 
 @contextlib.contextmanager
-def running_cluster(base: Path, **settings: Any) -> Any:
+def running_cluster(base: Path, **settings: Any) -> Iterator[SlurmCluster]:
     """A started cluster, stopped when the block ends (also on failure)."""
     cluster = SlurmCluster(base, **settings)
     cluster.start()

@@ -227,13 +227,11 @@ class VirtualHosts:
         env: Optional[Mapping[str, str]] = None,
         cwd: Optional[Path] = None,
         timeout: float = 120,
-        input: Optional[str] = None,
     ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             self.command(host, argv, cwd),
             env=None if env is None else dict(env),
-            input=input,
-            stdin=None if input is not None else subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
             timeout=timeout,
