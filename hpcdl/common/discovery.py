@@ -174,7 +174,8 @@ def meeting(info: RankInfo, env: Mapping[str, str] | None = None, mpi_vendor: st
         return Meeting("tcp", secret=secret)
 
     def tcp(addr: str, ports: tuple[int, ...], serve: bool, origin: str) -> Meeting:
-        job = _job_tag(env, addr, str(ports[0]), str(info.size)) if len(ports) > 1 else ""
+        # Not the size: a rank started with another size should reach the rendezvous and be told.
+        job = _job_tag(env, addr, str(ports[0])) if len(ports) > 1 else ""
         if secret:
             return Meeting("tcp", addr, ports, serve, secret, job=job, origin=origin)
         warnings.warn(

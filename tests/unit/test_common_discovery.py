@@ -119,3 +119,10 @@ def test_rendezvous_serve_makes_rank_zero_host_the_given_address() -> None:
     assert (launched.addr, launched.ports, launched.serve) == ("node1", (29555,), False)
     served = discovery.meeting(info("Slurm srun"), {**env, "HPCDL_RENDEZVOUS_SERVE": "1"})
     assert (served.addr, served.ports, served.serve) == ("node1", (29555,), True)
+
+
+def test_ranks_started_with_another_size_share_the_job_tag_and_get_told_at_the_rendezvous() -> None:
+    env = {"MASTER_ADDR": "node1", "MASTER_PORT": "29500", "HPCDL_SECRET": "ab"}
+    four = discovery.meeting(discovery.RankInfo(1, 4, "h", "torchrun"), env)
+    eight = discovery.meeting(discovery.RankInfo(1, 8, "h", "torchrun"), env)
+    assert four.job == eight.job and four.ports == eight.ports
