@@ -180,6 +180,26 @@ def test_a_loopback_rendezvous_address_across_hosts_says_so(hosts: VirtualHosts,
         assert "set MASTER_ADDR/MASTER_PORT to a name or address of rank 0's host" in err
 
 
+def test_hpcdl_iface_pins_the_address_a_rank_is_reached_at(hosts: VirtualHosts, report: Path) -> None:
+    """Rank 1 listens only on a second address of host2 (HPCDL_IFACE may be an address); its peers must
+    use that one, not the address the rendezvous saw it come from."""
+    second = "10.99.0.102"
+    subprocess.run(["ip", "-n", hosts["host2"].namespace, "addr", "add", f"{second}/24", "dev", "eth0"],
+                   check=True, capture_output=True, timeout=30)  # fmt: skip
+    try:
+        env = dict(MASTER_ADDR="host1", MASTER_PORT="29500")
+        argv = [sys.executable, str(report)]
+        commands = [
+            ("host1", argv, torchrun_env(0, **env)),
+            ("host2", argv, torchrun_env(1, HPCDL_IFACE=second, **env)),
+        ]
+        found = reports(succeeded(run_on_hosts(hosts, commands)))
+        assert [(found[r]["sum"], found[r]["host"]) for r in (0, 1)] == [(3.0, "host1"), (3.0, "host2")]
+    finally:
+        subprocess.run(["ip", "-n", hosts["host2"].namespace, "addr", "del", f"{second}/24", "dev", "eth0"],
+                       capture_output=True, timeout=30)  # fmt: skip
+
+
 def test_a_loopback_interface_across_hosts_is_refused_at_once(hosts: VirtualHosts, report: Path) -> None:
     env = dict(MASTER_ADDR="host1", MASTER_PORT="29500", HPCDL_TIMEOUT="60")
     argv = [sys.executable, str(report)]
