@@ -1,20 +1,17 @@
-"""``hpcdl run`` inside a real Slurm allocation (``salloc``): the hosts and slots come from
-SLURM_JOB_NODELIST / SLURM_TASKS_PER_NODE. The fake nodes all live on this machine; a private
-/etc/hosts (in a mount namespace of the test only) lets their names resolve as on a cluster."""
+"""``hpcdl run`` inside a real Slurm allocation (``salloc`` on the test cluster's login host): the hosts
+and slots come from SLURM_JOB_NODELIST / SLURM_TASKS_PER_NODE, and the nodes are separate hosts."""
 
 from __future__ import annotations
 
 import shlex
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from slurm_cluster import SlurmCluster, missing_requirements
 
-_MISSING = missing_requirements() or (None if shutil.which("unshare") else "unshare is not installed")
+_MISSING = missing_requirements()
 pytestmark = pytest.mark.skipif(_MISSING is not None, reason=f"no Slurm test cluster: {_MISSING}")
 
 
@@ -28,17 +25,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
 
 
 def _in_allocation(cluster: SlurmCluster, salloc_args: str, run_args: str) -> subprocess.CompletedProcess:
-    hosts = cluster.base / "hosts"
-    names = " ".join(cluster.node_names)
-    hosts.write_text(Path("/etc/hosts").read_text() + f"\n127.0.0.1 {names}\n")
-    inner = (
-        f"mount --bind {hosts} /etc/hosts && exec salloc {salloc_args} "
-        f"{shlex.quote(sys.executable)} -m hpcdl run {run_args}"
-    )
-    return subprocess.run(
-        ["unshare", "--mount", "--propagation", "private", "sh", "-c", inner],
-        capture_output=True, text=True, timeout=120, env=cluster.env,
-    )  # fmt: skip
+    """``salloc SALLOC_ARGS hpcdl run RUN_ARGS`` on the cluster's login host."""
+    argv = ["salloc", *shlex.split(salloc_args), sys.executable, "-m", "hpcdl", "run", *shlex.split(run_args)]
+    return cluster.run(argv, timeout=120)
 
 
 _VARIABLES = ("RANK", "SIZE", "HOSTNAME", "LOCAL_RANK", "CROSS_RANK", "CROSS_SIZE")

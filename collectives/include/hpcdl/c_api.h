@@ -103,12 +103,17 @@ HPCDL_API const char* hpcdl_build_info(void);
  * > HPCDL_* > HOROVOD_* > default); the runtime reads no environment itself. Keys:
  *   rank, size                    this process's world rank and the world size (required)
  *   host                          host identity; ranks with equal host share memory (required)
- *   rendezvous_addr, rendezvous_port   where the rendezvous server listens
+ *   rendezvous_addr, rendezvous_port   where the rendezvous server listens (a name or an address)
+ *   rendezvous_ports              instead of rendezvous_port: comma list of ports; the server (rank 0) binds
+ *                                 the first free one, the other ranks walk them until they find it
  *   rendezvous_serve=0|1          1: this process (world rank 0) runs the rendezvous server itself
+ *   rendezvous_job                tells this job from others walking the same ports with the same secret
+ *   rendezvous_origin             what named the rendezvous (e.g. "MASTER_ADDR/MASTER_PORT"), for messages
  *   secret                        job secret (hex); peers must prove they hold it
  *   bootstrap=tcp|mpi             how ranks meet (mpi only when built with MPI and launched by mpirun)
  *   transport=auto|shm|tcp|mpi    data plane to use between ranks (auto: shm within a host, tcp across)
- *   iface                         network interface (or IPv4 address) for TCP data connections
+ *   iface                         network interface (or IPv4 address) for TCP data connections; without it
+ *                                 a rank is reached at the address the rendezvous saw it connect from
  *   timeout_s                     deadline of every blocking wait, seconds (float)
  *   small_message_bytes           below this, latency-optimal algorithms; at/above, ring
  *   shm_chunk_bytes               shared-memory staging buffer per rank and step
