@@ -340,8 +340,16 @@ def check_join_uneven() -> None:
         active = [q for q in range(n) if q + 1 > s]
         out = E.synchronize(E.allreduce_async(values(r, 6, s), name=f"j.sum.{s}", op=SUM))
         np.testing.assert_array_equal(out, sum(values(q, 6, s) for q in active))  # joined ranks add zeros
-        got = E.synchronize(E.allgather_async(np.full(2, r, np.int32), name=f"j.gather.{s}"))
-        np.testing.assert_array_equal(got, np.repeat(np.array(active, np.int32), 2))  # joined add nothing
+        gather = E.allgather_async(np.full(2, r, np.int32), name=f"j.gather.{s}")
+        if len(active) == n:
+            np.testing.assert_array_equal(E.synchronize(gather), np.repeat(np.arange(n, dtype=np.int32), 2))
+            continue
+        try:  # as in Horovod, a joined rank stands in for allreduces only
+            E.synchronize(gather)
+        except hc.HpcdlJoinError as exc:
+            assert f"j.gather.{s}" in str(exc) and "joined (called join())" in str(exc), str(exc)
+        else:
+            raise AssertionError("an allgather while a rank has joined must fail")
     last = E.join()
     assert last == n - 1, f"join returned {last}, expected the last rank to join ({n - 1})"
     # After everyone joined, operations need every rank again.

@@ -46,7 +46,8 @@ typedef enum {
   HPCDL_ERR_UNSUPPORTED = 7,   /* e.g. transport=mpi in a build without MPI */
   HPCDL_ERR_SHUTDOWN = 8,      /* runtime is shutting down / was shut down (also: stall shutdown) */
   HPCDL_ERR_INTERNAL = 9,
-  HPCDL_PENDING = 10           /* hpcdl_poll: not finished yet */
+  HPCDL_PENDING = 10,          /* hpcdl_poll: not finished yet */
+  HPCDL_ERR_JOINED = 11        /* an engine operation other than allreduce/barrier met a joined rank */
 } hpcdl_status;
 
 /* ---- data types (values are stable; Python mirrors them) ------------------------------------- */
@@ -192,7 +193,8 @@ typedef struct {
   void* output;               /* allreduce/broadcast/reducescatter: caller-owned (may equal input);
                                  allgather/alltoall: NULL, the engine allocates (hpcdl_output) */
   int32_t reduce_op;          /* hpcdl_reduce_op (allreduce, reducescatter) */
-  double prescale, postscale; /* 1.0 for none */
+  double prescale, postscale; /* 1.0 for none; integer and float16/bfloat16 inputs are scaled and stored
+                                 in their own type before the reduction (Horovod's rule) */
   int32_t root;               /* broadcast root, a world rank (Horovod semantics) */
   const int64_t* splits;      /* alltoall: rows of dim 0 sent to each set member; NULL = even */
   int32_t nsplits;
