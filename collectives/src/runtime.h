@@ -91,6 +91,7 @@ class Runtime {
  private:
   Runtime();
   Status start(const Options& options);
+  Status join_members(const std::vector<int>& members);
   Status build_process_set(int id, const std::vector<int>& ranks);
   Status make_comm(const std::vector<int>& ranks, int set_id, Channel channel, std::shared_ptr<Comm>* out);
 

@@ -124,6 +124,8 @@ HPCDL_API const char* hpcdl_build_info(void);
  *   autotune_fixed                comma list of knobs the user set explicitly (never tuned)
  *   process_sets                  static process sets, ';'-separated lists of ','-separated world ranks
  *   dynamic_process_sets=0|1
+ *   members                       ','-separated world ranks: after the rendezvous of every rank, this
+ *                                 process's job is these ranks only, numbered by position (init(comm=[...]))
  *   log_level=trace|debug|info|warning|error
  */
 HPCDL_API int hpcdl_init(const char* options);
