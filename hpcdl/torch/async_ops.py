@@ -123,7 +123,7 @@ def _enqueue(
     caller-owned buffer the engine writes (None where the engine allocates the output). Each handle keeps
     the tensors it refers to alive until the engine is done with them."""
     grouped = len(sources) > 1
-    group_id = engine.new_group_id() if grouped else 0
+    group_id = engine.new_group_id(ps_id) if grouped else 0
     handles = []
     for i, src in enumerate(sources):
         out = results[i] if results is not None else None

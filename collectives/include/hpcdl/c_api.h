@@ -221,6 +221,10 @@ HPCDL_API int hpcdl_received_splits(hpcdl_handle handle, int64_t* splits, int ca
 HPCDL_API int hpcdl_join_result(hpcdl_handle handle);
 /* Frees the handle and any engine-owned output. */
 HPCDL_API int hpcdl_release(hpcdl_handle handle);
+/* A fresh group id (> 0) for the operations of one group on a process set, or a negative status. Every
+ * member allocates its groups in the same order; a joined rank skips the ids of the groups it stood in
+ * for, so that the ranks' next groups still get the same ids. */
+HPCDL_API int hpcdl_new_group_id(int process_set);
 
 /* ---- timeline, autotune, stall inspector ------------------------------------------------------- */
 HPCDL_API int hpcdl_start_timeline(const char* path, int mark_cycles);

@@ -746,29 +746,34 @@ void Engine::decide_and_run(const std::vector<Ready>& work) {
       if (!failed_.is_ok()) break;
     }
   }
-  follow_unnamed(finished);
+  follow_skipped(finished);
   for (const Key* k : finished) table_.erase(table_.find(*k));
 }
 
-// A joined rank stands in for operations it never submits. When such an operation was unnamed, this rank
-// moves its own counter for that kind of operation past the operation's name, as if it had submitted it,
-// so that its next unnamed operations get the same names as its peers' (they would otherwise never meet).
-void Engine::follow_unnamed(const std::vector<const Key*>& finished) {
-  std::vector<std::pair<const Key*, int32_t>> skipped;
+// A joined rank stands in for operations it never submits. It moves its own counters past them, as if it
+// had submitted them: past an unnamed operation's number, and past a grouped operation's group id, so that
+// its next unnamed and grouped operations get the same names and ids as its peers' (they would otherwise
+// never meet, or fail as mismatched groups).
+void Engine::follow_skipped(const std::vector<const Key*>& finished) {
+  std::vector<std::pair<const Key*, const OpRequest*>> skipped;
   for (const Key* k : finished) {
     const Pending& e = table_.find(*k)->second;
     const int me = k->first == 0 ? rank_ : index_of(e.members, rank_);
-    if (me >= 0 && !e.by_member[me]) skipped.push_back({k, e.any()->op_type});
+    if (me >= 0 && !e.by_member[me]) skipped.push_back({k, e.any()});
   }
   if (skipped.empty()) return;
   std::lock_guard<std::mutex> lock(mutex_);
-  for (const auto& [key, op_type] : skipped) {
-    const std::string prefix = std::string(op_type_name(op_type)) + ".noname.";
+  for (const auto& [key, request] : skipped) {
+    if (request->group_id > 0) {
+      int& last = last_group_id_[key->first];
+      last = std::max(last, request->group_id);
+    }
+    const std::string prefix = std::string(op_type_name(request->op_type)) + ".noname.";
     if (key->second.compare(0, prefix.size(), prefix) != 0) continue;
     const std::string number = key->second.substr(prefix.size());
     if (number.empty() || number.size() > 18 || number.find_first_not_of("0123456789") != std::string::npos)
       continue;
-    int64_t& next = unnamed_counter_[{key->first, op_type}];
+    int64_t& next = unnamed_counter_[{key->first, request->op_type}];
     next = std::max<int64_t>(next, std::stoll(number) + 1);
   }
 }

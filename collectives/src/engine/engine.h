@@ -86,6 +86,7 @@ class Engine {
   Status received_splits(int64_t handle, int64_t* splits, int capacity, int* count);
   Status join_result(int64_t handle, int* rank);
   Status release(int64_t handle);
+  int new_group_id(int process_set);
   Status start_timeline(const std::string& path, bool mark_cycles);
   Status stop_timeline();
   bool knob(const std::string& name, double* value) const;
@@ -171,7 +172,7 @@ class Engine {
   void list_work(const Key& key, Pending& entry, std::vector<Ready>* work);
   void decide_and_run(const std::vector<Ready>& work);
   bool is_ready(const Key& key, const Pending& entry);
-  void follow_unnamed(const std::vector<const Key*>& finished);
+  void follow_skipped(const std::vector<const Key*>& finished);
   std::string join_conflict(const Pending& entry);
   void run_batch(const std::vector<Ready>& batch, bool fused);
   Status run_one(Pending& entry, Comm& comm, const std::string& what);
@@ -220,6 +221,7 @@ class Engine {
   std::unordered_map<int64_t, std::shared_ptr<EngineOp>> handles_;
   std::unordered_map<Key, NameUse, KeyHash> names_in_use_;
   std::map<std::pair<int, int>, int64_t> unnamed_counter_;
+  std::map<int, int> last_group_id_;  // per process set
   int64_t next_handle_ = 1;
   bool waiting_ = false;  // the engine thread sleeps in wait_notify; enqueue rings the doorbell
   bool shutdown_requested_ = false;

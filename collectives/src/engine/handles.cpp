@@ -263,6 +263,11 @@ Status Engine::release(int64_t handle) {
   return Status::ok();
 }
 
+int Engine::new_group_id(int process_set) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return ++last_group_id_[process_set];
+}
+
 Status Engine::start_timeline(const std::string& path, bool mark_cycles) {
   if (path.empty()) return Status::error(HPCDL_ERR_INVALID, "start_timeline needs a file path");
   if (rank_ != 0) return Status::ok();  // rank 0 writes the job's timeline
