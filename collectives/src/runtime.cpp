@@ -3,12 +3,14 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <sstream>
 #include <stdexcept>
 
@@ -67,6 +69,23 @@ std::vector<std::vector<int>> parse_process_sets(const std::string& text) {
   return sets;
 }
 
+#ifdef HPCDL_HAVE_MPI
+// MPI_Finalize is a fence over every process of the MPI job: a rank that leaves while the others still
+// compute waits in it until they finalize too, so mpirun saw a failed rank end only when the others did.
+// The MPI that hpcdl started itself (bootstrap under mpirun) is therefore finalized when the process exits,
+// and only when it exits with status 0: a failing process leaves at once without it, which mpirun takes as
+// the job's failure, ending the other ranks. (MPI also stays up between shutdown() and a next init().) The
+// exit hook is process-wide, as MPI is; it is registered once.
+void finalize_mpi_at_exit() {
+  static std::once_flag registered;
+  std::call_once(registered, [] {
+    on_exit([](int status, void*) {
+      if (status == 0) mpi_finalize_if_initialized_here(true);
+    }, nullptr);
+  });
+}
+#endif
+
 }  // namespace
 
 Runtime* current_runtime() { return g_runtime.load(std::memory_order_acquire); }
@@ -84,7 +103,7 @@ Runtime::~Runtime() {
   endpoint_.reset();
   rendezvous_.reset();
 #ifdef HPCDL_HAVE_MPI
-  mpi_finalize_if_initialized_here(mpi_initialized_here_);
+  if (mpi_initialized_here_) finalize_mpi_at_exit();
 #endif
 }
 
