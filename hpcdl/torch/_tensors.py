@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from hpcdl.common.exceptions import HpcdlConfigError
 from hpcdl.common.types import Buffer, DType
 
 _DTYPES: dict[torch.dtype, DType] = {
@@ -38,7 +39,7 @@ def runtime_dtype(tensor: torch.Tensor) -> DType:
         return _DTYPES[tensor.dtype]
     except KeyError:
         supported = ", ".join(str(d).replace("torch.", "") for d in _DTYPES)
-        raise ValueError(
+        raise HpcdlConfigError(
             f"Tensor type {tensor.type()} is not supported by hpcdl collectives; "
             f"convert it to one of: {supported}"
         ) from None
@@ -46,10 +47,10 @@ def runtime_dtype(tensor: torch.Tensor) -> DType:
 
 def buffer_of(tensor: torch.Tensor) -> Buffer:
     """A zero-copy view of a contiguous CPU tensor."""
-    if tensor.device.type != "cpu":
-        raise ValueError(f"internal: buffer_of expects a CPU tensor, got one on {tensor.device}")
-    if not tensor.is_contiguous():
-        raise ValueError("internal: buffer_of expects a contiguous tensor")
+    if not is_direct(tensor):
+        raise ValueError(
+            f"internal: buffer_of needs a contiguous CPU tensor, not {tensor.stride()} on {tensor.device}"
+        )
     # A 0-d tensor travels as one element.
     shape = tuple(tensor.shape) or (1,)
     return Buffer(ptr=tensor.data_ptr(), dtype=runtime_dtype(tensor), shape=shape)
