@@ -52,6 +52,14 @@ class Reduction:
     postscale: float = 1.0
     process_set: ProcessSet = global_process_set
 
+    def request(self) -> dict[str, Any]:
+        """The fields of an engine request that carry this reduction (the op is checked by the caller)."""
+        return {
+            "reduce_op": runtime_op(self.op),
+            "prescale": float(self.prescale),
+            "postscale": float(self.postscale),
+        }
+
 
 # ---- arguments ------------------------------------------------------------------------------------
 
@@ -167,16 +175,7 @@ def allreduce_launch(
     sources = [readable(t) for t in tensors]
     # In place on a staged copy: the engine reduces the copy, which is then delivered into the tensor.
     results = [src if out is t else writable(out) for t, out, src in zip(tensors, outputs, sources)]
-    handles = _enqueue(
-        OpType.ALLREDUCE,
-        sources,
-        results,
-        name,
-        ps_id,
-        reduce_op=runtime_op(op),
-        prescale=float(how.prescale),
-        postscale=float(how.postscale),
-    )
+    handles = _enqueue(OpType.ALLREDUCE, sources, results, name, ps_id, **how.request())
 
     def finish() -> list[torch.Tensor]:
         return [_deliver(r, out) for r, out in zip(results, outputs)]
@@ -467,14 +466,7 @@ def reducescatter_launch(tensors: list[torch.Tensor], name: Optional[str], how: 
         for t in tensors
     ]
     handles = _enqueue(
-        OpType.REDUCESCATTER,
-        [readable(t) for t in tensors],
-        results,
-        name,
-        ps_id,
-        reduce_op=runtime_op(op),
-        prescale=float(how.prescale),
-        postscale=float(how.postscale),
+        OpType.REDUCESCATTER, [readable(t) for t in tensors], results, name, ps_id, **how.request()
     )
 
     def finish() -> list[torch.Tensor]:

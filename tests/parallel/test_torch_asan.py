@@ -11,17 +11,14 @@ already freed is reported and fails the rank. The ranks run the layout and gradi
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from test_torch_conformance import EXPECTED, run_checks
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent.parent
-CHECKS = HERE / "torch_conformance_checks.py"
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = [
     pytest.mark.slow,
@@ -65,27 +62,6 @@ def test_every_layout_and_gradient_stays_inside_its_storage(asan_runtime: Path) 
         # Python and torch keep memory until exit on purpose: leaks are not what this test looks for.
         ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:quarantine_size_mb=256",
     )
-    command = [
-        sys.executable,
-        "-m",
-        "hpcdl",
-        "run",
-        "-np",
-        "2",
-        sys.executable,
-        str(CHECKS),
-        "layouts",
-        "autograd",
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
-    output = done.stdout + done.stderr
+    expected = EXPECTED[: EXPECTED.index("check_gradients") + 1]
+    output = run_checks(2, ("layouts", "autograd"), expected, env=env)
     assert "AddressSanitizer" not in output, output[-8000:]
-    assert done.returncode == 0, output[-6000:]
-    for rank in range(2):
-        passed = re.findall(rf"^\[{rank}\]<stdout>:PASS (\w+)$", done.stdout, re.MULTILINE)
-        assert passed == [
-            "check_layouts_out_of_place",
-            "check_layouts_in_place",
-            "check_special_shapes",
-            "check_gradients",
-        ]

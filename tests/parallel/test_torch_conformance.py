@@ -33,12 +33,9 @@ EXPECTED = [
 ]
 
 
-def passed_checks(stdout: str, rank: int) -> list[str]:
-    return re.findall(rf"^\[{rank}\]<stdout>:PASS (\w+)$", stdout, re.MULTILINE)
-
-
-@pytest.mark.parametrize("ranks", [2, 3, 4])
-def test_layouts_gradients_and_errors(ranks: int) -> None:
+def run_checks(ranks: int, scenarios: tuple[str, ...], expected: list[str], env: dict | None = None) -> str:
+    """Run the scenarios on ``ranks`` ranks under ``hpcdl run``; assert that every rank passed exactly the
+    ``expected`` checks; return the output."""
     command = [
         sys.executable,
         "-m",
@@ -48,10 +45,17 @@ def test_layouts_gradients_and_errors(ranks: int) -> None:
         str(ranks),
         sys.executable,
         str(CHECKS),
-        *SCENARIOS,
+        *scenarios,
     ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=240, env=None)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-6000:]
     for rank in range(ranks):
-        assert passed_checks(done.stdout, rank) == EXPECTED, output[-3000:]
+        passed = re.findall(rf"^\[{rank}\]<stdout>:PASS (\w+)$", done.stdout, re.MULTILINE)
+        assert passed == expected, output[-3000:]
+    return output
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_layouts_gradients_and_errors(ranks: int) -> None:
+    run_checks(ranks, SCENARIOS, EXPECTED)
