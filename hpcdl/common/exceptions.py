@@ -38,8 +38,9 @@ class HpcdlConfigError(HpcdlError, ValueError):
 
 
 class HpcdlShutdownError(HpcdlInternalError):
-    """The job's runtime was shut down (by this rank, or by another rank that called ``shutdown()`` or
-    exited): the operation cannot run; the message names the rank."""
+    """The operation was cancelled by a shutdown: the job's (this rank, or another that called
+    ``shutdown()`` or exited, which the message names) or, with ``HPCDL_STALL_SHUTDOWN_TIME_SECONDS``, the
+    stall inspector's (the message says which operation stalled, and the job goes on)."""
 
 
 class HpcdlJoinError(HpcdlInternalError):
