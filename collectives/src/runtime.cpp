@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <sstream>
 #include <stdexcept>
 
@@ -49,20 +50,42 @@ Status random_secret(std::string* secret) {
   return Status::ok();
 }
 
+std::vector<int> parse_ranks(const std::string& text) {
+  std::vector<int> ranks;
+  std::istringstream in(text);
+  std::string r;
+  while (std::getline(in, r, ','))
+    if (!r.empty()) ranks.push_back(std::atoi(r.c_str()));
+  return ranks;
+}
+
 std::vector<std::vector<int>> parse_process_sets(const std::string& text) {
   std::vector<std::vector<int>> sets;
   std::istringstream in(text);
   std::string one;
   while (std::getline(in, one, ';')) {
-    std::vector<int> ranks;
-    std::istringstream ranks_in(one);
-    std::string r;
-    while (std::getline(ranks_in, r, ','))
-      if (!r.empty()) ranks.push_back(std::atoi(r.c_str()));
+    std::vector<int> ranks = parse_ranks(one);
     if (!ranks.empty()) sets.push_back(ranks);
   }
   return sets;
 }
+
+#ifdef HPCDL_HAVE_MPI
+// MPI_Finalize is a fence over every process of the MPI job: a rank that leaves while the others still
+// compute waits in it until they finalize too, so mpirun saw a failed rank end only when the others did.
+// The MPI that hpcdl started itself (bootstrap under mpirun) is therefore finalized when the process exits,
+// and only when it exits with status 0: a failing process leaves at once without it, which mpirun takes as
+// the job's failure, ending the other ranks. (MPI also stays up between shutdown() and a next init().) The
+// exit hook is process-wide, as MPI is; it is registered once.
+void finalize_mpi_at_exit() {
+  static std::once_flag registered;
+  std::call_once(registered, [] {
+    on_exit([](int status, void*) {
+      if (status == 0) mpi_finalize_if_initialized_here(true);
+    }, nullptr);
+  });
+}
+#endif
 
 }  // namespace
 
@@ -81,7 +104,7 @@ Runtime::~Runtime() {
   endpoint_.reset();
   rendezvous_.reset();
 #ifdef HPCDL_HAVE_MPI
-  mpi_finalize_if_initialized_here(mpi_initialized_here_);
+  if (mpi_initialized_here_) finalize_mpi_at_exit();
 #endif
 }
 
@@ -178,17 +201,23 @@ Status Runtime::start(const Options& options) {
     if (!st.is_ok()) return st;
   }
 
-  // Topology: local = same host identity; cross = ranks with the same local rank.
+  if (options_.has("members")) {
+    Status st = join_members(parse_ranks(options_.get("members")));
+    if (!st.is_ok()) return st;
+  }
+
+  // Topology: local = same host identity; cross = ranks with the same local rank. (Ranks are positions in
+  // peers_; a PeerInfo's own rank field is the world rank it registered with, see join_members.)
   std::map<std::string, int> per_host;
   std::vector<int> local_rank_of(static_cast<size_t>(size_));
-  for (const auto& p : peers_) local_rank_of[size_t(p.rank)] = per_host[p.host]++;
+  for (int r = 0; r < size_; ++r) local_rank_of[size_t(r)] = per_host[peers_[size_t(r)].host]++;
   local_rank_ = local_rank_of[size_t(rank_)];
   local_size_ = per_host[host];
   cross_rank_ = 0;
   cross_size_ = 0;
-  for (const auto& p : peers_) {
-    if (local_rank_of[size_t(p.rank)] != local_rank_) continue;
-    if (p.rank < rank_) ++cross_rank_;
+  for (int r = 0; r < size_; ++r) {
+    if (local_rank_of[size_t(r)] != local_rank_) continue;
+    if (r < rank_) ++cross_rank_;
     ++cross_size_;
   }
   homogeneous_ = true;
@@ -282,6 +311,35 @@ Status Runtime::meet(const std::string& host, const std::string& iface_addr, con
   if (!st.is_ok()) return st;
   PeerInfo self{rank_, host, iface_addr, endpoint_->port(), int(getpid())};
   return rendezvous_register(target, secret, job, size_, self, deadline, &peers_);
+}
+
+// init(comm=[ranks]) (Horovod's hvd.init(comm=...)): after every rank the launcher started met at the
+// rendezvous, this process keeps only the listed world ranks as its job, renumbered by their position in
+// the list, so that the job's communicators, process sets, engine and shutdown involve them alone (the
+// other ranks form jobs of their own lists). peers_ is reordered to the job's ranks; each PeerInfo keeps the
+// world rank it registered with, which identifies it on data links (Endpoint).
+Status Runtime::join_members(const std::vector<int>& members) {
+  std::vector<int> sorted(members);
+  std::sort(sorted.begin(), sorted.end());
+  if (members.empty() || std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end() || sorted.front() < 0 ||
+      sorted.back() >= size_)
+    return Status::error(HPCDL_ERR_INVALID, "init(comm=[...]) needs distinct world ranks in [0, " +
+                                                std::to_string(size_) + "), got [" + options_.get("members") + "]");
+  auto me = std::find(members.begin(), members.end(), rank_);
+  if (me == members.end())
+    return Status::error(HPCDL_ERR_INVALID,
+                         "init(comm=[" + options_.get("members") + "]): this process is world rank " +
+                             std::to_string(rank_) + ", which is not in the list; every process passes the ranks "
+                             "of the job it belongs to, its own included");
+  if (transport_ == "mpi" && int(members.size()) != size_)
+    return Status::error(HPCDL_ERR_UNSUPPORTED, "init(comm=[...]) with a subset of the ranks needs transport=auto "
+                                                "or tcp, not mpi");
+  std::vector<PeerInfo> job;
+  for (int r : members) job.push_back(peers_[size_t(r)]);
+  peers_ = std::move(job);
+  rank_ = int(me - members.begin());
+  size_ = int(members.size());
+  return Status::ok();
 }
 
 Status Runtime::make_tcp_comm(const std::vector<int>& ranks, int my, const std::string& key, Deadline deadline,

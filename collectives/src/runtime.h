@@ -93,6 +93,7 @@ class Runtime {
   Status start(const Options& options);
   Status meet(const std::string& host, const std::string& iface_addr, const std::string& bootstrap,
               std::string secret, Deadline deadline);
+  Status join_members(const std::vector<int>& members);
   Status build_process_set(int id, const std::vector<int>& ranks);
   Status make_comm(const std::vector<int>& ranks, int set_id, Channel channel, std::shared_ptr<Comm>* out);
 

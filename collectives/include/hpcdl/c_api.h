@@ -46,7 +46,8 @@ typedef enum {
   HPCDL_ERR_UNSUPPORTED = 7,   /* e.g. transport=mpi in a build without MPI */
   HPCDL_ERR_SHUTDOWN = 8,      /* runtime is shutting down / was shut down (also: stall shutdown) */
   HPCDL_ERR_INTERNAL = 9,
-  HPCDL_PENDING = 10           /* hpcdl_poll: not finished yet */
+  HPCDL_PENDING = 10,          /* hpcdl_poll: not finished yet */
+  HPCDL_ERR_JOINED = 11        /* an engine operation other than allreduce/barrier met a joined rank */
 } hpcdl_status;
 
 /* ---- data types (values are stable; Python mirrors them) ------------------------------------- */
@@ -128,6 +129,8 @@ HPCDL_API const char* hpcdl_build_info(void);
  *   autotune_fixed                comma list of knobs the user set explicitly (never tuned)
  *   process_sets                  static process sets, ';'-separated lists of ','-separated world ranks
  *   dynamic_process_sets=0|1
+ *   members                       ','-separated world ranks: after the rendezvous of every rank, this
+ *                                 process's job is these ranks only, numbered by position (init(comm=[...]))
  *   log_level=trace|debug|info|warning|error
  */
 HPCDL_API int hpcdl_init(const char* options);
@@ -197,7 +200,8 @@ typedef struct {
   void* output;               /* allreduce/broadcast/reducescatter: caller-owned (may equal input);
                                  allgather/alltoall: NULL, the engine allocates (hpcdl_output) */
   int32_t reduce_op;          /* hpcdl_reduce_op (allreduce, reducescatter) */
-  double prescale, postscale; /* 1.0 for none */
+  double prescale, postscale; /* 1.0 for none; integer and float16/bfloat16 inputs are scaled and stored
+                                 in their own type before the reduction (Horovod's rule) */
   int32_t root;               /* broadcast root, a world rank (Horovod semantics) */
   const int64_t* splits;      /* alltoall: rows of dim 0 sent to each set member; NULL = even */
   int32_t nsplits;
@@ -222,6 +226,10 @@ HPCDL_API int hpcdl_received_splits(hpcdl_handle handle, int64_t* splits, int ca
 HPCDL_API int hpcdl_join_result(hpcdl_handle handle);
 /* Frees the handle and any engine-owned output. */
 HPCDL_API int hpcdl_release(hpcdl_handle handle);
+/* A fresh group id (> 0) for the operations of one group on a process set, or a negative status. Every
+ * member allocates its groups in the same order; a joined rank skips the ids of the groups it stood in
+ * for, so that the ranks' next groups still get the same ids. */
+HPCDL_API int hpcdl_new_group_id(int process_set);
 
 /* ---- timeline, autotune, stall inspector ------------------------------------------------------- */
 HPCDL_API int hpcdl_start_timeline(const char* path, int mark_cycles);
