@@ -4,9 +4,12 @@ shared by the framework APIs."""
 from __future__ import annotations
 
 import warnings
-from typing import Optional
+from collections.abc import Hashable, Sequence
+from typing import Any, Callable, Optional, TypeVar, Union
 
 from hpcdl.common.types import ReduceOp
+
+T = TypeVar("T")
 
 Average = int(ReduceOp.AVERAGE)
 Sum = int(ReduceOp.SUM)
@@ -54,3 +57,38 @@ def runtime_op(op: int) -> ReduceOp:
         return _RUNTIME_OPS[op]
     except KeyError:
         return ReduceOp(op)  # raises the enum's own error
+
+
+def split_list(items: Sequence[T], parts: int) -> list[list[T]]:
+    """Split ``items`` into ``parts`` contiguous pieces whose lengths differ by at most one."""
+    d, r = divmod(len(items), parts)
+    return [list(items[i * d + min(i, r) : (i + 1) * d + min(i + 1, r)]) for i in range(parts)]
+
+
+def group_order(
+    groups: Union[int, Sequence[Sequence[Any]], None],
+    positions: Sequence[int],
+    keys: Sequence[Hashable],
+    key_of: Callable[[Any], Hashable],
+) -> tuple[list[int], list[int]]:
+    """Horovod's ``groups`` option of the distributed optimizers: in which order to submit the gradients at
+    ``positions`` (whose variables have ``keys``), and the sizes of their consecutive atomic groups.
+
+    None: each gradient alone. An int: that many contiguous groups. A list of lists of variables (mapped to
+    keys by ``key_of``): those variables' gradients together, every other gradient alone.
+    """
+    if groups is None:
+        return list(positions), [1] * len(positions)
+    if isinstance(groups, int):
+        pieces = [piece for piece in split_list(positions, groups) if piece]
+    else:
+        where = dict(zip(keys, positions))
+        pieces, taken = [], set()
+        for group in groups:
+            members = [key_of(v) for v in group]
+            piece = [where[k] for k in members if k in where and k not in taken]
+            taken.update(members)
+            if piece:
+                pieces.append(piece)
+        pieces += [[p] for p, k in zip(positions, keys) if k not in taken]
+    return [p for piece in pieces for p in piece], [len(piece) for piece in pieces]

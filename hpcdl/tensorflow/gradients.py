@@ -18,18 +18,12 @@ import tensorflow as tf
 
 from hpcdl.common import basics, elastic
 from hpcdl.common.process_sets import ProcessSet, global_process_set, id_of
-from hpcdl.common.reduce_ops import Adasum, Average
+from hpcdl.common.reduce_ops import Adasum, Average, group_order
 from hpcdl.tensorflow.collectives import _allgather_slices, set_size
 from hpcdl.tensorflow.compression import Compression, Compressor
 from hpcdl.tensorflow.mpi_ops import reduce_tensors
 
-Groups = Union[None, int, Sequence[Sequence[Any]]]
-
-
-def split_list(items: Sequence[Any], parts: int) -> list[list[Any]]:
-    """Split ``items`` into ``parts`` contiguous pieces whose lengths differ by at most one."""
-    d, r = divmod(len(items), parts)
-    return [list(items[i * d + min(i, r) : (i + 1) * d + min(i + 1, r)]) for i in range(parts)]
+Groups = Union[int, Sequence[Sequence[Any]], None]
 
 
 def source_key(source: Any) -> Any:
@@ -120,7 +114,7 @@ class GradientReducer:
         dense = [k for k, g in enumerate(grads) if not isinstance(g, tf.IndexedSlices)]
         if not dense:
             return results
-        order, sizes = self._grouping(dense, [sources[k] for k in dense])
+        order, sizes = group_order(self.groups, dense, [source_key(sources[k]) for k in dense], source_key)
         compressed, contexts = zip(*[self.compression.compress(grads[k]) for k in order])
         prescale, postscale = (
             (1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor)
@@ -133,26 +127,6 @@ class GradientReducer:
         for k, value, ctx in zip(order, reduced, contexts):
             results[k] = self.compression.decompress(value, ctx)
         return results
-
-    def _grouping(self, dense: list[int], sources: list[Any]) -> tuple[list[int], list[int]]:
-        """The order in which the dense gradients are submitted and the sizes of their atomic groups:
-        each alone without ``groups``; ``groups`` contiguous groups for an int; the given variables
-        together (and every other gradient alone) for a list of lists."""
-        if self.groups is None:
-            return dense, [1] * len(dense)
-        if isinstance(self.groups, int):
-            pieces = [p for p in split_list(dense, self.groups) if p]
-        else:
-            position = {source_key(s): k for k, s in zip(dense, sources)}
-            pieces, taken = [], set()
-            for group in self.groups:
-                keys = [source_key(v) for v in group]
-                piece = [position[key] for key in keys if key in position and key not in taken]
-                taken.update(keys)
-                if piece:
-                    pieces.append(piece)
-            pieces += [[k] for k, s in zip(dense, sources) if source_key(s) not in taken]
-        return [k for piece in pieces for k in piece], [len(piece) for piece in pieces]
 
 
 class LocalGradientAggregation:
