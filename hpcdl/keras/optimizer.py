@@ -5,8 +5,9 @@ Like Horovod, the result is an instance of a subclass of the wrapped optimizer's
 config; it keeps the wrapped class's name and module, so a model saved with it loads as the plain
 optimizer in plain Keras, and as a distributed one with ``hvd.load_model``. With
 ``backward_passes_per_step=N`` gradients are summed locally and reduced on every N-th call, and the update
-is applied only then (the iteration counter still counts every call, as with Keras' own
-``gradient_accumulation_steps``).
+is applied only then: ``iterations`` counts the updates, as with Keras 3's own
+``gradient_accumulation_steps`` (Adam's bias correction sees the same step numbers as one process
+applying every N batches; a ``LearningRateSchedule`` advances once per update).
 """
 
 from __future__ import annotations
@@ -88,10 +89,7 @@ class _DistributedOptimizer:
         def apply_step() -> None:
             base_apply(summed, trainable_variables)
 
-        def count_pass() -> None:
-            self.iterations.assign_add(1)
-
-        keras.ops.cond(self._hpcdl_aggregation.complete(), apply_step, count_pass)
+        keras.ops.cond(self._hpcdl_aggregation.complete(), apply_step, lambda: None)
         return None
 
 
