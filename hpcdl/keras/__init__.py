@@ -20,7 +20,7 @@ import keras
 from hpcdl.common.exceptions import HpcdlInternalError
 from hpcdl.common.reduce_ops import Adasum, Average, Max, Min, Product, Sum
 from hpcdl.keras import _backend, callbacks, elastic
-from hpcdl.keras.optimizer import DistributedOptimizer, distributed_class, is_distributed, settings
+from hpcdl.keras.optimizer import DistributedOptimizer, Settings, distributed_class, is_distributed
 
 _framework = _backend.current()
 _hvd = _framework.hvd
@@ -125,7 +125,7 @@ def load_model(
     passed on to ``keras.models.load_model``. ``legacy_opts`` is accepted for compatibility (Keras 3 has no
     legacy optimizers).
     """
-    distributed = settings(compression=compression)
+    distributed = Settings(compression=compression)
     objects: dict[str, Any] = {}
     for cls in [*_optimizer_classes(), *(custom_optimizers or [])]:
         wrapped = distributed_class(cls, distributed)

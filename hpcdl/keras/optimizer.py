@@ -24,18 +24,38 @@ from hpcdl.keras import _backend
 
 @dataclass(frozen=True)
 class Settings:
-    """How a distributed optimizer class reduces gradients (Horovod's DistributedOptimizer arguments)."""
+    """How a distributed optimizer class reduces gradients (Horovod's DistributedOptimizer arguments,
+    checked; None for compression and process_set: the backend framework's defaults)."""
 
-    name: Optional[str]
-    compression: Any
-    sparse_as_dense: bool
-    gradient_predivide_factor: float
-    op: int
-    backward_passes_per_step: int
-    average_aggregated_gradients: bool
-    groups: Any
-    process_set: Any
-    scale_local_gradients: bool
+    name: Optional[str] = None
+    compression: Any = None
+    sparse_as_dense: bool = False
+    gradient_predivide_factor: float = 1.0
+    op: int = Average
+    backward_passes_per_step: int = 1
+    average_aggregated_gradients: bool = False
+    groups: Any = None
+    process_set: Any = None
+    scale_local_gradients: bool = True
+
+    def __post_init__(self) -> None:
+        if self.op not in (Average, Sum):
+            raise ValueError("op currently only supports Average and Sum")
+        if self.gradient_predivide_factor != 1.0 and self.op != Average:
+            raise ValueError("gradient_predivide_factor not supported with op != Average")
+        if self.backward_passes_per_step <= 0:
+            raise ValueError("backward_passes_per_step must be > 0")
+        groups = self.groups
+        if groups is not None and not (isinstance(groups, list) or (isinstance(groups, int) and groups > 0)):
+            raise ValueError("groups should be a non-negative integer or a list of list of tf.Variable.")
+        hvd = _backend.current().hvd
+        object.__setattr__(self, "compression", self.compression or hvd.Compression.none)
+        object.__setattr__(self, "process_set", self.process_set or hvd.global_process_set)
+
+    def reducer_options(self) -> dict[str, Any]:
+        """The arguments of the backend's gradient reducer."""
+        fields = ("compression", "sparse_as_dense", "op", "gradient_predivide_factor", "groups")
+        return {key: getattr(self, key) for key in (*fields, "process_set", "scale_local_gradients")}
 
 
 class _DistributedOptimizer:
@@ -46,25 +66,12 @@ class _DistributedOptimizer:
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         settings, backend = self._hpcdl_settings, _backend.current()
-        self._hpcdl_reducer = backend.reducer(
-            settings.name or f"Distributed{type(self).__name__}",
-            {
-                "compression": settings.compression,
-                "sparse_as_dense": settings.sparse_as_dense,
-                "op": settings.op,
-                "gradient_predivide_factor": settings.gradient_predivide_factor,
-                "groups": settings.groups,
-                "process_set": settings.process_set,
-                "scale_local_gradients": settings.scale_local_gradients,
-            },
-        )
+        name = settings.name or f"Distributed{type(self).__name__}"
+        self._hpcdl_reducer = backend.reducer(name, settings.reducer_options())
+        passes = settings.backward_passes_per_step
         self._hpcdl_aggregation = (
-            backend.aggregation(
-                settings.backward_passes_per_step,
-                settings.average_aggregated_gradients,
-                settings.sparse_as_dense,
-            )
-            if settings.backward_passes_per_step > 1
+            backend.aggregation(passes, settings.average_aggregated_gradients, settings.sparse_as_dense)
+            if passes > 1
             else None
         )
 
@@ -108,51 +115,6 @@ def distributed_class(base: type, settings: Settings) -> type:
     )
 
 
-def settings(
-    name: Optional[str] = None,
-    compression: Any = None,
-    sparse_as_dense: bool = False,
-    gradient_predivide_factor: float = 1.0,
-    op: int = Average,
-    backward_passes_per_step: int = 1,
-    average_aggregated_gradients: bool = False,
-    num_groups: int = 0,
-    groups: Any = None,
-    process_set: Any = None,
-    scale_local_gradients: bool = True,
-) -> Settings:
-    """Check Horovod's DistributedOptimizer arguments and fill in the backend's defaults."""
-    if op not in (Average, Sum):
-        raise ValueError("op currently only supports Average and Sum")
-    if gradient_predivide_factor != 1.0 and op != Average:
-        raise ValueError("gradient_predivide_factor not supported with op != Average")
-    if backward_passes_per_step <= 0:
-        raise ValueError("backward_passes_per_step must be > 0")
-    if num_groups != 0:
-        warnings.warn(
-            "Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        if groups is None:
-            groups = num_groups
-    if groups is not None and not (isinstance(groups, list) or (isinstance(groups, int) and groups > 0)):
-        raise ValueError("groups should be a non-negative integer or a list of list of tf.Variable.")
-    hvd = _backend.current().hvd
-    return Settings(
-        name=name,
-        compression=compression or hvd.Compression.none,
-        sparse_as_dense=sparse_as_dense,
-        gradient_predivide_factor=gradient_predivide_factor,
-        op=op,
-        backward_passes_per_step=backward_passes_per_step,
-        average_aggregated_gradients=average_aggregated_gradients,
-        groups=groups,
-        process_set=process_set or hvd.global_process_set,
-        scale_local_gradients=scale_local_gradients,
-    )
-
-
 def DistributedOptimizer(
     optimizer: keras.optimizers.Optimizer,
     name: Optional[str] = None,
@@ -193,17 +155,23 @@ def DistributedOptimizer(
         )
     if is_distributed(type(optimizer)):
         raise ValueError("this optimizer is already a DistributedOptimizer; wrap the plain optimizer once")
-    chosen = settings(
-        name,
-        compression,
-        sparse_as_dense,
-        gradient_predivide_factor,
-        op,
-        backward_passes_per_step,
-        average_aggregated_gradients,
-        num_groups,
-        groups,
-        process_set,
-        scale_local_gradients,
+    if num_groups != 0:
+        warnings.warn(
+            "Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        groups = num_groups if groups is None else groups
+    chosen = Settings(
+        name=name,
+        compression=compression,
+        sparse_as_dense=sparse_as_dense,
+        gradient_predivide_factor=gradient_predivide_factor,
+        op=op,
+        backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients,
+        groups=groups,
+        process_set=process_set,
+        scale_local_gradients=scale_local_gradients,
     )
     return distributed_class(type(optimizer), chosen).from_config(optimizer.get_config())

@@ -9,6 +9,7 @@ the ranks and the tensor that were missing, and releases every handle however it
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Callable, Optional, TypeVar
 
 import numpy as np
@@ -69,43 +70,58 @@ def _engine_output(handle: engine.Handle, wire: Wire, dtype: np.dtype) -> np.nda
     return wire.receive(handle.output(), dtype, shape)
 
 
-def allreduce(
-    arrays: Sequence[np.ndarray],
+@dataclass(frozen=True)
+class Reduction:
+    """How a batch of reductions runs: the op, the scale factors, the process set, and ``groups``: the sizes
+    of the consecutive groups of operations that run atomically (summing to the batch's length)."""
+
+    op: int
+    prescale: float
+    postscale: float
+    process_set: int
+    groups: Sequence[int]
+
+
+def _reduce(
+    op_type: OpType,
+    sources: list[np.ndarray],
+    outputs: list[np.ndarray],
     wires: Sequence[Wire],
     names: Names,
-    op: int,
-    prescale: float,
-    postscale: float,
-    process_set: int,
-    groups: Sequence[int],
-) -> list[np.ndarray]:
-    """Reduce each array over the process set; ``groups`` partitions the arrays, in order, into groups
-    that run atomically (sizes summing to ``len(arrays)``)."""
-    placed = _groups(groups)
-    reduce_op = runtime_op(op)
-    sources = [w.send(a) for a, w in zip(arrays, wires)]
-    outputs = [np.empty_like(src) for src in sources]
+    how: Reduction,
+) -> None:
+    """Reduce every source into its output (allreduce or reducescatter)."""
+    placed = _groups(how.groups)
+    reduce_op = runtime_op(how.op)
 
     def submit(i: int) -> engine.Handle:
-        src, out, wire = sources[i], outputs[i], wires[i]
         return engine.submit(
-            OpType.ALLREDUCE,
+            op_type,
             names[i],
-            process_set,
-            wire.runtime,
-            src,
-            out,
-            src.shape,
+            how.process_set,
+            wires[i].runtime,
+            sources[i],
+            outputs[i],
+            sources[i].shape,
             reduce_op=reduce_op,
-            prescale=prescale,
-            postscale=postscale,
+            prescale=how.prescale,
+            postscale=how.postscale,
             group_id=placed[i][0],
             group_size=placed[i][1],
-            keep=(src, out),
-            value=out,
+            keep=(sources[i], outputs[i]),
+            value=outputs[i],
         )
 
-    _finish(_submit_all(submit, len(arrays)))
+    _finish(_submit_all(submit, len(sources)))
+
+
+def allreduce(
+    arrays: Sequence[np.ndarray], wires: Sequence[Wire], names: Names, how: Reduction
+) -> list[np.ndarray]:
+    """Reduce each array over the process set."""
+    sources = [w.send(a) for a, w in zip(arrays, wires)]
+    outputs = [np.empty_like(src) for src in sources]
+    _reduce(OpType.ALLREDUCE, sources, outputs, wires, names, how)
     return [w.receive(out, a.dtype, a.shape) for out, a, w in zip(outputs, arrays, wires)]
 
 
@@ -181,48 +197,19 @@ def alltoall(
 
 
 def reducescatter(
-    arrays: Sequence[np.ndarray],
-    wires: Sequence[Wire],
-    names: Names,
-    op: int,
-    prescale: float,
-    postscale: float,
-    process_set: int,
-    groups: Sequence[int],
+    arrays: Sequence[np.ndarray], wires: Sequence[Wire], names: Names, how: Reduction
 ) -> list[np.ndarray]:
     """Reduce each array over the set and keep this member's block of rows (the first ``rows % size``
-    members get one row more, as in Horovod); ``groups`` as for :func:`allreduce`."""
-    size, me = basics.process_set_size(process_set), basics.process_set_rank(process_set)
+    members get one row more, as in Horovod)."""
+    size, me = basics.process_set_size(how.process_set), basics.process_set_rank(how.process_set)
     if me < 0:
-        raise ValueError(f"this rank ({basics.rank()}) is not a member of process set {process_set}")
-    placed = _groups(groups)
-    reduce_op = runtime_op(op)
+        raise ValueError(f"this rank ({basics.rank()}) is not a member of process set {how.process_set}")
     sources = [w.send(a) for a, w in zip(arrays, wires)]
     outputs = [
         np.empty((reducescatter_rows(src.shape[0], size, me), *src.shape[1:]), dtype=src.dtype)
         for src in sources
     ]
-
-    def submit(i: int) -> engine.Handle:
-        src, out, wire = sources[i], outputs[i], wires[i]
-        return engine.submit(
-            OpType.REDUCESCATTER,
-            names[i],
-            process_set,
-            wire.runtime,
-            src,
-            out,
-            src.shape,
-            reduce_op=reduce_op,
-            prescale=prescale,
-            postscale=postscale,
-            group_id=placed[i][0],
-            group_size=placed[i][1],
-            keep=(src, out),
-            value=out,
-        )
-
-    _finish(_submit_all(submit, len(arrays)))
+    _reduce(OpType.REDUCESCATTER, sources, outputs, wires, names, how)
     return [
         w.receive(out, a.dtype, (out.shape[0], *a.shape[1:])) for out, a, w in zip(outputs, arrays, wires)
     ]

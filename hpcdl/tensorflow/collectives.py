@@ -18,10 +18,9 @@ from hpcdl.common.process_sets import ProcessSet, global_process_set, id_of
 from hpcdl.common.reduce_ops import Adasum, Average, Sum, resolve_op
 from hpcdl.tensorflow.compression import Compression, Compressor
 from hpcdl.tensorflow.mpi_ops import (
-    _allreduce,
     _grouped_allreduce,
     _grouped_reducescatter,
-    _reducescatter,
+    _tensor,
     grouped_allgather,
     size_op,
 )
@@ -84,18 +83,9 @@ def allreduce(
     Average). The result has the input's shape and dtype; ``compression`` only shrinks what travels.
     ``device_dense``/``device_sparse`` are accepted for compatibility: hpcdl reduces in host memory."""
     op = resolve_op(op, average)
-    if isinstance(tensor, tf.IndexedSlices):
-        return _allgather_slices([tensor], op, prescale_factor, postscale_factor, process_set, name)[0]
-    compressed, ctx = compression.compress(tf.convert_to_tensor(tensor))
-    reduced = _allreduce(
-        compressed,
-        name=name,
-        op=op,
-        prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor,
-        process_set=process_set,
-    )
-    return compression.decompress(reduced, ctx)
+    return _reduce_each(
+        [tensor], compression, op, prescale_factor, postscale_factor, process_set, name, "allreduce"
+    )[0]
 
 
 def grouped_allreduce(
@@ -115,6 +105,29 @@ def grouped_allreduce(
     if not tensors:
         return list(tensors)
     op = resolve_op(op, average)
+    return _reduce_each(
+        list(tensors),
+        compression,
+        op,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+        name,
+        "grouped_allreduce",
+    )
+
+
+def _reduce_each(
+    tensors: list[Any],
+    compression: type[Compressor],
+    op: int,
+    prescale_factor: float,
+    postscale_factor: float,
+    process_set: ProcessSet,
+    name: Optional[str],
+    what: str,
+) -> list[Any]:
+    """The dense tensors compressed and reduced as one group, the ``tf.IndexedSlices`` allgathered."""
     results: list[Any] = [None] * len(tensors)
     sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
     dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
@@ -125,7 +138,7 @@ def grouped_allreduce(
         for i, value in zip(sparse, gathered):
             results[i] = value
     if dense:
-        compressed, contexts = zip(*[compression.compress(tf.convert_to_tensor(tensors[i])) for i in dense])
+        compressed, contexts = zip(*[compression.compress(_tensor(tensors[i], what)) for i in dense])
         reduced = _grouped_allreduce(
             list(compressed),
             name=name,
@@ -151,16 +164,8 @@ def reducescatter(
     postscale_factor: float = 1.0,
 ) -> tf.Tensor:
     """Reduce ``tensor`` over the set (default op Average) and keep this rank's block of dimension 0."""
-    compressed, ctx = compression.compress(tf.convert_to_tensor(tensor))
-    reduced = _reducescatter(
-        compressed,
-        name=name,
-        op=op,
-        process_set=process_set,
-        prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor,
-    )
-    return compression.decompress(reduced, ctx)
+    scale = (prescale_factor, postscale_factor)
+    return _scatter_each([tensor], compression, op, *scale, process_set, name, "reducescatter")[0]
 
 
 def grouped_reducescatter(
@@ -175,9 +180,24 @@ def grouped_reducescatter(
     """Reducescatter a list of tensors as one group."""
     if not tensors:
         return list(tensors)
-    compressed, contexts = zip(*[compression.compress(tf.convert_to_tensor(t)) for t in tensors])
+    scale = (prescale_factor, postscale_factor)
+    return _scatter_each(list(tensors), compression, op, *scale, process_set, None, "grouped_reducescatter")
+
+
+def _scatter_each(
+    tensors: list[Any],
+    compression: type[Compressor],
+    op: int,
+    prescale_factor: float,
+    postscale_factor: float,
+    process_set: ProcessSet,
+    name: Optional[str],
+    what: str,
+) -> list[tf.Tensor]:
+    compressed, contexts = zip(*[compression.compress(_tensor(t, what)) for t in tensors])
     reduced = _grouped_reducescatter(
         list(compressed),
+        name=name,
         op=op,
         process_set=process_set,
         prescale_factor=prescale_factor,

@@ -127,11 +127,55 @@ def _differentiable(
     return list(op(*tensors))
 
 
-def _differentiable_dtype(dtype: tf.DType) -> bool:
-    return dtype.is_floating or dtype.is_complex
+def _gradients(
+    dys: Sequence[tf.Tensor], gradient: Callable[[list[int]], list[tf.Tensor]]
+) -> list[Optional[tf.Tensor]]:
+    """``gradient(indices)`` for the floating-point and complex incoming gradients (in order); None for
+    the others, which have no gradient."""
+    wanted = [i for i, d in enumerate(dys) if d.dtype.is_floating or d.dtype.is_complex]
+    grads: list[Optional[tf.Tensor]] = [None] * len(dys)
+    for i, g in zip(wanted, gradient(wanted) if wanted else []):
+        grads[i] = g
+    return grads
 
 
-# ---- allreduce ----------------------------------------------------------------------------------------
+# ---- allreduce, reducescatter ------------------------------------------------------------------------
+
+
+def _reductions(
+    kind: str,
+    tensors: list[tf.Tensor],
+    names: list[Optional[str]],
+    op: int,
+    prescale_factor: float,
+    postscale_factor: float,
+    process_set: ProcessSet,
+    groups: Sequence[int],
+) -> list[tf.Tensor]:
+    """The (non-differentiable) allreduce (``kind`` "Allreduce") or reducescatter ("Reducescatter") of
+    ``tensors``, uint16/uint32 reduced in a wider type."""
+    if op == Adasum:
+        raise NotImplementedError(
+            "hpcdl.tensorflow does not implement the Adasum reduction; use op=hvd.Average (or hpcdl.torch, "
+            "which has Adasum)"
+        )
+    how = _engine.Reduction(op, float(prescale_factor), float(postscale_factor), id_of(process_set), groups)
+    originals = [t.dtype for t in tensors]
+    widened = [tf.cast(t, reduction_dtype(t.dtype, op)) for t in tensors]
+    wires = [wire_of(t.dtype) for t in widened]
+    if kind == "Allreduce":
+        run, shapes = _engine.allreduce, [t.shape for t in widened]
+    else:
+        run, shapes = (
+            _engine.reducescatter,
+            [tf.TensorShape([None]).concatenate(t.shape[1:]) for t in widened],
+        )
+
+    def work(*arrays: np.ndarray) -> list[np.ndarray]:
+        return run(arrays, wires, names, how)
+
+    reduced = _run(kind, work, widened, [t.dtype for t in widened], shapes)
+    return [r if r.dtype == d else tf.cast(r, d) for r, d in zip(reduced, originals)]
 
 
 def reduce_tensors(
@@ -143,24 +187,42 @@ def reduce_tensors(
     process_set: ProcessSet,
     groups: Sequence[int],
 ) -> list[tf.Tensor]:
-    """The (non-differentiable) allreduce of ``tensors`` (``groups``: sizes of consecutive atomic groups),
-    uint16/uint32 reduced in a wider type."""
-    if op == Adasum:
-        raise NotImplementedError(
-            "hpcdl.tensorflow does not implement the Adasum reduction; use op=hvd.Average (or hpcdl.torch, "
-            "which has Adasum)"
-        )
-    ps = id_of(process_set)
-    originals = [t.dtype for t in tensors]
-    widened = [tf.cast(t, reduction_dtype(t.dtype, op)) for t in tensors]
-    wires = [wire_of(t.dtype) for t in widened]
-    prescale, postscale = float(prescale_factor), float(postscale_factor)
+    """The (non-differentiable) allreduce of ``tensors``; ``groups``: the sizes of consecutive groups that
+    run atomically."""
+    return _reductions(
+        "Allreduce", tensors, names, op, prescale_factor, postscale_factor, process_set, groups
+    )
 
-    def work(*arrays: np.ndarray) -> list[np.ndarray]:
-        return _engine.allreduce(arrays, wires, names, op, prescale, postscale, ps, groups)
 
-    reduced = _run("Allreduce", work, widened, [t.dtype for t in widened], [t.shape for t in widened])
-    return [r if r.dtype == d else tf.cast(r, d) for r, d in zip(reduced, originals)]
+def _allreduce_group(
+    tensors: list[tf.Tensor],
+    names: list[Optional[str]],
+    op: int,
+    prescale_factor: float,
+    postscale_factor: float,
+    process_set: ProcessSet,
+    grouped: bool,
+) -> list[tf.Tensor]:
+    """Differentiable allreduce of ``tensors``, one atomic group when ``grouped``; the gradient is the
+    same allreduce of the incoming gradients."""
+
+    def groups(count: int) -> list[int]:
+        return [count] if grouped else [1] * count
+
+    def backward(dys: list[tf.Tensor]) -> list[Optional[tf.Tensor]]:
+        def reduce(wanted: list[int]) -> list[tf.Tensor]:
+            chosen = [dys[i] for i in wanted]
+            names = _names("Allreduce", None, chosen)
+            return _allreduce_group(
+                chosen, names, op, prescale_factor, postscale_factor, process_set, grouped
+            )
+
+        return _gradients(dys, reduce)
+
+    def forward(xs: list[tf.Tensor]) -> list[tf.Tensor]:
+        return reduce_tensors(xs, names, op, prescale_factor, postscale_factor, process_set, groups(len(xs)))
+
+    return _differentiable(forward, backward, tensors)
 
 
 def _grouped_allreduce(
@@ -173,32 +235,10 @@ def _grouped_allreduce(
     process_set: ProcessSet = global_process_set,
 ) -> list[tf.Tensor]:
     """Reduce a list of tensors as one atomic group over the ranks of ``process_set``."""
-    op = check_op(op)
     tensors = _tensors(tensors, "grouped_allreduce")
     names = _names("Allreduce", name, tensors)
-
-    def backward(dys: list[tf.Tensor]) -> list[Optional[tf.Tensor]]:
-        wanted = [i for i, d in enumerate(dys) if _differentiable_dtype(d.dtype)]
-        reduced = (
-            _grouped_allreduce(
-                [dys[i] for i in wanted],
-                op=op,
-                prescale_factor=prescale_factor,
-                postscale_factor=postscale_factor,
-                process_set=process_set,
-            )
-            if wanted
-            else []
-        )
-        grads: list[Optional[tf.Tensor]] = [None] * len(dys)
-        for i, g in zip(wanted, reduced):
-            grads[i] = g
-        return grads
-
-    return _differentiable(
-        lambda xs: reduce_tensors(xs, names, op, prescale_factor, postscale_factor, process_set, [len(xs)]),
-        backward,
-        tensors,
+    return _allreduce_group(
+        tensors, names, check_op(op), prescale_factor, postscale_factor, process_set, grouped=True
     )
 
 
@@ -212,42 +252,75 @@ def _allreduce(
     process_set: ProcessSet = global_process_set,
 ) -> tf.Tensor:
     """Reduce ``tensor`` over the ranks of ``process_set`` (shape and dtype must agree on every rank)."""
+    tensors = [_tensor(tensor, "allreduce")]
+    names = _names("Allreduce", name, tensors)
     op = check_op(op)
-    tensor = _tensor(tensor, "allreduce")
-    names = _names("Allreduce", name, [tensor])
+    return _allreduce_group(tensors, names, op, prescale_factor, postscale_factor, process_set, False)[0]
 
-    def backward(dys: list[tf.Tensor]) -> list[Optional[tf.Tensor]]:
-        if not _differentiable_dtype(dys[0].dtype):
-            return [None]
-        return [
-            _allreduce(
-                dys[0],
-                op=op,
-                prescale_factor=prescale_factor,
-                postscale_factor=postscale_factor,
-                process_set=process_set,
-            )
-        ]
+
+def _reducescatter_group(
+    tensors: list[tf.Tensor],
+    names: list[Optional[str]],
+    op: int,
+    prescale_factor: float,
+    postscale_factor: float,
+    process_set: ProcessSet,
+) -> list[tf.Tensor]:
+    """Differentiable reducescatter of ``tensors`` (one group); the gradient is the allgather of the
+    incoming gradient, times the set size for Sum and times the scale factors."""
+    for t in tensors:
+        _rows(t, "reducescatter")
+    if op == Adasum:
+        raise ValueError("reducescatter does not support Adasum; use hvd.Average or hvd.Sum")
+    factor = float(prescale_factor) * float(postscale_factor)
+
+    def gradient(dy: tf.Tensor) -> tf.Tensor:
+        if op == Sum:
+            dy = dy * basics.process_set_size(id_of(process_set))
+        return allgather(dy * factor if factor != 1.0 else dy, process_set=process_set)
+
+    def forward(xs: list[tf.Tensor]) -> list[tf.Tensor]:
+        args = (names, op, prescale_factor, postscale_factor, process_set, [len(xs)])
+        return _reductions("Reducescatter", xs, *args)
 
     return _differentiable(
-        lambda xs: reduce_tensors(xs, names, op, prescale_factor, postscale_factor, process_set, [1]),
-        backward,
-        [tensor],
-    )[0]
+        forward, lambda dys: _gradients(dys, lambda wanted: [gradient(dys[i]) for i in wanted]), tensors
+    )
+
+
+def _grouped_reducescatter(
+    tensors: Tensors,
+    name: Optional[str] = None,
+    op: int = Sum,
+    ignore_name_scope: bool = False,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> list[tf.Tensor]:
+    """Reduce each tensor over the set and keep this rank's block of rows, as one group."""
+    tensors = _tensors(tensors, "grouped_reducescatter")
+    names = _names("Reducescatter", name, tensors)
+    return _reducescatter_group(tensors, names, check_op(op), prescale_factor, postscale_factor, process_set)
+
+
+def _reducescatter(
+    tensor: Any,
+    name: Optional[str] = None,
+    op: int = Sum,
+    ignore_name_scope: bool = False,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> tf.Tensor:
+    """Reduce ``tensor`` over the set and keep this rank's block of rows (the first ``rows % size`` ranks
+    get one row more)."""
+    tensors = [_tensor(tensor, "reducescatter")]
+    names = _names("Reducescatter", name, tensors)
+    op = check_op(op)
+    return _reducescatter_group(tensors, names, op, prescale_factor, postscale_factor, process_set)[0]
 
 
 # ---- allgather ------------------------------------------------------------------------------------
-
-
-def _gather(tensors: list[tf.Tensor], names: list[Optional[str]], process_set: ProcessSet) -> list[tf.Tensor]:
-    ps = id_of(process_set)
-    wires = [wire_of(t.dtype) for t in tensors]
-
-    def work(*arrays: np.ndarray) -> list[np.ndarray]:
-        return _engine.allgather(arrays, wires, names, ps, [len(arrays)])
-
-    shapes = [tf.TensorShape([None]).concatenate(t.shape[1:]) for t in tensors]
-    return _run("Allgather", work, tensors, [t.dtype for t in tensors], shapes)
 
 
 def _my_rows(gradient: tf.Tensor, tensor: tf.Tensor, process_set: ProcessSet) -> tf.Tensor:
@@ -259,6 +332,28 @@ def _my_rows(gradient: tf.Tensor, tensor: tf.Tensor, process_set: ProcessSet) ->
     return reduced[start : start + rows[me]]
 
 
+def _allgather_group(
+    tensors: list[tf.Tensor], names: list[Optional[str]], process_set: ProcessSet
+) -> list[tf.Tensor]:
+    """Differentiable allgather of ``tensors`` (one group)."""
+    for t in tensors:
+        _rows(t, "allgather")
+    ps = id_of(process_set)
+    wires = [wire_of(t.dtype) for t in tensors]
+
+    def work(*arrays: np.ndarray) -> list[np.ndarray]:
+        return _engine.allgather(arrays, wires, names, ps, [len(arrays)])
+
+    def forward(xs: list[tf.Tensor]) -> list[tf.Tensor]:
+        shapes = [tf.TensorShape([None]).concatenate(t.shape[1:]) for t in xs]
+        return _run("Allgather", work, xs, [t.dtype for t in xs], shapes)
+
+    def backward(dys: list[tf.Tensor]) -> list[Optional[tf.Tensor]]:
+        return _gradients(dys, lambda wanted: [_my_rows(dys[i], tensors[i], process_set) for i in wanted])
+
+    return _differentiable(forward, backward, tensors)
+
+
 def allgather(
     tensor: Any,
     name: Optional[str] = None,
@@ -266,14 +361,8 @@ def allgather(
     process_set: ProcessSet = global_process_set,
 ) -> tf.Tensor:
     """Concatenate ``tensor`` from every rank of the set along dimension 0 (which may differ per rank)."""
-    tensor = _tensor(tensor, "allgather")
-    _rows(tensor, "allgather")
-    names = _names("Allgather", name, [tensor])
-    return _differentiable(
-        lambda xs: _gather(xs, names, process_set),
-        lambda dys: [_my_rows(dys[0], tensor, process_set) if _differentiable_dtype(dys[0].dtype) else None],
-        [tensor],
-    )[0]
+    tensors = [_tensor(tensor, "allgather")]
+    return _allgather_group(tensors, _names("Allgather", name, tensors), process_set)[0]
 
 
 def grouped_allgather(
@@ -284,17 +373,7 @@ def grouped_allgather(
 ) -> list[tf.Tensor]:
     """Allgather a list of tensors as one group."""
     tensors = _tensors(tensors, "grouped_allgather")
-    for t in tensors:
-        _rows(t, "grouped_allgather")
-    names = _names("Allgather", name, tensors)
-    return _differentiable(
-        lambda xs: _gather(xs, names, process_set),
-        lambda dys: [
-            _my_rows(d, t, process_set) if _differentiable_dtype(d.dtype) else None
-            for d, t in zip(dys, tensors)
-        ],
-        tensors,
-    )
+    return _allgather_group(tensors, _names("Allgather", name, tensors), process_set)
 
 
 # ---- broadcast ----------------------------------------------------------------------------------------
@@ -336,11 +415,12 @@ def broadcast(
     root = _check_root(root_rank, process_set)
     names = _names("Broadcast", name, [tensor])
 
+    def gradient(dy: tf.Tensor) -> tf.Tensor:
+        reduced = _allreduce(dy, op=Average, process_set=process_set)
+        return reduced if basics.rank() == root else reduced * 0
+
     def backward(dys: list[tf.Tensor]) -> list[Optional[tf.Tensor]]:
-        if not _differentiable_dtype(dys[0].dtype):
-            return [None]
-        reduced = _allreduce(dys[0], op=Average, process_set=process_set)
-        return [reduced if basics.rank() == root else reduced * 0]
+        return _gradients(dys, lambda wanted: [gradient(dys[i]) for i in wanted])
 
     return _differentiable(lambda xs: _broadcast(xs, names, root, process_set), backward, [tensor])[0]
 
@@ -422,98 +502,13 @@ def alltoall(
         return _run("Alltoall", work, xs, [tensor.dtype, tf.int32], shapes)
 
     def backward(dys: list[tf.Tensor]) -> list[Optional[tf.Tensor]]:
-        returned = alltoall(dys[0], splits=received, process_set=process_set)[0]
-        return [returned if _differentiable_dtype(dys[0].dtype) else None] + [None] * (len(inputs) - 1)
+        def reverse(wanted: list[int]) -> list[tf.Tensor]:
+            return [alltoall(dys[0], splits=received, process_set=process_set)[0]]
+
+        return _gradients(dys[:1], reverse) + [None] * (len(inputs) - 1)
 
     output, received = _differentiable(forward, backward, inputs)
     return (output, received) if splits is not None else output
-
-
-# ---- reducescatter ------------------------------------------------------------------------------------
-
-
-def _scatter(
-    tensors: list[tf.Tensor],
-    names: list[Optional[str]],
-    op: int,
-    prescale_factor: float,
-    postscale_factor: float,
-    process_set: ProcessSet,
-) -> list[tf.Tensor]:
-    if op == Adasum:
-        raise ValueError("reducescatter does not support Adasum; use hvd.Average or hvd.Sum")
-    ps = id_of(process_set)
-    originals = [t.dtype for t in tensors]
-    widened = [tf.cast(t, reduction_dtype(t.dtype, op)) for t in tensors]
-    wires = [wire_of(t.dtype) for t in widened]
-    prescale, postscale = float(prescale_factor), float(postscale_factor)
-
-    def work(*arrays: np.ndarray) -> list[np.ndarray]:
-        return _engine.reducescatter(arrays, wires, names, op, prescale, postscale, ps, [len(arrays)])
-
-    shapes = [tf.TensorShape([None]).concatenate(t.shape[1:]) for t in widened]
-    scattered = _run("Reducescatter", work, widened, [t.dtype for t in widened], shapes)
-    return [s if s.dtype == d else tf.cast(s, d) for s, d in zip(scattered, originals)]
-
-
-def _reducescatter_gradient(
-    gradient: tf.Tensor, op: int, prescale: float, postscale: float, process_set: ProcessSet
-) -> Optional[tf.Tensor]:
-    if not _differentiable_dtype(gradient.dtype):
-        return None
-    if op == Sum:
-        gradient = gradient * basics.process_set_size(id_of(process_set))
-    if prescale != 1.0:
-        gradient = gradient * prescale
-    if postscale != 1.0:
-        gradient = gradient * postscale
-    return allgather(gradient, process_set=process_set)
-
-
-def _grouped_reducescatter(
-    tensors: Tensors,
-    name: Optional[str] = None,
-    op: int = Sum,
-    ignore_name_scope: bool = False,
-    process_set: ProcessSet = global_process_set,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-) -> list[tf.Tensor]:
-    """Reduce each tensor over the set and keep this rank's block of rows, as one group."""
-    op = check_op(op)
-    tensors = _tensors(tensors, "grouped_reducescatter")
-    for t in tensors:
-        _rows(t, "grouped_reducescatter")
-    names = _names("Reducescatter", name, tensors)
-    return _differentiable(
-        lambda xs: _scatter(xs, names, op, prescale_factor, postscale_factor, process_set),
-        lambda dys: [
-            _reducescatter_gradient(d, op, prescale_factor, postscale_factor, process_set) for d in dys
-        ],
-        tensors,
-    )
-
-
-def _reducescatter(
-    tensor: Any,
-    name: Optional[str] = None,
-    op: int = Sum,
-    ignore_name_scope: bool = False,
-    process_set: ProcessSet = global_process_set,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-) -> tf.Tensor:
-    """Reduce ``tensor`` over the set and keep this rank's block of rows (the first ``rows % size`` ranks
-    get one row more)."""
-    op = check_op(op)
-    tensor = _tensor(tensor, "reducescatter")
-    _rows(tensor, "reducescatter")
-    names = _names("Reducescatter", name, [tensor])
-    return _differentiable(
-        lambda xs: _scatter(xs, names, op, prescale_factor, postscale_factor, process_set),
-        lambda dys: [_reducescatter_gradient(dys[0], op, prescale_factor, postscale_factor, process_set)],
-        [tensor],
-    )[0]
 
 
 # ---- join, barrier, values read when a graph runs -----------------------------------------------------
