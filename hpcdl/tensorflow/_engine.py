@@ -24,6 +24,20 @@ Names = Sequence[Optional[str]]
 T = TypeVar("T")
 
 
+# TensorFlow adopts an array a tf.numpy_function returns without copying it when its data is 64-byte
+# aligned; NumPy aligns large arrays to 16 bytes only.
+_ALIGNMENT = 64
+
+
+def _empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An uninitialized C-contiguous array whose data starts on a 64-byte boundary."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + _ALIGNMENT, dtype=np.uint8)
+    start = -raw.ctypes.data % _ALIGNMENT
+    return raw[start : start + nbytes].view(dtype).reshape(shape)
+
+
 def _groups(sizes: Sequence[int]) -> list[tuple[int, int]]:
     """(group id, group size) for each operation of consecutive groups of ``sizes`` operations that must
     run together; (0, 0) for an operation alone."""
@@ -120,7 +134,7 @@ def allreduce(
 ) -> list[np.ndarray]:
     """Reduce each array over the process set."""
     sources = [w.send(a) for a, w in zip(arrays, wires)]
-    outputs = [np.empty_like(src) for src in sources]
+    outputs = [_empty(src.shape, src.dtype) for src in sources]
     _reduce(OpType.ALLREDUCE, sources, outputs, wires, names, how)
     return [w.receive(out, a.dtype, a.shape) for out, a, w in zip(outputs, arrays, wires)]
 
@@ -156,7 +170,11 @@ def broadcast(
     arrays: Sequence[np.ndarray], wires: Sequence[Wire], names: Names, root: int, process_set: int
 ) -> list[np.ndarray]:
     """World rank ``root``'s arrays on every member (the inputs are left alone)."""
-    buffers = [np.array(w.send(a), copy=True) for a, w in zip(arrays, wires)]
+    buffers = []
+    for a, w in zip(arrays, wires):
+        sent = w.send(a)
+        buffers.append(_empty(sent.shape, sent.dtype))
+        np.copyto(buffers[-1], sent)
 
     def submit(i: int) -> engine.Handle:
         buffer, wire = buffers[i], wires[i]
@@ -206,8 +224,7 @@ def reducescatter(
         raise ValueError(f"this rank ({basics.rank()}) is not a member of process set {how.process_set}")
     sources = [w.send(a) for a, w in zip(arrays, wires)]
     outputs = [
-        np.empty((reducescatter_rows(src.shape[0], size, me), *src.shape[1:]), dtype=src.dtype)
-        for src in sources
+        _empty((reducescatter_rows(src.shape[0], size, me), *src.shape[1:]), src.dtype) for src in sources
     ]
     _reduce(OpType.REDUCESCATTER, sources, outputs, wires, names, how)
     return [
