@@ -132,6 +132,34 @@ def check_fit_backward_passes_match_keras_accumulation() -> None:
     _equivalence("fit Adam, 2 passes", lambda lr, **kw: keras.optimizers.Adam(lr, **kw), 0.01, passes=2)
 
 
+def check_fit_with_embedding_gradients() -> None:
+    """An embedding's gradient (tf.IndexedSlices on TensorFlow: allgathered, not densified) averages like
+    any other."""
+
+    def embedding_model(seed: int) -> keras.Model:
+        keras.utils.set_random_seed(seed)
+        return keras.Sequential(
+            [
+                keras.Input((3,), dtype="int32"),
+                keras.layers.Embedding(20, 4),
+                keras.layers.Flatten(),
+                keras.layers.Dense(2),
+            ]
+        )
+
+    rng = np.random.RandomState(5)
+    x, y = rng.randint(0, 20, (STEPS * hvd.size() * PER_RANK, 3)).astype("int32"), dataset()[1]
+    single = compiled(embedding_model(7), keras.optimizers.SGD(0.1, momentum=0.9))
+    single.fit(x, y, batch_size=hvd.size() * PER_RANK, shuffle=False, verbose=0)
+    multi = compiled(
+        embedding_model(7 + hvd.rank()), hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9))
+    )
+    multi.fit(my_rows(x), my_rows(y), batch_size=PER_RANK, shuffle=False, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])  # fmt: skip
+    for k, (a, b) in enumerate(zip(weights(multi), weights(single))):
+        assert_close(a, b, f"embedding model: weight {k} vs one process with the whole batch", TOLERANCE)
+
+
 def check_distributed_optimizer_keeps_the_optimizer_class_and_refuses_bad_options() -> None:
     base = keras.optimizers.RMSprop(0.01, momentum=0.5)
     opt = hvd.DistributedOptimizer(base, compression=hvd.Compression.fp16)
@@ -237,6 +265,7 @@ SCENARIOS: dict[str, list[Check]] = {
         check_fit_equivalence_sgd_momentum,
         check_fit_equivalence_adam,
         check_fit_backward_passes_match_keras_accumulation,
+        check_fit_with_embedding_gradients,
         check_momentum_correction_rescales_the_velocity,
         check_load_model_restores_a_distributed_optimizer,
         check_elastic_keras_state_restores_and_reinitializes,

@@ -13,6 +13,7 @@ keras = pytest.importorskip("keras", reason="Keras 3 is not installed (it comes 
 import hpcdl.tensorflow as hvd  # noqa: E402
 from hpcdl.common.exceptions import HpcdlUnsupportedError  # noqa: E402
 from hpcdl.common.reduce_ops import group_order, split_list  # noqa: E402
+from hpcdl.keras.optimizer import is_distributed  # noqa: E402
 from hpcdl.stack.check_build import check_build  # noqa: E402
 from hpcdl.tensorflow._dtypes import reduction_dtype, wire_of  # noqa: E402
 from hpcdl.tensorflow.gradients import LocalGradientAggregation  # noqa: E402
@@ -201,6 +202,10 @@ def test_tape_and_keras_optimizer_change_nothing_in_one_process(one_process) -> 
 
     for a, b in zip(trained(True), trained(False)):
         np.testing.assert_array_equal(a, b)
+    wrapped = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1))  # horovod.tensorflow's entry point too
+    assert isinstance(wrapped, keras.optimizers.SGD) and is_distributed(type(wrapped))
+    with pytest.raises(NotImplementedError, match="wrap a Keras optimizer"):
+        hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1))
 
 
 def test_xla_compiled_functions_are_refused_with_what_to_do(one_process) -> None:
