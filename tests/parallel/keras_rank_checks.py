@@ -274,6 +274,8 @@ SCENARIOS: dict[str, list[Check]] = {
 
 
 def run_checks(checks: list[Check]) -> None:
+    """Run the checks in order: ``EXPECT <names>`` first, then ``PASS <name>`` after each that passed."""
+    print("EXPECT " + ",".join(check.__name__ for check in checks), flush=True)
     for check in checks:
         check()
         print(f"PASS {check.__name__}", flush=True)
