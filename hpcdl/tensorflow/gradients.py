@@ -109,8 +109,12 @@ class GradientReducer:
         names = [f"{self.name}.grad_{i}" for i in indices]
         results: list[Any] = [None] * len(grads)
         sparse = [k for k, g in enumerate(grads) if isinstance(g, tf.IndexedSlices)]
-        for k in sparse:
-            [results[k]] = _allgather_slices([grads[k]], self.op, 1.0, 1.0, self.process_set, names[k])
+        if sparse:
+            gathered = _allgather_slices(
+                [grads[k] for k in sparse], self.op, 1.0, 1.0, self.process_set, f"{self.name}.sparse"
+            )
+            for k, value in zip(sparse, gathered):
+                results[k] = value
         dense = [k for k, g in enumerate(grads) if not isinstance(g, tf.IndexedSlices)]
         if not dense:
             return results

@@ -112,8 +112,7 @@ def _differentiable(
     backward: Callable[[list[tf.Tensor]], list[Optional[tf.Tensor]]],
     tensors: Sequence[tf.Tensor],
 ) -> list[tf.Tensor]:
-    """``forward(tensors)`` with ``backward(output gradients)`` as its gradient; only floating-point and
-    complex gradients are passed on (None for the others)."""
+    """``forward(tensors)``, whose gradient is ``backward(the outputs' incoming gradients)``."""
 
     @tf.custom_gradient
     def op(*xs: tf.Tensor) -> Any:
