@@ -11,7 +11,7 @@ tf = pytest.importorskip("tensorflow", reason="TensorFlow is not installed: pip 
 keras = pytest.importorskip("keras", reason="Keras 3 is not installed (it comes with TensorFlow 2.16+)")
 
 import hpcdl.tensorflow as hvd  # noqa: E402
-from hpcdl.common.exceptions import HpcdlUnsupportedError  # noqa: E402
+from hpcdl.common.exceptions import HpcdlError, HpcdlNotInitializedError, HpcdlUnsupportedError  # noqa: E402
 from hpcdl.common.reduce_ops import group_order, split_list  # noqa: E402
 from hpcdl.keras.optimizer import is_distributed  # noqa: E402
 from hpcdl.stack.check_build import check_build  # noqa: E402
@@ -143,6 +143,17 @@ def test_local_aggregation_sums_passes_and_reduces_on_the_last(compiled: bool) -
     assert reduced_calls and all(n == 1 for n in reduced_calls)
     with pytest.raises(ValueError, match="backward_passes_per_step must be > 0"):
         LocalGradientAggregation(passes=0)
+
+
+def test_collectives_before_init_say_what_to_do() -> None:
+    assert not hvd.is_initialized()
+    with pytest.raises(HpcdlNotInitializedError, match="init"):
+        hvd.allreduce(tf.ones(2))
+    with tf.GradientTape() as tape:
+        variable = tf.Variable(1.0)
+        loss = variable * 2
+    with pytest.raises(HpcdlError, match=r"call hpcdl.init\(\)"):  # (common reports a HpcdlConfigError here)
+        hvd.DistributedGradientTape(tape).gradient(loss, [variable])
 
 
 @pytest.fixture
