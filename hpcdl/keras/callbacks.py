@@ -66,7 +66,8 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
 
 class MetricAverageCallback(keras.callbacks.Callback):
-    """Average the metrics in the epoch's logs over all ranks (put it before callbacks that read them)."""
+    """Average the metrics in the epoch's logs over all ranks, all in one allreduce (put it before the
+    callbacks that read them). Metrics may be scalars or arrays; every rank must log the same ones."""
 
     def __init__(self, device: str = "") -> None:
         super().__init__()
@@ -76,10 +77,14 @@ class MetricAverageCallback(keras.callbacks.Callback):
         if not logs:
             return
         names = sorted(logs)
-        values = np.array([float(np.asarray(logs[k])) for k in names], dtype=np.float64)
-        averaged = _backend.current().average(values, "MetricAverageCallback.logs")
-        for key, value in zip(names, averaged):
-            logs[key] = float(value)
+        values = [np.asarray(logs[k], dtype=np.float64) for k in names]
+        flat = np.concatenate([v.reshape(-1) for v in values])
+        averaged = _backend.current().average(flat, "MetricAverageCallback.logs")
+        start = 0
+        for key, value in zip(names, values):
+            part = averaged[start : start + value.size].reshape(value.shape)
+            logs[key] = float(part) if value.ndim == 0 else part
+            start += value.size
 
 
 def _momentum_buffers(optimizer: Any) -> list[Any]:

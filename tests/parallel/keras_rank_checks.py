@@ -182,6 +182,15 @@ def check_distributed_optimizer_keeps_the_optimizer_class_and_refuses_bad_option
             raise AssertionError(f"expected ValueError mentioning {message!r}")
 
 
+def check_metric_average_of_scalars_and_arrays() -> None:
+    r, n = hvd.rank(), hvd.size()
+    logs = {"loss": float(r), "f1": np.array([r, 2.0 * r]), "val_loss": np.float32(r + 1)}
+    hvd.callbacks.MetricAverageCallback().on_epoch_end(0, logs)
+    mean = (n - 1) / 2
+    assert logs["loss"] == mean and logs["val_loss"] == mean + 1, logs
+    assert_close(logs["f1"], np.array([mean, 2 * mean]), "an array metric, averaged element by element", 0)
+
+
 def check_momentum_correction_rescales_the_velocity() -> None:
     """Changing the rate with momentum correction gives the update Horovod's correction gives: the velocity
     scaled by new_lr / old_lr before the step."""
@@ -266,6 +275,7 @@ SCENARIOS: dict[str, list[Check]] = {
         check_fit_equivalence_adam,
         check_fit_backward_passes_match_keras_accumulation,
         check_fit_with_embedding_gradients,
+        check_metric_average_of_scalars_and_arrays,
         check_momentum_correction_rescales_the_velocity,
         check_load_model_restores_a_distributed_optimizer,
         check_elastic_keras_state_restores_and_reinitializes,
