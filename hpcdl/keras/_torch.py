@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 import hpcdl.torch as hvd
-from hpcdl.common import elastic
+from hpcdl.common import basics, elastic
 from hpcdl.common.reduce_ops import Average, group_order
+from hpcdl.torch.process_sets import id_of
 
 Groups = Union[int, Sequence[Sequence[Any]], None]
 
@@ -24,7 +25,8 @@ def _key(variable: Any) -> int:
 
 @dataclass
 class TorchGradientReducer:
-    """Reduces a list of gradients (some None) of a list of Keras variables over ``process_set``."""
+    """Reduces a list of gradients (some None) of a list of Keras variables over ``process_set``. Sparse
+    gradients are reduced as dense tensors (Keras' torch layers make none)."""
 
     name: str
     compression: Any = hvd.Compression.none
@@ -46,8 +48,9 @@ class TorchGradientReducer:
             for i, (g, s) in enumerate(zip(grads, sources))
             if g is not None and _key(s) not in self.local_sources
         ]
-        size = self.process_set.size()
-        if shared and (elastic.enabled() or (self.process_set.included() and size > 1)):
+        ps = id_of(self.process_set)  # a clear error before init() or for an unregistered set
+        size = basics.process_set_size(ps)
+        if shared and (elastic.enabled() or (basics.process_set_rank(ps) >= 0 and size > 1)):
             self._reduce(grads, sources, shared)
         if self.scale_local_gradients and self.local_sources:
             grads = [
