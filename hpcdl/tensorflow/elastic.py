@@ -16,10 +16,15 @@ import tensorflow as tf
 
 from hpcdl.common import elastic_state
 from hpcdl.common.basics import rank
-from hpcdl.common.elastic_state import HostsUpdatedInterrupt, State, VariablesState, run_fn
-from hpcdl.common.exceptions import HpcdlInternalError, HpcdlMismatchError, HpcdlTimeoutError
+from hpcdl.common.elastic_state import State, VariablesState, run_fn
+from hpcdl.common.exceptions import (
+    HostsUpdatedInterrupt,
+    HpcdlInternalError,
+    HpcdlMismatchError,
+    HpcdlTimeoutError,
+)
 from hpcdl.tensorflow.basics import init, shutdown
-from hpcdl.tensorflow.functions import allgather_object, broadcast_object, broadcast_variables
+from hpcdl.tensorflow.functions import broadcast_object, broadcast_variables
 
 # How a failed collective inside a tf.function shows in TensorFlow's error message.
 _INTERNAL_ERRORS = tuple(cls.__name__ for cls in (HpcdlInternalError, HpcdlTimeoutError, HpcdlMismatchError))
@@ -48,8 +53,8 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class ObjectState(elastic_state.ObjectState):
-    """State made of plain Python attributes, given as keyword arguments, synchronized with hpcdl.tensorflow's
-    ``broadcast_object``."""
+    """State made of plain Python attributes, given as keyword arguments, synchronized with
+    ``hpcdl.tensorflow``'s ``broadcast_object`` unless Horovod's ``bcast_object``/``get_rank`` are given."""
 
     def __init__(
         self,
@@ -57,7 +62,7 @@ class ObjectState(elastic_state.ObjectState):
         get_rank: Callable[[], int] = rank,
         **kwargs: Any,
     ) -> None:
-        super().__init__(bcast_object, get_rank, allgather_object, **kwargs)
+        super().__init__(bcast_object, get_rank, **kwargs)
 
 
 class TensorFlowState(VariablesState):
@@ -74,7 +79,6 @@ class TensorFlowState(VariablesState):
             broadcast_variables,
             bcast_object=broadcast_object,
             get_rank=rank,
-            gather_object=allgather_object,
             **kwargs,
         )
 
