@@ -1,8 +1,8 @@
 """Elastic training state for every framework API (Horovod's ``horovod.common.elastic``): state objects
 that commit, restore and synchronize, and the retry loop behind each framework's ``hvd.elastic.run``.
 
-A framework supplies how objects travel (``bcast_object``), its rank (``get_rank``) and how hpcdl restarts
-(``reset``); nothing here knows a framework. ``run_fn`` catches ``HorovodInternalError`` (a collective
+A framework supplies how its variables travel and how hpcdl restarts (``reset``); nothing here knows a
+framework. ``run_fn`` catches ``HorovodInternalError`` (a collective
 failed or timed out), restores the last committed state, re-initializes and synchronizes the state from
 rank 0 before calling the training function again. Under ``hpcdl run --min-np A --max-np B`` the
 re-initialization joins the launcher's next round of workers (:mod:`hpcdl.common.elastic`), and
@@ -16,8 +16,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from hpcdl.common import basics, engine, objects
 from hpcdl.common import elastic as driver
-from hpcdl.common import engine
 from hpcdl.common.exceptions import HostsUpdatedInterrupt, HpcdlInternalError
 from hpcdl.common.types import ReduceOp
 
@@ -77,10 +77,15 @@ class State:
 
 
 class ObjectState(State):
-    """State made of plain Python attributes, given as keyword arguments."""
+    """State made of plain Python attributes, given as keyword arguments. They travel as pickled objects,
+    which needs no framework: ``bcast_object`` and ``get_rank`` (Horovod's arguments) default to
+    :mod:`hpcdl.common`'s own, so ``hvd.elastic.ObjectState(epoch=0)`` works in every API."""
 
     def __init__(
-        self, bcast_object: Callable[[Any], Any], get_rank: Callable[[], int], **kwargs: Any
+        self,
+        bcast_object: Callable[[Any], Any] = objects.broadcast_object,
+        get_rank: Callable[[], int] = basics.rank,
+        **kwargs: Any,
     ) -> None:
         self._saved_state = kwargs
         self._set_attrs()

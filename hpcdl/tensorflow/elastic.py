@@ -14,9 +14,8 @@ from typing import Any, Callable, Optional
 
 import tensorflow as tf
 
-from hpcdl.common import elastic_state
 from hpcdl.common.basics import rank
-from hpcdl.common.elastic_state import State, VariablesState, run_fn
+from hpcdl.common.elastic_state import ObjectState, State, VariablesState, run_fn
 from hpcdl.common.exceptions import (
     HostsUpdatedInterrupt,
     HpcdlInternalError,
@@ -50,19 +49,6 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
             raise
 
     return run_fn(internal_errors, _reset)
-
-
-class ObjectState(elastic_state.ObjectState):
-    """State made of plain Python attributes, given as keyword arguments, synchronized with
-    ``hpcdl.tensorflow``'s ``broadcast_object`` unless Horovod's ``bcast_object``/``get_rank`` are given."""
-
-    def __init__(
-        self,
-        bcast_object: Callable[[Any], Any] = broadcast_object,
-        get_rank: Callable[[], int] = rank,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(bcast_object, get_rank, **kwargs)
 
 
 class TensorFlowState(VariablesState):

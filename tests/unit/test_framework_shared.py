@@ -48,11 +48,12 @@ def one_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def test_both_apis_hand_out_the_very_same_objects() -> None:
     for name, home in SHARED.items():
         assert getattr(hvd_torch, name) is getattr(home, name) is getattr(hvd_tf, name), name
-    assert hvd_torch.elastic.State is elastic_state.State is hvd_tf.elastic.State
-    assert hvd_torch.elastic.HostsUpdatedInterrupt is hvd_tf.elastic.HostsUpdatedInterrupt
-    for api in (hvd_torch, hvd_tf):
-        assert issubclass(api.elastic.ObjectState, elastic_state.ObjectState)
-        assert issubclass(api.HostsUpdatedInterrupt, RuntimeError)
+    for name in ("State", "ObjectState", "HostsUpdatedInterrupt"):
+        shared = getattr(elastic_state, name)
+        assert getattr(hvd_torch.elastic, name) is shared is getattr(hvd_tf.elastic, name), name
+    assert issubclass(hvd_torch.elastic.TorchState, elastic_state.ObjectState)
+    assert issubclass(hvd_tf.elastic.TensorFlowState, elastic_state.ObjectState)
+    assert issubclass(hvd_tf.HostsUpdatedInterrupt, RuntimeError)
 
 
 @pytest.mark.parametrize("hvd", APIS)
@@ -74,7 +75,7 @@ def test_init_with_a_comm_list_and_plain_object_state(one_process: None, hvd: Mo
     hvd.init(comm=[0], process_sets="dynamic")
     assert (hvd.rank(), hvd.size()) == (0, 1)
     assert hvd.global_process_set.ranks == [0] and hvd.global_process_set.included()
-    state = hvd.elastic.ObjectState(epoch=3)  # the API's own broadcast_object and rank
+    state = hvd.elastic.ObjectState(epoch=3)  # Horovod's bcast_object and get_rank are optional
     state.epoch = 4
     state.restore()
     state.sync()

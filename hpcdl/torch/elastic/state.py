@@ -6,30 +6,16 @@ models, optimizers and samplers are saved and broadcast."""
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from hpcdl.common import elastic_state
-from hpcdl.common.elastic_state import State
+from hpcdl.common.elastic_state import ObjectState, State
 from hpcdl.torch.basics import rank
 from hpcdl.torch.elastic.sampler import ElasticSampler
 from hpcdl.torch.functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
 
 __all__ = ["ObjectState", "State", "TorchState"]
-
-
-class ObjectState(elastic_state.ObjectState):
-    """State made of plain Python attributes, given as keyword arguments, synchronized with
-    ``hpcdl.torch``'s ``broadcast_object`` unless Horovod's ``bcast_object``/``get_rank`` are given."""
-
-    def __init__(
-        self,
-        bcast_object: Callable[[Any], Any] = broadcast_object,
-        get_rank: Callable[[], int] = rank,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(bcast_object, get_rank, **kwargs)
 
 
 class _Handler:
