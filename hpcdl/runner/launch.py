@@ -127,13 +127,15 @@ def resolve_hosts(spec: LaunchSpec, environ: Mapping[str, str]) -> ResolvedHosts
 
 
 def rank_settings_env(spec: LaunchSpec) -> dict[str, str]:
-    """Tunables and -x values, the same for every rank."""
+    """Tunables and -x values, the same for every rank; --tcp also keeps NCCL off InfiniBand (horovodrun)."""
     settings = dict(spec.settings)
+    tcp_only: dict[str, str] = {}
     if spec.tcp:
         if settings.get("transport", "tcp").lower() != "tcp":
             raise LaunchError(f"--tcp contradicts --transport {settings['transport']}; drop one of them")
         settings["transport"] = "tcp"
-    return {**tunable_environment(settings), **spec.extra_env}
+        tcp_only["NCCL_IB_DISABLE"] = "1"
+    return {**tunable_environment(settings), **tcp_only, **spec.extra_env}
 
 
 def _rendezvous_address(spec: LaunchSpec, remote_hosts: list[str]) -> str:
