@@ -322,6 +322,7 @@ def _start_agent(
     output: RankOutput,
     remote: RemoteStart | None,
     extra_spec: dict[str, Any] | None = None,
+    label: str = "rank",
 ) -> AgentRank:
     """One rank behind the rank agent: here with the launcher's environment plus `env`, or (`remote`) on its
     host with the forwarded part of that environment plus `env`."""
@@ -329,7 +330,7 @@ def _start_agent(
         return AgentRank(slot, spec.command, {**environ, **env}, output, extra_spec=extra_spec)
     if spec.verbose:
         shown = " ".join(remote.agent_argv(slot.host, sys.executable, "<agent>"))
-        print(f"hpcdl run: rank {slot.rank}: {shown}", file=sys.stderr)
+        print(f"hpcdl run: {label} {slot.rank}: {shown}", file=sys.stderr)
     env = {**forwarded_environment(environ), **env}
     return AgentRank(slot, spec.command, env, output, remote, extra_spec=extra_spec)
 
@@ -451,9 +452,8 @@ def _launch_elastic(spec: LaunchSpec, options: ElasticOptions, environ: dict[str
         where: RemoteStart | None = start_remote
         if where is None and not is_local_host(host):
             where = ssh
-        output = router.for_rank(number)
-        env = {**common_env, **identity}
-        return _start_agent(spec, worker_slot(number, host), environ, env, output, where, extra_spec)
+        slot, env = worker_slot(number, host), {**common_env, **identity}
+        return _start_agent(spec, slot, environ, env, router.for_rank(number), where, extra_spec, "worker")
 
     def start_rendezvous(size: int) -> tuple[int, Callable[[], None]]:
         server = RendezvousServer(size, secret)

@@ -107,8 +107,8 @@ def build_mpi_command(
             argv += ["-x", name]
     else:
         argv = [mpirun, "-l", "-n", str(num_proc), "-hosts", host_list, "-bind-to", "none"]
-        if network_interface:
-            argv += ["-iface", network_interface]
+        if network_interface:  # Hydra takes one interface: the first of a list
+            argv += ["-iface", network_interface.split(",")[0]]
         argv += ["-launcher", "ssh", "-genvlist", ",".join(names)]
         env["HYDRA_LAUNCHER_EXTRA_ARGS"] = ssh_args
         shown_env = f"HYDRA_LAUNCHER_EXTRA_ARGS={shlex.quote(ssh_args)} "

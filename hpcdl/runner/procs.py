@@ -70,11 +70,13 @@ class LauncherStart:
 
 @dataclass(frozen=True)
 class Failure:
-    """The first sign of trouble in a job: which rank (and host), how it ended, its last stderr."""
+    """The first sign of trouble in a job: which rank (and host), how it ended, its last stderr; or
+    (`launcher`) the launcher that ran every rank, mpirun or srun, when no rank reported failing first."""
 
     where: str
     outcome: Outcome
     stderr_tail: list[str]
+    launcher: bool = False
 
 
 class RemoteStart(Protocol):

@@ -137,7 +137,7 @@ class TaggedRun:
             where = f"rank {rank} on host {self._slots[rank].host}"
             return Failure(where, outcome, list(self._outputs[rank].stderr_tail))
         if self._outcome is not None and not self._outcome.ok:
-            return Failure(self.name, self._outcome, list(self._launcher_tail))
+            return Failure(self.name, self._outcome, list(self._launcher_tail), launcher=True)
         return None
 
     def _control(self, line: str) -> None:

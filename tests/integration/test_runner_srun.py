@@ -215,7 +215,8 @@ def test_elastic_workers_start_and_are_replaced_as_srun_steps(cluster: SlurmClus
     )
     assert done.returncode == 0, done.stderr
     assert "elastic workers start with launcher srun" in done.stderr
-    starts = re.findall(r"hpcdl run: rank (\d): srun --nodes=1 --ntasks=1 --nodelist=(node\d) ", done.stderr)
+    started = r"hpcdl run: worker (\d): srun --nodes=1 --ntasks=1 --nodelist=(node\d) "
+    starts = re.findall(started, done.stderr)
     assert starts[:3] == [("0", "node1"), ("1", "node2"), ("2", "node3")]
     assert ("3", "node2") in starts  # the replacement, on the node whose worker failed
     results = {}

@@ -152,3 +152,23 @@ def test_slots_per_host_fills_hosts_the_discovery_script_prints_bare(tmp_path: P
     assert done.returncode == 0, done.stderr
     assert [r["rank"] for r in _results(done.stdout)] == [0, 1, 2]
     assert rank_lines(done.stdout, 2)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--network-interfaces", "nosuchnic0,lo"],
+        ["--network-interface", "nosuchnic0", "--network-interface", "lo"],
+    ],
+)
+def test_several_network_interfaces_each_host_takes_the_first_it_has(
+    tmp_path: Path, flags: list[str]
+) -> None:
+    show = "echo $HPCDL_IFACE $NCCL_SOCKET_IFNAME"
+    done, _ = hpcdl_run("-np", "2", *flags, "--", "sh", "-c", show)
+    assert done.returncode == 0, done.stderr
+    assert rank_lines(done.stdout, 0) == rank_lines(done.stdout, 1) == ["lo nosuchnic0,lo"]
+    (tmp_path / "train.py").write_text(TINY)
+    done, _ = hpcdl_run("-np", "2", *flags, "python", "train.py", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert [r["sum"] for r in _results(done.stdout)] == [3.0, 3.0]  # they met over lo
