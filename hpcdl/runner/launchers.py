@@ -26,9 +26,9 @@ from typing import ClassVar
 from hpcdl.runner.allocation import Allocation
 from hpcdl.runner.errors import LaunchError
 from hpcdl.runner.hosts import HostSlots, RankSlot
+from hpcdl.runner.mpi import version_output
 
 LAUNCHER_CHOICES = ("auto", "local", "ssh", "srun", "flux", "mpiexec", "aprun", "jsrun", "blaunch")
-VERSION_TIMEOUT_SECONDS = 20.0
 
 
 def placement(slots: list[RankSlot]) -> list[HostSlots]:
@@ -37,6 +37,11 @@ def placement(slots: list[RankSlot]) -> list[HostSlots]:
     for slot in slots:
         counts[slot.host] = counts.get(slot.host, 0) + 1
     return [HostSlots(host, count) for host, count in counts.items()]
+
+
+def _ranks(placed: list[HostSlots]) -> tuple[int, int | None]:
+    """The number of ranks, and how many per host a block launcher needs (see _block_shape)."""
+    return sum(h.slots for h in placed), _block_shape(placed)
 
 
 def _block_shape(placed: list[HostSlots]) -> int | None:
@@ -155,8 +160,7 @@ class FluxRun(NativeLauncher):
     broadcasts_stdin = True
 
     def step_argv(self, placed: list[HostSlots]) -> list[str]:
-        ranks = sum(h.slots for h in placed)
-        per_host = _block_shape(placed)
+        ranks, per_host = _ranks(placed)
         argv = ["flux", "run", f"--nodes={len(placed)}"]
         if per_host is not None and per_host * len(placed) == ranks:
             argv.append(f"--tasks-per-node={per_host}")
@@ -192,8 +196,7 @@ class PalsMpiexec(NativeLauncher):
     identity = TaskIdentity(None, "PALS_LOCAL_RANKID", "PALS_RANKID")
 
     def step_argv(self, placed: list[HostSlots]) -> list[str]:
-        ranks = sum(h.slots for h in placed)
-        per_host = _block_shape(placed)
+        ranks, per_host = _ranks(placed)
         hosts = ",".join(h.name for h in placed)
         return ["mpiexec", "-n", str(ranks), "--ppn", str(per_host), "--hosts", hosts, *self.extra_args]
 
@@ -210,8 +213,7 @@ class Aprun(NativeLauncher):
     identity = TaskIdentity(None, None, "ALPS_APP_PE")
 
     def step_argv(self, placed: list[HostSlots]) -> list[str]:
-        ranks = sum(h.slots for h in placed)
-        per_host = _block_shape(placed)
+        ranks, per_host = _ranks(placed)
         nids = []
         for host in placed:
             number = host.name[3:] if host.name.startswith("nid") else host.name
@@ -230,8 +232,7 @@ class Jsrun(NativeLauncher):
     identity = TaskIdentity(None, "JSM_NAMESPACE_LOCAL_RANK", "JSM_NAMESPACE_RANK")
 
     def step_argv(self, placed: list[HostSlots]) -> list[str]:
-        ranks = sum(h.slots for h in placed)
-        per_host = _block_shape(placed)
+        ranks, per_host = _ranks(placed)
         return [
             "jsrun",
             "--nrs", str(ranks),
@@ -269,16 +270,9 @@ def is_pals_mpiexec(mpiexec: str = "mpiexec") -> bool:
     """Whether `mpiexec` is HPE Cray PALS' (``mpiexec --version`` says ``mpiexec version`` or names PALS,
     where Open MPI, MPICH/Hydra and Intel MPI name themselves)."""
     try:
-        done = subprocess.run(
-            [mpiexec, "--version"],
-            capture_output=True,
-            text=True,
-            timeout=VERSION_TIMEOUT_SECONDS,
-            check=False,
-        )
+        text = version_output(mpiexec)
     except (OSError, subprocess.TimeoutExpired):
         return False
-    text = done.stdout + done.stderr
     if any(mark in text for mark in ("Open MPI", "OpenRTE", "HYDRA", "Intel(R) MPI", "MPICH")):
         return False
     return "PALS" in text or text.lstrip().lower().startswith("mpiexec version")

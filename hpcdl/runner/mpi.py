@@ -28,16 +28,18 @@ _OPENMPI_TAG = re.compile(rb"^\[\d+,(\d+)\]<(stdout|stderr)>:(.*)$", re.DOTALL)
 _MPICH_TAG = re.compile(rb"^\[(\d+)\] (.*)$", re.DOTALL)
 
 
+def version_output(program: str) -> str:
+    """What ``PROGRAM --version`` prints (stdout, then stderr); OSError or TimeoutExpired if it cannot."""
+    done = subprocess.run(
+        [program, "--version"], capture_output=True, text=True, timeout=VERSION_TIMEOUT_SECONDS, check=False
+    )
+    return done.stdout + done.stderr
+
+
 def detect_flavor(mpirun: str) -> str:
     """Open MPI or MPICH/Hydra, from ``mpirun --version``."""
     try:
-        done = subprocess.run(
-            [mpirun, "--version"],
-            capture_output=True,
-            text=True,
-            timeout=VERSION_TIMEOUT_SECONDS,
-            check=False,
-        )
+        text = version_output(mpirun)
     except FileNotFoundError:
         raise LaunchError(
             f"--mpi: '{mpirun}' is not installed or not on PATH; load an MPI or pass --mpirun PATH"
@@ -46,7 +48,6 @@ def detect_flavor(mpirun: str) -> str:
         raise LaunchError(
             f"--mpi: '{mpirun} --version' did not answer within {VERSION_TIMEOUT_SECONDS:g} s"
         ) from None
-    text = done.stdout + done.stderr
     if any(mark in text for mark in ("Open MPI", "OpenRTE", "Spectrum MPI")):
         return OPENMPI
     if any(mark in text for mark in ("HYDRA", "Intel(R) MPI", "MPICH")):
