@@ -18,6 +18,7 @@ MAX_WAIT_SECONDS = 3600.0
 
 class _Handler(socketserver.StreamRequestHandler):
     server: JsonLineServer
+    timeout = 30.0  # a client that connects and sends nothing is dropped
 
     def handle(self) -> None:
         try:

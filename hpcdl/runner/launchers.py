@@ -109,8 +109,9 @@ class NativeLauncher(ABC):
 class Srun(NativeLauncher):
     """Slurm. One step with the exact placement (``--distribution=arbitrary``: the node list names the host of
     each task in rank order, so SLURM_PROCID equals the rank), ``--kill-on-bad-exit`` (a failing rank ends the
-    step), ``--overlap`` when already inside a step (else it would wait for that step's resources), and the
-    allocation's ``--cpus-per-task`` (srun 22.05 no longer reads SLURM_CPUS_PER_TASK)."""
+    step), stdin copied to every task, this environment exported, ``--overlap`` when already inside a step
+    (else it would wait for that step's resources), and the allocation's ``--cpus-per-task`` (srun 22.05 no
+    longer reads SLURM_CPUS_PER_TASK)."""
 
     name = "srun"
     program = "srun"
@@ -118,7 +119,9 @@ class Srun(NativeLauncher):
     broadcasts_stdin = True
 
     def _common(self) -> list[str]:
-        argv = ["--kill-on-bad-exit=1", "--input=all"]
+        # --export=ALL: a job submitted with --export=NONE leaves SLURM_EXPORT_ENV=NONE for its steps, whose
+        # tasks would then lack the job's secret, rendezvous and PATH.
+        argv = ["--kill-on-bad-exit=1", "--input=all", "--export=ALL"]
         if self.environ.get("SLURM_CPUS_PER_TASK"):
             argv.append(f"--cpus-per-task={self.environ['SLURM_CPUS_PER_TASK']}")
         if self.environ.get("SLURM_STEP_ID") is not None:

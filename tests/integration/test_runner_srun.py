@@ -150,6 +150,19 @@ def test_ranks_run_as_one_srun_step_inside_sbatch(cluster: SlurmCluster, tmp_pat
     _check_one_step(_reports(output), 4)
 
 
+def test_ranks_get_their_environment_in_a_job_submitted_with_export_none(
+    cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """sbatch --export=NONE leaves SLURM_EXPORT_ENV=NONE to the steps: srun must still pass the secret."""
+    show = "sh -c 'echo $HPCDL_RANK ${#HPCDL_SECRET} ${HPCDL_RENDEZVOUS_PORT:+port}'"
+    state, output = _in_batch_job(cluster, tmp_path, "-N2 --ntasks-per-node=1 --export=NONE", f"-- {show}")
+    assert state == "COMPLETED", output
+    assert sorted(line for line in output.splitlines() if line.startswith("[")) == [
+        "[0]<stdout>:0 64 port",
+        "[1]<stdout>:1 64 port",
+    ]
+
+
 def test_a_failing_rank_ends_the_batch_job_with_the_summary(cluster: SlurmCluster, tmp_path: Path) -> None:
     fail = "sh -c 'if [ $HPCDL_RANK = 3 ]; then echo rank 3 gives up >&2; exit 3; fi; sleep 60'"
     started = time.monotonic()

@@ -39,7 +39,7 @@ def test_srun_step_places_every_rank_exactly() -> None:
     # where Slurm would sort node2 after node1
     assert argv == [
         "srun", "--nodes=2", "--ntasks=3", "--distribution=arbitrary", "--nodelist=node2,node2,node1",
-        "--kill-on-bad-exit=1", "--input=all",
+        "--kill-on-bad-exit=1", "--input=all", "--export=ALL",
     ]  # fmt: skip
 
 
@@ -49,7 +49,7 @@ def test_srun_inside_a_step_overlaps_and_keeps_the_jobs_cpus_per_task() -> None:
     assert argv[-3:] == ["--cpus-per-task=4", "--overlap", "--cpu-bind=cores"]
     assert launcher.worker_argv("node2") == [
         "srun", "--nodes=1", "--ntasks=1", "--nodelist=node2", "--kill-on-bad-exit=1", "--input=all",
-        "--cpus-per-task=4", "--overlap", "--cpu-bind=cores",
+        "--export=ALL", "--cpus-per-task=4", "--overlap", "--cpu-bind=cores",
     ]  # fmt: skip
 
 
