@@ -7,7 +7,9 @@ server on a port it binds itself (port 0), so nothing can take the port between 
 0 on this host (``rank_agent.reserve_port``). Then it writes one line on stdout,
 ``ADDR PORT MASTER_ADDR MASTER_PORT PID`` (one write; the script reads it before its launch line), and serves
 until the script's shell ends (it is then re-parented) or it gets SIGTERM. It never writes to stdout again.
-A failure to start is one clear line on stderr and exit status 1, and the script then stops the job.
+A port the user fixed in HPCDL_RENDEZVOUS_PORT (``--env``, a site file) is used instead of port 0. A failure
+to start is one clear line on stderr (naming a fixed port that is taken) and exit status 1, and the script
+then stops the job.
 """
 
 from __future__ import annotations
@@ -67,12 +69,21 @@ def serve(args: argparse.Namespace) -> int:
     for signum in (signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):  # the ranks' checkpoint signals
         signal.signal(signum, signal.SIG_IGN)
     parent = os.getppid()
+    fixed = os.environ.get("HPCDL_RENDEZVOUS_PORT", "")
+    if fixed and not fixed.isdigit():
+        print(f"hpcdl: HPCDL_RENDEZVOUS_PORT={fixed!r} is not a port number", file=sys.stderr)
+        return 1
     try:
         address = advertised_address(os.environ)
-        server = RendezvousServer(args.size, secret)
+        server = RendezvousServer(args.size, secret, port=int(fixed or 0))
         server.start()
     except (HpcdlError, OSError, ValueError) as exc:
-        print(f"hpcdl: cannot host the job's rendezvous on {socket.gethostname()}: {exc}", file=sys.stderr)
+        where = f"port {fixed} (your HPCDL_RENDEZVOUS_PORT) on " if fixed else ""
+        advice = "; choose another port or unset it to let the server pick a free one" if fixed else ""
+        print(
+            f"hpcdl: cannot host the job's rendezvous on {where}{socket.gethostname()}: {exc}{advice}",
+            file=sys.stderr,
+        )
         return 1
     holder = reserve_port() if args.master_port else None
     master = f"{address} {holder.getsockname()[1]}" if holder is not None else "- -"
