@@ -8,7 +8,7 @@ import secrets
 import shlex
 import socket
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -282,19 +282,7 @@ def launch(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> int:
     processes: list[JobProcess] = []
     supervisor = Supervisor(processes, slots, server, start_timeout)
     try:
-        if launcher == "mpi":
-            processes.append(_start_mpirun(job, router))
-        elif launcher in ("local", "ssh"):
-            processes.extend(_start_rank(job, slot, router, job.ssh) for slot in slots)
-        else:
-            native = make_native(launcher, environ, spec.launcher_args)
-            native.check_placement(placement(slots))
-            step = native.step_argv(placement(slots))
-            if step is not None:
-                processes.append(_start_step(job, native, step, router))
-            else:
-                remote = LauncherStart(native.worker_argv, native.name)
-                processes.extend(_start_rank(job, slot, router, remote) for slot in slots)
+        processes.extend(_start_processes(job, launcher, router))
     except BaseException:
         supervisor.abort()
         master.stop()
@@ -303,6 +291,26 @@ def launch(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> int:
         return supervisor.run()
     finally:
         master.stop()
+
+
+def _start_processes(job: _Job, launcher: str, router: OutputRouter) -> Iterator[JobProcess]:
+    """Start the job's processes with `launcher`: mpirun, one agent per rank (here, over ssh or through a
+    one-task launcher such as blaunch), or one step of the allocation's launcher."""
+    if launcher == "mpi":
+        yield _start_mpirun(job, router)
+        return
+    if launcher in ("local", "ssh"):
+        yield from (_start_rank(job, slot, router, job.ssh) for slot in job.slots)
+        return
+    native = make_native(launcher, job.environ, job.spec.launcher_args)
+    placed = placement(job.slots)
+    native.check_placement(placed)
+    step = native.step_argv(placed)
+    if step is not None:
+        yield _start_step(job, native, step, router)
+        return
+    remote = LauncherStart(native.worker_argv, native.name)
+    yield from (_start_rank(job, slot, router, remote) for slot in job.slots)
 
 
 def _launcher_name(spec: LaunchSpec, resolved: ResolvedHosts, local_hosts: set[str]) -> str:
