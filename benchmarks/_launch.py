@@ -1,4 +1,6 @@
-"""What the benchmarks share: launching themselves on N ranks and reading back what the ranks print."""
+"""What the benchmarks share: launching themselves on N ranks, reading back what the ranks print, and
+showing how far they are (rank 0 prints ``PROGRESS done total`` lines; the launcher draws a bar on a
+terminal, see ``hpcdl.cli.progress``)."""
 
 from __future__ import annotations
 
@@ -7,8 +9,14 @@ import re
 import socket
 import subprocess
 import sys
+import threading
+
+from hpcdl.cli import progress
 
 OPENMPI = "/usr/bin/mpirun.openmpi"
+PROGRESS = "PROGRESS"
+DEFAULT_TIMEOUT_S = 3600.0
+NO_PROGRESS_HELP = progress.NO_PROGRESS_HELP
 # mpirun may cut a rank's long line and tag each piece: the tags are dropped from what the ranks print.
 _TAG = re.compile(r"\[\d+(?:,\d+)?\]<std(?:out|err)>:")
 
@@ -20,10 +28,34 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_ranks(script: str, ranks: int, args: list[str], marker: str, use_mpi: bool = False) -> list[str]:
+def report_progress(done: int, total: int) -> None:
+    """Tell the launcher (from rank 0 of a worker) that ``done`` of ``total`` units are measured."""
+    print(f"{PROGRESS} {done} {total}", flush=True)
+
+
+def _progress_of(line: str) -> tuple[int, int] | None:
+    at = line.find(PROGRESS + " ")
+    if at < 0:
+        return None
+    fields = line[at + len(PROGRESS) + 1 :].split()
+    if len(fields) != 2 or not all(f.isdigit() for f in fields):
+        return None
+    return int(fields[0]), int(fields[1])
+
+
+def run_ranks(
+    script: str,
+    ranks: int,
+    args: list[str],
+    marker: str,
+    use_mpi: bool = False,
+    no_progress: bool = False,
+    timeout: float = DEFAULT_TIMEOUT_S,
+) -> list[str]:
     """Run ``python SCRIPT ARGS`` on `ranks` ranks with ``hpcdl run`` (through Open MPI's mpirun when
     `use_mpi`, so that mpi4py runs in the same job) and return the texts the ranks printed after
-    ``MARKER ``. Exits with the ranks' output when they failed or printed no such line."""
+    ``MARKER ``, with a progress bar fed by the ranks' PROGRESS lines. Exits with the ranks' output when
+    they failed, printed no such line, or ran past `timeout` seconds."""
     command = [sys.executable, "-m", "hpcdl", "run"]
     if use_mpi:
         command += [
@@ -37,15 +69,38 @@ def run_ranks(script: str, ranks: int, args: list[str], marker: str, use_mpi: bo
     env = dict(os.environ)
     env.setdefault("OMPI_MCA_btl_tcp_if_include", "lo")
     env.setdefault("OMPI_MCA_oob_tcp_if_include", "lo")
-    done = subprocess.run(command, capture_output=True, text=True, env=env)
-    found = []
-    for line in done.stdout.splitlines():
-        at = line.find(marker + " {")
-        if at >= 0:
-            found.append(_TAG.sub("", line[at + len(marker) + 1 :]))
-    if found and done.returncode == 0:
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    errors: list[str] = []
+    reader = threading.Thread(target=lambda: errors.extend(process.stderr), daemon=True)  # type: ignore[arg-type]
+    reader.start()
+    timed_out = threading.Event()
+
+    def stop() -> None:
+        timed_out.set()
+        process.kill()
+
+    watchdog = threading.Timer(timeout, stop)
+    watchdog.start()
+    lines, found = [], []
+    name = os.path.basename(script).removesuffix(".py")
+    try:
+        with progress.bar(f"{name} -np {ranks}", None, no_progress=no_progress) as bar:
+            for line in process.stdout:  # type: ignore[union-attr]
+                lines.append(line)
+                at = line.find(marker + " {")
+                if at >= 0:
+                    found.append(_TAG.sub("", line[at + len(marker) + 1 :]).rstrip("\n"))
+                step = _progress_of(line)
+                if step is not None:
+                    bar.update(completed=step[0], total=step[1])
+            code = process.wait()
+    finally:
+        watchdog.cancel()
+    reader.join()
+    if found and code == 0:
         return found
+    why = f"stopped after {timeout:.0f} s" if timed_out.is_set() else f"exit {code}"
     sys.exit(
-        f"hpcdl run -np {ranks} {os.path.basename(script)} failed (exit {done.returncode}):\n"
-        f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+        f"hpcdl run -np {ranks} {os.path.basename(script)} failed ({why}):\n"
+        f"{''.join(lines)[-4000:]}\n{''.join(errors)[-4000:]}"
     )

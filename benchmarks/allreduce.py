@@ -24,9 +24,15 @@ from typing import Callable, Optional
 import numpy as np
 
 try:
-    from ._launch import OPENMPI, free_port, run_ranks
+    from ._launch import NO_PROGRESS_HELP, OPENMPI, free_port, report_progress, run_ranks
 except ImportError:  # run as a script: python benchmarks/allreduce.py
-    from _launch import OPENMPI, free_port, run_ranks  # type: ignore[no-redef]
+    from _launch import (  # type: ignore[no-redef]
+        NO_PROGRESS_HELP,
+        OPENMPI,
+        free_port,
+        report_progress,
+        run_ranks,
+    )
 
 DEFAULT_SIZES = [4 * 4**k for k in range(14)]  # 4 B .. 256 MiB
 
@@ -101,7 +107,7 @@ def worker(sizes: list[int], repeats: int) -> None:
     rank, size = hc.rank(), hc.size()
     impls = _impls(rank, size)
     records = []
-    for nbytes in sizes:
+    for done, nbytes in enumerate(sizes):
         buffer = np.ones(max(nbytes // 4, 1), dtype=np.float32)
         steps = {name: make(buffer) for name, make in impls.items()}
         counts = {}
@@ -123,6 +129,8 @@ def worker(sizes: list[int], repeats: int) -> None:
                 # the slowest rank's time is the collective's time
                 worst = float(hc.allreduce(np.array([seconds]), op=hc.ReduceOp.MAX)[0])
                 best[name] = min(best[name], worst)
+        if rank == 0:
+            report_progress(done + 1, len(sizes))
         for name, seconds in best.items():
             records.append(
                 Record(
@@ -181,9 +189,12 @@ def table(records: list[Record], memcpy_gbs: float) -> str:
     return "\n".join(lines)
 
 
-def launch(ranks: int, sizes: list[int], use_mpi: bool, repeats: int) -> list[Record]:
+def launch(
+    ranks: int, sizes: list[int], use_mpi: bool, repeats: int, no_progress: bool = False
+) -> list[Record]:
     args = ["--worker", "--sizes", ",".join(map(str, sizes)), "--repeats", str(repeats)]
-    return [Record(**json.loads(text)) for text in run_ranks(__file__, ranks, args, "RECORD", use_mpi)]
+    texts = run_ranks(__file__, ranks, args, "RECORD", use_mpi, no_progress)
+    return [Record(**json.loads(text)) for text in texts]
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -196,6 +207,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     )
     parser.add_argument("--no-mpi", action="store_true", help="launch with hpcdl run only (no mpi4py)")
     parser.add_argument("--json", action="store_true", help="print JSON records instead of the table")
+    parser.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else DEFAULT_SIZES
@@ -207,7 +219,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     if args.num_proc < 1:
         parser.error("-np must be at least 1")
     use_mpi = not args.no_mpi and shutil.which(OPENMPI) is not None and _has_mpi4py()
-    records = launch(args.num_proc, sizes, use_mpi, args.repeats)
+    records = launch(args.num_proc, sizes, use_mpi, args.repeats, args.no_progress)
     ceiling = memcpy_bandwidth()
     if args.json:
         memcpy = Record("memcpy", 1, 256 << 20, (256 << 20) / ceiling / 1e9, ceiling, ceiling)

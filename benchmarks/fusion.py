@@ -39,9 +39,15 @@ from typing import Callable, Optional
 import numpy as np
 
 try:
-    from ._launch import OPENMPI, free_port, run_ranks
+    from ._launch import NO_PROGRESS_HELP, OPENMPI, free_port, report_progress, run_ranks
 except ImportError:  # run as a script: python benchmarks/fusion.py
-    from _launch import OPENMPI, free_port, run_ranks  # type: ignore[no-redef]
+    from _launch import (  # type: ignore[no-redef]
+        NO_PROGRESS_HELP,
+        OPENMPI,
+        free_port,
+        report_progress,
+        run_ranks,
+    )
 
 
 def resnet50_gradient_shapes() -> list[tuple[int, ...]]:
@@ -71,7 +77,11 @@ assert len(SHAPES) == 161 and sum(int(np.prod(s)) for s in SHAPES) == 25_557_032
 
 
 def timed_rounds(
-    steps: dict[str, Callable[[], None]], warmup: int, iterations: int, barrier: Callable[[], None]
+    steps: dict[str, Callable[[], None]],
+    warmup: int,
+    iterations: int,
+    barrier: Callable[[], None],
+    on_round: Callable[[int], None] = lambda done: None,
 ) -> dict[str, list[float]]:
     """Seconds of each step, in rounds: every round runs each variant once, in an order shuffled anew each
     round (the same on every rank). Interleaving makes the variants share whatever state the machine is in
@@ -94,6 +104,7 @@ def timed_rounds(
             started = time.perf_counter()
             steps[name]()
             seconds[name].append(time.perf_counter() - started)
+        on_round(r + 1)
     return seconds
 
 
@@ -210,7 +221,11 @@ def worker(iterations: int, warmup: int, latency_repeats: int, skip: set[str]) -
 
         steps["mpi4py"] = mpi_step
 
-    results = timed_rounds(steps, warmup, iterations, hc.barrier)
+    def on_round(done: int) -> None:
+        if rank == 0:
+            report_progress(done, iterations)
+
+    results = timed_rounds(steps, warmup, iterations, hc.barrier, on_round)
     if "gloo" in steps:
         dist.destroy_process_group()
 
@@ -262,8 +277,10 @@ def render(report: dict) -> str:
     return "\n".join(lines)
 
 
-def launch(ranks: int, use_mpi: bool, worker_args: list[str]) -> dict:
-    return json.loads(run_ranks(__file__, ranks, ["--worker", *worker_args], "REPORT", use_mpi)[0])
+def launch(ranks: int, use_mpi: bool, worker_args: list[str], no_progress: bool = False) -> dict:
+    return json.loads(
+        run_ranks(__file__, ranks, ["--worker", *worker_args], "REPORT", use_mpi, no_progress)[0]
+    )
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -284,6 +301,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     )
     parser.add_argument("--no-mpi", action="store_true", help="launch with hpcdl run only (no mpi4py)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
@@ -295,7 +313,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     use_mpi = not args.no_mpi and "mpi4py" not in skip and shutil.which(OPENMPI) is not None
     worker_args = ["--iterations", str(args.iterations), "--warmup", str(args.warmup)]
     worker_args += ["--latency-repeats", str(args.latency_repeats), "--skip", ",".join(sorted(skip)) or ","]
-    report = launch(args.num_proc, use_mpi, worker_args)
+    report = launch(args.num_proc, use_mpi, worker_args, args.no_progress)
     print(json.dumps(report, indent=2) if args.json else render(report))
 
 

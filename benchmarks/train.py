@@ -30,33 +30,17 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
+from hpcdl.scaling.models import SmallCNN
+
 try:
-    from ._launch import free_port, run_ranks
+    from ._launch import NO_PROGRESS_HELP, free_port, report_progress, run_ranks
 except ImportError:  # run as a script: python benchmarks/train.py
-    from _launch import free_port, run_ranks  # type: ignore[no-redef]
+    from _launch import NO_PROGRESS_HELP, free_port, report_progress, run_ranks  # type: ignore[no-redef]
 
 
-class SmallCNN(torch.nn.Module):
-    """Four convolutions and two linear layers: 1.2 M parameters (4.7 MB of float32 gradients)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv1 = torch.nn.Conv2d(3, 32, 3, padding=1)
-        self.conv2 = torch.nn.Conv2d(32, 64, 3, padding=1)
-        self.conv3 = torch.nn.Conv2d(64, 128, 3, padding=1)
-        self.conv4 = torch.nn.Conv2d(128, 128, 3, padding=1)
-        self.fc1 = torch.nn.Linear(128 * 4 * 4, 512)
-        self.fc2 = torch.nn.Linear(512, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.relu(self.conv1(x))
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        x = F.max_pool2d(F.relu(self.conv3(x)), 2)
-        x = F.max_pool2d(F.relu(self.conv4(x)), 2)
-        return self.fc2(F.relu(self.fc1(x.flatten(1))))
-
-
-def _interleaved(steps_by_name: dict[str, Callable[[], None]], args: argparse.Namespace, barrier) -> dict:
+def _interleaved(
+    steps_by_name: dict[str, Callable[[], None]], args: argparse.Namespace, barrier, report: bool
+) -> dict:
     """Median seconds per step of each variant. The variants take turns, one timed window of
     ``args.steps`` steps each per round, in alternating order (ABBA...), so that changes in machine load
     and any first-in-round effect hit them alike."""
@@ -73,6 +57,8 @@ def _interleaved(steps_by_name: dict[str, Callable[[], None]], args: argparse.Na
                 step()
             barrier()
             windows[name].append((time.perf_counter() - started) / args.steps)
+        if report:
+            report_progress(round_index + 1, args.repeats)
     return {name: statistics.median(seconds) for name, seconds in windows.items()}
 
 
@@ -129,6 +115,7 @@ def worker(args: argparse.Namespace) -> Optional[dict]:
         },
         args,
         hvd.barrier,
+        args.report_progress and rank == 0,
     )
     dist.destroy_process_group()
     hvd.shutdown()
@@ -157,6 +144,7 @@ def launch(args: argparse.Namespace) -> None:
     for ranks in counts:
         worker_args = [
             "--json",
+            "--report-progress",
             "--steps",
             str(args.steps),
             "--warmup",
@@ -165,7 +153,8 @@ def launch(args: argparse.Namespace) -> None:
             str(args.repeats),
         ]
         worker_args += ["--batch-size", str(args.batch_size), "--threads", str(threads)]
-        results[ranks] = json.loads(run_ranks(__file__, ranks, worker_args, "RESULT")[0])
+        texts = run_ranks(__file__, ranks, worker_args, "RESULT", no_progress=args.no_progress)
+        results[ranks] = json.loads(texts[0])
     base = results.get(1)
     rows = []
     for ranks, r in results.items():
@@ -214,6 +203,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         "--threads", type=int, default=0, help="torch threads per rank (0: cores / local ranks)"
     )
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
+    parser.add_argument("--report-progress", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.launch:
         launch(args)

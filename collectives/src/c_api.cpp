@@ -171,7 +171,7 @@ RendezvousServer* server_of(int64_t handle) {
 
 int64_t hpcdl_rendezvous_server_start(const char* host, int port, const char* secret, int size) {
   std::unique_ptr<RendezvousServer> server(new RendezvousServer());
-  Status st = server->start(host ? host : "0.0.0.0", port, secret ? secret : "", size);
+  Status st = server->start(host ? host : "0.0.0.0", {port}, secret ? secret : "", size);
   if (!st.is_ok()) return -int64_t(set_error(st));
   return static_cast<int64_t>(reinterpret_cast<intptr_t>(server.release()));
 }

@@ -91,6 +91,14 @@ HPCDL_API int hpcdl_release(hpcdl_handle handle) {
   return set_error(engine->release(handle));
 }
 
+HPCDL_API int hpcdl_new_group_id(int process_set) {
+  int code = HPCDL_OK;
+  Engine* engine = need_engine(&code);
+  if (!engine) return -code;
+  set_error(Status::ok());
+  return engine->new_group_id(process_set);
+}
+
 HPCDL_API int hpcdl_start_timeline(const char* path, int mark_cycles) {
   int code = HPCDL_OK;
   Engine* engine = need_engine(&code);

@@ -1,14 +1,12 @@
 #include "runtime.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <sstream>
 #include <stdexcept>
 
@@ -31,20 +29,34 @@ namespace {
 std::atomic<Runtime*> g_runtime{nullptr};
 std::mutex g_lifecycle;
 
-// The address a peer on another host can use to reach us: the one routing towards `target`.
-std::string route_address(const std::string& target, int port) {
-  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return "127.0.0.1";
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(uint16_t(port ? port : 9));
-  std::string out = "127.0.0.1";
-  if (inet_pton(AF_INET, target.c_str(), &addr.sin_addr) == 1 &&
-      connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0)
-    out = socket_local_address(fd);
-  close(fd);
-  if (out == "0.0.0.0") out = "127.0.0.1";
-  return out;
+// "29501,29502" -> {29501, 29502}; entries that are not ports are left out.
+std::vector<int> parse_ports(const std::string& text) {
+  std::vector<int> ports;
+  std::istringstream in(text);
+  for (std::string one; std::getline(in, one, ',');) {
+    int port = std::atoi(one.c_str());
+    if (port >= 0 && port < 65536 && !one.empty()) ports.push_back(port);
+  }
+  return ports;
+}
+
+Status random_secret(std::string* secret) {
+  uint8_t raw[32];
+  Status st = random_bytes(raw, sizeof(raw));
+  if (!st.is_ok()) return st;
+  static const char* hex = "0123456789abcdef";
+  secret->clear();
+  for (uint8_t b : raw) *secret += std::string{hex[b >> 4], hex[b & 15]};
+  return Status::ok();
+}
+
+std::vector<int> parse_ranks(const std::string& text) {
+  std::vector<int> ranks;
+  std::istringstream in(text);
+  std::string r;
+  while (std::getline(in, r, ','))
+    if (!r.empty()) ranks.push_back(std::atoi(r.c_str()));
+  return ranks;
 }
 
 std::vector<std::vector<int>> parse_process_sets(const std::string& text) {
@@ -52,15 +64,28 @@ std::vector<std::vector<int>> parse_process_sets(const std::string& text) {
   std::istringstream in(text);
   std::string one;
   while (std::getline(in, one, ';')) {
-    std::vector<int> ranks;
-    std::istringstream ranks_in(one);
-    std::string r;
-    while (std::getline(ranks_in, r, ','))
-      if (!r.empty()) ranks.push_back(std::atoi(r.c_str()));
+    std::vector<int> ranks = parse_ranks(one);
     if (!ranks.empty()) sets.push_back(ranks);
   }
   return sets;
 }
+
+#ifdef HPCDL_HAVE_MPI
+// MPI_Finalize is a fence over every process of the MPI job: a rank that leaves while the others still
+// compute waits in it until they finalize too, so mpirun saw a failed rank end only when the others did.
+// The MPI that hpcdl started itself (bootstrap under mpirun) is therefore finalized when the process exits,
+// and only when it exits with status 0: a failing process leaves at once without it, which mpirun takes as
+// the job's failure, ending the other ranks. (MPI also stays up between shutdown() and a next init().) The
+// exit hook is process-wide, as MPI is; it is registered once.
+void finalize_mpi_at_exit() {
+  static std::once_flag registered;
+  std::call_once(registered, [] {
+    on_exit([](int status, void*) {
+      if (status == 0) mpi_finalize_if_initialized_here(true);
+    }, nullptr);
+  });
+}
+#endif
 
 }  // namespace
 
@@ -79,7 +104,7 @@ Runtime::~Runtime() {
   endpoint_.reset();
   rendezvous_.reset();
 #ifdef HPCDL_HAVE_MPI
-  mpi_finalize_if_initialized_here(mpi_initialized_here_);
+  if (mpi_initialized_here_) finalize_mpi_at_exit();
 #endif
 }
 
@@ -170,66 +195,29 @@ Status Runtime::start(const Options& options) {
     Status st = interface_address(options_.get("iface"), &iface_addr);
     if (!st.is_ok()) return st;
   }
-
-  std::string rv_addr = options_.get("rendezvous_addr");
-  int rv_port = int(options_.get_int("rendezvous_port", 0));
-  const bool serve = options_.get_bool("rendezvous_serve", false) || bootstrap == "mpi";
-  if (serve && rank_ == 0 && size_ > 1) {
-    if (bootstrap == "mpi" && secret.empty()) {
-      uint8_t raw[32];
-      random_bytes(raw, sizeof(raw));
-      static const char* hex = "0123456789abcdef";
-      for (uint8_t b : raw) secret += std::string{hex[b >> 4], hex[b & 15]};
-    }
-    rendezvous_.reset(new RendezvousServer());
-    Status st = rendezvous_->start(iface_addr.empty() ? "0.0.0.0" : iface_addr, bootstrap == "mpi" ? 0 : rv_port,
-                                   secret, size_);
-    if (!st.is_ok()) return Status::error(st.code, "rank 0 cannot host the rendezvous: " + st.message);
-    rv_port = rendezvous_->port();
-    if (bootstrap == "mpi") rv_addr = iface_addr.empty() ? route_address("8.8.8.8", 53) : iface_addr;
-  }
-#ifdef HPCDL_HAVE_MPI
-  if (bootstrap == "mpi" && size_ > 1) {
-    std::string where = rv_addr + "\n" + std::to_string(rv_port) + "\n" + secret;
-    Status st = mpi_broadcast_string(&where, 0);
-    if (!st.is_ok()) return st;
-    std::istringstream in(where);
-    std::string port_text;
-    std::getline(in, rv_addr);
-    std::getline(in, port_text);
-    std::getline(in, secret);
-    rv_port = std::atoi(port_text.c_str());
-  }
-#endif
-
-  peers_.assign(size_t(size_), PeerInfo{});
-  if (size_ == 1) {
-    peers_[0] = PeerInfo{0, host, "127.0.0.1", 0, int(getpid())};
-  } else {
-    if (rv_addr.empty() || rv_port <= 0)
-      return Status::error(HPCDL_ERR_INVALID, "no rendezvous address: launch with 'hpcdl run', set MASTER_ADDR and "
-                                              "MASTER_PORT, or use bootstrap=mpi under mpirun");
-    endpoint_.reset(new Endpoint());
-    Status st = endpoint_->start(iface_addr.empty() ? "0.0.0.0" : iface_addr, secret, rank_);
-    if (!st.is_ok()) return st;
-    PeerInfo self{rank_, host, iface_addr.empty() ? route_address(rv_addr == "localhost" ? "127.0.0.1" : rv_addr, rv_port)
-                                                  : iface_addr,
-                  endpoint_->port(), int(getpid())};
-    st = rendezvous_register(rv_addr, rv_port, secret, size_, self, deadline, &peers_);
+  peers_.assign(size_t(size_), PeerInfo{0, host, "127.0.0.1", 0, int(getpid())});
+  if (size_ > 1) {
+    Status st = meet(host, iface_addr, bootstrap, secret, deadline);
     if (!st.is_ok()) return st;
   }
 
-  // Topology: local = same host identity; cross = ranks with the same local rank.
+  if (options_.has("members")) {
+    Status st = join_members(parse_ranks(options_.get("members")));
+    if (!st.is_ok()) return st;
+  }
+
+  // Topology: local = same host identity; cross = ranks with the same local rank. (Ranks are positions in
+  // peers_; a PeerInfo's own rank field is the world rank it registered with, see join_members.)
   std::map<std::string, int> per_host;
   std::vector<int> local_rank_of(static_cast<size_t>(size_));
-  for (const auto& p : peers_) local_rank_of[size_t(p.rank)] = per_host[p.host]++;
+  for (int r = 0; r < size_; ++r) local_rank_of[size_t(r)] = per_host[peers_[size_t(r)].host]++;
   local_rank_ = local_rank_of[size_t(rank_)];
   local_size_ = per_host[host];
   cross_rank_ = 0;
   cross_size_ = 0;
-  for (const auto& p : peers_) {
-    if (local_rank_of[size_t(p.rank)] != local_rank_) continue;
-    if (p.rank < rank_) ++cross_rank_;
+  for (int r = 0; r < size_; ++r) {
+    if (local_rank_of[size_t(r)] != local_rank_) continue;
+    if (r < rank_) ++cross_rank_;
     ++cross_size_;
   }
   homogeneous_ = true;
@@ -247,9 +235,15 @@ Status Runtime::start(const Options& options) {
   }
 
   if (size_ > 1) {
+    // Every communicator over TCP is a full mesh of two connections per pair: the world's boot mesh, one
+    // per channel, and the leaders' of hierarchical allreduce.
+    const size_t tcp_meshes = 1 + (cross_transport_ == "tcp" || local_transport_ == "tcp" ? 3 : 0);
+    Status st = ensure_open_files(tcp_meshes * 2 * size_t(size_ - 1) + 6 * size_t(per_host.size()),
+                                  "connections to the job's " + std::to_string(size_ - 1) + " other ranks");
+    if (!st.is_ok()) return st;
     std::vector<int> all(static_cast<size_t>(size_));
     for (int i = 0; i < size_; ++i) all[size_t(i)] = i;
-    Status st = TcpComm::create(*endpoint_, peers_, all, rank_, "boot", 0, deadline, &world_boot_);
+    st = TcpComm::create(*endpoint_, peers_, all, rank_, "boot", 0, deadline, &world_boot_);
     if (!st.is_ok()) return st;
   }
   std::vector<int> world(static_cast<size_t>(size_));
@@ -261,6 +255,90 @@ Status Runtime::start(const Options& options) {
     st = add_process_set(ranks, &id);
     if (!st.is_ok()) return st;
   }
+  return Status::ok();
+}
+
+// Meets the other ranks (size > 1): hosts the rendezvous when this is world rank 0 and was asked to (always
+// under bootstrap=mpi), registers there and fills peers_. The address this rank is reached at is the one
+// the rendezvous sees it connect from, unless HPCDL_IFACE pinned one (see bootstrap/rendezvous.h).
+Status Runtime::meet(const std::string& host, const std::string& iface_addr, const std::string& bootstrap,
+                     std::string secret, Deadline deadline) {
+  const std::string bind = iface_addr.empty() ? "0.0.0.0" : iface_addr;
+  RendezvousTarget target;
+  target.origin = options_.get("rendezvous_origin");
+  if (!options_.get("rendezvous_addr").empty()) target.addrs.push_back(options_.get("rendezvous_addr"));
+  target.ports = parse_ports(options_.get("rendezvous_ports", options_.get("rendezvous_port")));
+  const std::string job = options_.get("rendezvous_job");
+  if (bootstrap == "mpi") {
+    target.ports = {0};
+    if (secret.empty()) {
+      Status st = random_secret(&secret);
+      if (!st.is_ok()) return st;
+    }
+  }
+  if (rank_ == 0 && (options_.get_bool("rendezvous_serve", false) || bootstrap == "mpi")) {
+    rendezvous_.reset(new RendezvousServer());
+    Status st = rendezvous_->start(bind, target.ports, secret, size_, job, target.origin);
+    if (!st.is_ok()) return Status::error(st.code, "rank 0 cannot host the rendezvous: " + st.message);
+    target.ports = {rendezvous_->port()};  // rank 0 itself need not walk
+    if (bootstrap == "mpi") target.addrs = iface_addr.empty() ? host_addresses() : std::vector<std::string>{iface_addr};
+  }
+#ifdef HPCDL_HAVE_MPI
+  if (bootstrap == "mpi") {
+    // Rank 0 tells the others every address of its host; each takes the first that is rank 0's rendezvous.
+    std::string addrs;
+    for (const auto& a : target.addrs) addrs += a + ",";
+    std::string where = addrs + "\n" + std::to_string(target.ports[0]) + "\n" + secret;
+    Status st = mpi_broadcast_string(&where, 0);
+    if (!st.is_ok()) return st;
+    std::istringstream in(where);
+    std::string port_text;
+    std::getline(in, addrs);
+    std::getline(in, port_text);
+    std::getline(in, secret);
+    target.ports = parse_ports(port_text);
+    std::istringstream addrs_in(addrs);
+    target.addrs.clear();
+    for (std::string a; std::getline(addrs_in, a, ',');) target.addrs.push_back(a);
+    target.origin = "rank 0's host, announced over MPI";
+  }
+#endif
+  if (target.addrs.empty() || target.ports.empty() || target.ports[0] <= 0)
+    return Status::error(HPCDL_ERR_INVALID, "no rendezvous address: launch with 'hpcdl run', set MASTER_ADDR and "
+                                            "MASTER_PORT, or use bootstrap=mpi under mpirun");
+  endpoint_.reset(new Endpoint());
+  Status st = endpoint_->start(bind, secret, rank_);
+  if (!st.is_ok()) return st;
+  PeerInfo self{rank_, host, iface_addr, endpoint_->port(), int(getpid())};
+  return rendezvous_register(target, secret, job, size_, self, deadline, &peers_);
+}
+
+// init(comm=[ranks]) (Horovod's hvd.init(comm=...)): after every rank the launcher started met at the
+// rendezvous, this process keeps only the listed world ranks as its job, renumbered by their position in
+// the list, so that the job's communicators, process sets, engine and shutdown involve them alone (the
+// other ranks form jobs of their own lists). peers_ is reordered to the job's ranks; each PeerInfo keeps the
+// world rank it registered with, which identifies it on data links (Endpoint).
+Status Runtime::join_members(const std::vector<int>& members) {
+  std::vector<int> sorted(members);
+  std::sort(sorted.begin(), sorted.end());
+  if (members.empty() || std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end() || sorted.front() < 0 ||
+      sorted.back() >= size_)
+    return Status::error(HPCDL_ERR_INVALID, "init(comm=[...]) needs distinct world ranks in [0, " +
+                                                std::to_string(size_) + "), got [" + options_.get("members") + "]");
+  auto me = std::find(members.begin(), members.end(), rank_);
+  if (me == members.end())
+    return Status::error(HPCDL_ERR_INVALID,
+                         "init(comm=[" + options_.get("members") + "]): this process is world rank " +
+                             std::to_string(rank_) + ", which is not in the list; every process passes the ranks "
+                             "of the job it belongs to, its own included");
+  if (transport_ == "mpi" && int(members.size()) != size_)
+    return Status::error(HPCDL_ERR_UNSUPPORTED, "init(comm=[...]) with a subset of the ranks needs transport=auto "
+                                                "or tcp, not mpi");
+  std::vector<PeerInfo> job;
+  for (int r : members) job.push_back(peers_[size_t(r)]);
+  peers_ = std::move(job);
+  rank_ = int(me - members.begin());
+  size_ = int(members.size());
   return Status::ok();
 }
 

@@ -23,7 +23,7 @@ class RendezvousServer;
 struct PeerInfo {
   int rank = -1;
   std::string host;  // host identity: equal strings share memory
-  std::string addr;  // IPv4 address of its data listener
+  std::string addr;  // IPv4 address of its data listener (at registration: pinned by HPCDL_IFACE, or empty)
   int port = 0;
   int pid = 0;
 };
@@ -91,6 +91,9 @@ class Runtime {
  private:
   Runtime();
   Status start(const Options& options);
+  Status meet(const std::string& host, const std::string& iface_addr, const std::string& bootstrap,
+              std::string secret, Deadline deadline);
+  Status join_members(const std::vector<int>& members);
   Status build_process_set(int id, const std::vector<int>& ranks);
   Status make_comm(const std::vector<int>& ranks, int set_id, Channel channel, std::shared_ptr<Comm>* out);
 

@@ -34,7 +34,10 @@ def available() -> dict[str, str]:
 
 def _help() -> str:
     """Command help listing the benchmarks (one paragraph each, so the help renderer keeps them apart)."""
-    lines = ["Run a benchmark: hpcdl bench NAME [ARGS...] (ARGS go to the benchmark; try NAME --help)."]
+    lines = [
+        "Run a benchmark: hpcdl bench NAME [ARGS...] (ARGS go to the benchmark; try NAME --help).",
+        "On a terminal a progress bar shows how far the ranks are (NAME --no-progress: none).",
+    ]
     lines += [f"{name}: {doc}" for name, doc in available().items()]
     return "\n\n".join(lines)
 

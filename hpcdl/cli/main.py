@@ -10,7 +10,7 @@ import typer
 from hpcdl._version import __version__
 
 # Each module registers its commands on the root app through ``register(app)``.
-COMMAND_MODULES = ("check_build", "run", "submit", "jobs", "stack", "module", "bench", "timeline")
+COMMAND_MODULES = ("check_build", "run", "submit", "jobs", "stack", "module", "bench", "timeline", "scaling")
 
 app = typer.Typer(
     name="hpcdl",

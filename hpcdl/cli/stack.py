@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.filesize import decimal
 
+from hpcdl.cli import progress
 from hpcdl.common.exceptions import HpcdlError
 from hpcdl.modules.render import FORMATS
 from hpcdl.modules.stack_modules import parse_compiler, write_stack_modules
-from hpcdl.stack.builder import Builder, BuildOptions
+from hpcdl.stack.builder import Builder, BuildOptions, BuildProgress, PackageStep
 from hpcdl.stack.check import Finding, check, has_errors
 from hpcdl.stack.detect import Detection, detect, detect_driver
+from hpcdl.stack.fetch import DEFAULT_MAX_DOWNLOAD_BYTES, Transfer
 from hpcdl.stack.lockfile import dump_lock, load_lock, lock_from_solution, render_spack, render_table
 from hpcdl.stack.recipe import load_recipes
 from hpcdl.stack.resolver import Resolver
@@ -171,6 +175,51 @@ def check_command(as_json: bool = typer.Option(False, "--json", help="Print JSON
     raise typer.Exit(1 if has_errors(findings) else 0)
 
 
+_SIZE = re.compile(r"^(\d+)\s*([kmgt]?)(?:i?b)?$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from a size such as 8G, 500M, 4GiB or 1048576 (units are powers of 1024)."""
+    match = _SIZE.match(text.strip())
+    if not match:
+        raise HpcdlError(f"'{text}' is not a size; write e.g. 8G, 500M or 1048576")
+    return int(match.group(1)) * _UNITS[match.group(2).lower()]
+
+
+class _BuildDisplay:
+    """Draws a build's progress on one bar: packages done of all, elapsed, ETA; while a download runs,
+    its file, bytes and rate in the description. Lines go above the bar (or plainly to stderr)."""
+
+    def __init__(self, bar: progress.Bar):
+        self.bar = bar
+        self.package = ""
+
+    def step(self, step: PackageStep) -> None:
+        self.package = f"[{step.index}/{step.total}] {step.label}"
+        self.bar.update(
+            completed=step.finished, total=step.total, description=f"{self.package}: {step.phase}"
+        )
+
+    def transfer(self, transfer: Transfer) -> None:
+        size = (
+            f"{decimal(transfer.received)}/{decimal(transfer.total)}"
+            if transfer.total
+            else decimal(transfer.received)
+        )
+        rate = f"{decimal(int(transfer.rate))}/s"
+        self.bar.update(description=f"{self.package}: {transfer.filename} {size} at {rate}")
+        if transfer.finished:
+            resumed = f", resumed after {decimal(transfer.resumed_from)}" if transfer.resumed_from else ""
+            self.bar.log(
+                f"    fetched {transfer.filename}: {decimal(transfer.received)} in {transfer.elapsed:.1f} s "
+                f"({rate}{resumed})"
+            )
+
+    def listener(self) -> BuildProgress:
+        return BuildProgress(message=self.bar.log, step=self.step, transfer=self.transfer)
+
+
 @stack_app.command("build")
 def build_command(
     lockfile: Path = typer.Argument(
@@ -188,16 +237,32 @@ def build_command(
     no_verify: bool = typer.Option(
         False, "--no-verify", help="Accept sources whose sha256 the recipe lacks."
     ),
+    max_download: str = typer.Option(
+        str(DEFAULT_MAX_DOWNLOAD_BYTES >> 30) + "G",
+        "--max-download",
+        envvar="HPCDL_STACK_MAX_DOWNLOAD",
+        help="Largest file a download may be (e.g. 8G, 500M); larger ones are refused.",
+    ),
     no_modules: bool = typer.Option(False, "--no-modules", help="Do not write modulefiles afterwards."),
     compiler: Optional[str] = typer.Option(None, "--compiler", help="Compiler module name, e.g. gcc/12."),
     recipes_dirs: list[Path] = typer.Option([], "--recipes", help=_RECIPES_HELP),
+    no_progress: bool = typer.Option(False, "--no-progress", help=progress.NO_PROGRESS_HELP),
 ) -> None:
     """Fetch, verify, build and install a lockfile's packages, then write their modulefiles."""
     try:
         recipes = load_recipes(recipes_dirs)
         lock = load_lock(lockfile)
-        options = BuildOptions(prefix, mirror, jobs, dry_run, force, verify=not no_verify)
-        report = Builder(lock, recipes, options, lambda line: typer.echo(line, err=True)).run()
+        options = BuildOptions(
+            prefix,
+            mirror,
+            jobs,
+            dry_run,
+            force,
+            verify=not no_verify,
+            max_download_bytes=parse_size(max_download),
+        )
+        with progress.bar("stack build", None, no_progress=no_progress) as bar:
+            report = Builder(lock, recipes, options, _BuildDisplay(bar).listener()).run()
         if dry_run:
             typer.echo(f"dry run: nothing changed under {prefix}")
             return

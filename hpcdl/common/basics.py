@@ -7,7 +7,7 @@ import ctypes
 import os
 import threading
 from collections.abc import Sequence
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 from hpcdl.common import config, discovery, elastic, library
 from hpcdl.common.exceptions import HpcdlConfigError, HpcdlError, HpcdlNotInitializedError
@@ -33,10 +33,16 @@ def _process_sets_option(process_sets: Union[Sequence[Sequence[int]], str, None]
     return ";".join(parts), False
 
 
-def init(process_sets: Union[Sequence[Sequence[int]], str, None] = None, **settings: Any) -> None:
+def init(
+    process_sets: Union[Sequence[Sequence[int]], str, None] = None,
+    members: Optional[Sequence[int]] = None,
+    **settings: Any,
+) -> None:
     """Start the runtime: find the other ranks, connect, start the engine. A second call is a no-op.
 
-    ``settings`` override the environment (e.g. ``timeout=5.0``, ``transport="tcp"``); see
+    ``members``: the world ranks of this process's job (Horovod's ``init(comm=[...])``); every rank the
+    launcher started still meets the others, then each keeps the ranks of its own list, numbered by their
+    position in it. ``settings`` override the environment (e.g. ``timeout=5.0``, ``transport="tcp"``); see
     :mod:`hpcdl.common.config` for the names.
     """
     global _atexit_registered
@@ -46,30 +52,33 @@ def init(process_sets: Union[Sequence[Sequence[int]], str, None] = None, **setti
             return
         resolved = config.resolve(settings)
         static_sets, dynamic = _process_sets_option(process_sets)
+        extra = {"dynamic_process_sets": True} if dynamic else {}
+        if members is not None:
+            extra["members"] = ",".join(str(int(r)) for r in members)
         if not elastic.enabled():
-            _start(lib, resolved, None, static_sets, dynamic)
+            _start(lib, resolved, None, static_sets, extra)
         else:
-            _start_elastic(lib, resolved, static_sets, dynamic)
+            _start_elastic(lib, resolved, static_sets, extra)
         if not _atexit_registered:
             atexit.register(shutdown)
             _atexit_registered = True
 
 
-def _start_elastic(lib: Any, resolved: config.Resolved, static_sets: str, dynamic: bool) -> None:
+def _start_elastic(lib: Any, resolved: config.Resolved, static_sets: str, extra: dict[str, Any]) -> None:
     """Join the elastic driver's next round; a round that was superseded while this worker met its
     peers (one of them failed or hosts came) is left for the newer one."""
     wait = float(os.environ.get(elastic.TIMEOUT_ENV, "600"))
     while True:
         env = {**os.environ, **elastic.join_next_round(wait)}
         try:
-            _start(lib, resolved, env, static_sets, dynamic)
+            _start(lib, resolved, env, static_sets, extra)
             return
         except HpcdlError:
             if not elastic.round_changed(force=True):
                 raise
 
 
-def _start(lib: Any, resolved: config.Resolved, env: Any, static_sets: str, dynamic: bool) -> None:
+def _start(lib: Any, resolved: config.Resolved, env: Any, static_sets: str, extra: dict[str, Any]) -> None:
     info = discovery.discover(env)
     vendor = library.build_info().get("mpi_vendor", "") if library.build_info().get("mpi") else ""
     meet = discovery.meeting(info, env, mpi_vendor=vendor)
@@ -80,14 +89,15 @@ def _start(lib: Any, resolved: config.Resolved, env: Any, static_sets: str, dyna
         host=info.host,
         bootstrap=meet.bootstrap,
         rendezvous_addr=meet.addr,
-        rendezvous_port=meet.port,
+        rendezvous_ports=",".join(str(port) for port in meet.ports),
         rendezvous_serve=meet.serve,
+        rendezvous_job=meet.job,
+        rendezvous_origin=meet.origin,
         secret=meet.secret,
         process_sets=static_sets,
         autotune_fixed=config.autotune_fixed(resolved),
+        **extra,
     )
-    if dynamic:
-        options["dynamic_process_sets"] = True
     library.check(lib.hpcdl_init(config.options_text(options).encode()))
 
 

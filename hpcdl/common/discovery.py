@@ -7,11 +7,19 @@ are computed by the runtime from the host identity (HPCDL_HOSTNAME, else the hos
 right whatever the launcher.
 
 Where the ranks meet: ``HPCDL_RENDEZVOUS_ADDR``/``_PORT`` (set by ``hpcdl run``, whose server is already
-listening; with ``HPCDL_RENDEZVOUS_SERVE=1``, as batch scripts from ``hpcdl submit`` set, rank 0 serves
-there itself, leaving ``MASTER_ADDR``/``MASTER_PORT`` free for torch.distributed), else ``MASTER_ADDR``/
-``MASTER_PORT`` (rank 0 hosts the rendezvous), else under Slurm the first host of the allocation and a
-port derived from the job id (rank 0 hosts), else under OpenMPI's ``mpirun`` (which this build links)
-MPI itself (``bootstrap=mpi``; likewise MPICH's ``mpiexec`` for a build linking MPICH).
+listening; with ``HPCDL_RENDEZVOUS_SERVE=1`` rank 0 serves at exactly that port itself), else
+``MASTER_ADDR``/``MASTER_PORT`` (rank 0 hosts the rendezvous), else under Slurm the first host of the step
+(rank 0 hosts), else under OpenMPI's ``mpirun`` (which this build links) MPI itself (``bootstrap=mpi``;
+likewise MPICH's ``mpiexec`` for a build linking MPICH). Addresses may be names; each rank resolves them on
+its own host.
+
+Where rank 0 hosts the rendezvous without a port of its own (the MASTER_ADDR and Slurm cases), no rank can
+know in advance which port is free on rank 0's host, so none is chosen ahead of binding: rank 0 binds the
+first free port of a short sequence every rank derives alike (the 16 after ``MASTER_PORT``, which itself
+stays free for torch.distributed, whose store listens there under torchrun; under Slurm, 16 consecutive
+ports picked by the job and step id below the kernel's ephemeral range), and the other ranks walk the same
+sequence until they find it. A port held by someone else fails the authenticated handshake (or names
+another job), and the rank moves on.
 
 The job secret is ``HPCDL_SECRET``. Without it (a launcher other than ``hpcdl run``), ranks derive one
 from what they share (job id, rendezvous address, user id) and warn: that keeps stray jobs apart but is
@@ -80,10 +88,30 @@ class Meeting:
 
     bootstrap: str  # "tcp" or "mpi"
     addr: str = ""
-    port: int = 0
+    ports: tuple[int, ...] = ()  # where the rendezvous listens; several: rank 0 binds the first free one
     serve: bool = False
     secret: str = ""
     secret_derived: bool = False
+    job: str = ""  # tells this job's ranks from another's that walk the same ports with the same secret
+    origin: str = ""  # the variables that named the rendezvous, for messages
+
+
+WALK_LENGTH = 16  # ports in a sequence rank 0 binds the first free one of
+_EPHEMERAL_START = 32768  # Linux's default net.ipv4.ip_local_port_range starts here
+
+
+def ports_after(base: int) -> tuple[int, ...]:
+    """The ports after ``base`` (MASTER_PORT), wrapping within 1024-65535."""
+    span = 65536 - 1024
+    return tuple(1024 + (base + i - 1024) % span for i in range(1, WALK_LENGTH + 1))
+
+
+def slurm_ports(job_id: str, step_id: str) -> tuple[int, ...]:
+    """Consecutive ports in 20000-32767 picked by the job and step: below the ephemeral range, so that no
+    outgoing connection of the node holds one, and apart for the steps of one job."""
+    seed = int(hashlib.sha256(f"{job_id}.{step_id}".encode()).hexdigest()[:8], 16)
+    span = _EPHEMERAL_START - 20000
+    return tuple(20000 + (seed + i) % span for i in range(WALK_LENGTH))
 
 
 def _int(env: Mapping[str, str], var: str) -> int:
@@ -131,6 +159,13 @@ def _derived_secret(parts: list[str]) -> str:
     return hashlib.sha256(material.encode()).hexdigest()
 
 
+def _job_tag(env: Mapping[str, str], *parts: str) -> str:
+    """What every rank of this job (and no other job) shares: the rendezvous and the launcher's job ids."""
+    ids = [env.get(name, "") for name in ("SLURM_JOB_ID", "SLURM_STEP_ID", "TORCHELASTIC_RUN_ID",
+                                          "TORCHELASTIC_RESTART_COUNT")]  # fmt: skip
+    return hashlib.sha256("|".join([*parts, *ids]).encode()).hexdigest()[:16]
+
+
 def meeting(info: RankInfo, env: Mapping[str, str] | None = None, mpi_vendor: str = "") -> Meeting:
     """Where and how the ranks of this job meet, and the secret they prove."""
     env = os.environ if env is None else env
@@ -138,29 +173,35 @@ def meeting(info: RankInfo, env: Mapping[str, str] | None = None, mpi_vendor: st
     if info.size == 1:
         return Meeting("tcp", secret=secret)
 
-    def tcp(addr: str, port: int, serve: bool, what: str) -> Meeting:
+    def tcp(addr: str, ports: tuple[int, ...], serve: bool, origin: str) -> Meeting:
+        # Not the size: a rank started with another size should reach the rendezvous and be told.
+        job = _job_tag(env, addr, str(ports[0])) if len(ports) > 1 else ""
         if secret:
-            return Meeting("tcp", addr, port, serve, secret)
+            return Meeting("tcp", addr, ports, serve, secret, job=job, origin=origin)
         warnings.warn(
-            f"HPCDL_SECRET is not set ({info.launcher} launch, rendezvous from {what}); ranks authenticate "
+            f"HPCDL_SECRET is not set ({info.launcher} launch, rendezvous from {origin}); ranks authenticate "
             "with a secret derived from the job's identity, which other users of these hosts could guess. "
             "Launch with 'hpcdl run', or export the same random HPCDL_SECRET to every rank.",
             stacklevel=3,
         )
-        derived = _derived_secret([env.get("SLURM_JOB_ID", ""), addr, str(port), str(info.size)])
-        return Meeting("tcp", addr, port, serve, derived, secret_derived=True)
+        derived = _derived_secret([env.get("SLURM_JOB_ID", ""), addr, str(ports[0]), str(info.size)])
+        return Meeting("tcp", addr, ports, serve, derived, secret_derived=True, job=job, origin=origin)
 
     if env.get("HPCDL_RENDEZVOUS_ADDR"):
         if not env.get("HPCDL_RENDEZVOUS_PORT"):
             raise HpcdlConfigError("HPCDL_RENDEZVOUS_ADDR is set but HPCDL_RENDEZVOUS_PORT is not")
         port = _int(env, "HPCDL_RENDEZVOUS_PORT")
         serve = env.get("HPCDL_RENDEZVOUS_SERVE", "").strip().lower() in ("1", "true", "yes", "on")
-        return tcp(env["HPCDL_RENDEZVOUS_ADDR"], port, serve, "HPCDL_RENDEZVOUS_ADDR")
+        return tcp(
+            env["HPCDL_RENDEZVOUS_ADDR"], (port,), serve, "HPCDL_RENDEZVOUS_ADDR/HPCDL_RENDEZVOUS_PORT"
+        )
     if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
-        return tcp(env["MASTER_ADDR"], _int(env, "MASTER_PORT"), True, "MASTER_ADDR/MASTER_PORT")
-    if info.launcher == "Slurm srun" and env.get("SLURM_JOB_NODELIST") and env.get("SLURM_JOB_ID"):
-        port = 20000 + _int(env, "SLURM_JOB_ID") % 20000
-        return tcp(_first_slurm_host(env["SLURM_JOB_NODELIST"]), port, True, "the Slurm allocation")
+        ports = ports_after(_int(env, "MASTER_PORT"))
+        return tcp(env["MASTER_ADDR"], ports, True, "MASTER_ADDR/MASTER_PORT")
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+    if info.launcher == "Slurm srun" and nodelist and env.get("SLURM_JOB_ID"):
+        ports = slurm_ports(env["SLURM_JOB_ID"], env.get("SLURM_STEP_ID", ""))
+        return tcp(_first_slurm_host(nodelist), ports, True, "the Slurm step's first node")
     if _MPI_LAUNCHER.get(mpi_vendor) == info.launcher:  # launched by the MPI this build links
         return Meeting("mpi", secret=secret)
     hint = ""
@@ -172,6 +213,6 @@ def meeting(info: RankInfo, env: Mapping[str, str] | None = None, mpi_vendor: st
     raise HpcdlConfigError(
         f"rank {info.rank} of {info.size} ({info.launcher}) does not know where to meet the other "
         f"ranks{hint}. "
-        "Launch with 'hpcdl run -np N', or set MASTER_ADDR and MASTER_PORT (rank 0's host and a free port) "
+        "Launch with 'hpcdl run -np N', or set MASTER_ADDR and MASTER_PORT (rank 0's host and a port) "
         "for every rank, or set HPCDL_RENDEZVOUS_ADDR/HPCDL_RENDEZVOUS_PORT to a running rendezvous server."
     )

@@ -16,7 +16,6 @@ the blocking direct functions of :mod:`hpcdl.common` default to ``SUM``.
 from __future__ import annotations
 
 import ctypes
-import itertools
 import threading
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
@@ -68,6 +67,7 @@ def _lib() -> ctypes.CDLL:
             lib.hpcdl_start_timeline.argtypes = [ctypes.c_char_p, ctypes.c_int]
             lib.hpcdl_get_knob.argtypes = [ctypes.c_char_p]
             lib.hpcdl_get_knob.restype = ctypes.c_double
+            lib.hpcdl_new_group_id.argtypes = [ctypes.c_int]
             lib.hpcdl_last_error.restype = ctypes.c_char_p
             lib.hpcdl_process_set_size.argtypes = [ctypes.c_int]
             lib.hpcdl_process_set_rank.argtypes = [ctypes.c_int]
@@ -215,15 +215,14 @@ def submit(
     )  # fmt: skip
 
 
-_group_ids = itertools.count(1)
-_group_lock = threading.Lock()
-
-
-def new_group_id() -> int:
-    """A fresh id for a group of operations that must run together. Ranks must allocate group ids in the
-    same order (like unnamed operations get the same names)."""
-    with _group_lock:
-        return next(_group_ids)
+def new_group_id(process_set: int = 0) -> int:
+    """A fresh id for a group of operations on ``process_set`` that must run together. The members of the
+    set allocate their group ids in the same order (as unnamed operations get the same names); a joined
+    rank skips the ids of the groups it stood in for."""
+    group_id = _lib().hpcdl_new_group_id(int(process_set))
+    if group_id < 0:
+        _raise(-group_id)
+    return int(group_id)
 
 
 # ---- NumPy helpers --------------------------------------------------------------------------------------
@@ -302,7 +301,7 @@ def grouped_allreduce_async(
     """Allreduce several arrays as one group: none of them runs before all of them are ready everywhere."""
     if names is not None and len(names) != len(arrays):
         raise HpcdlError(f"got {len(arrays)} arrays but {len(names)} names")
-    group = new_group_id()
+    group = new_group_id(process_set)
     handles = []
     for i, a in enumerate(arrays):
         a = _contiguous(a)

@@ -1,9 +1,14 @@
-"""Exceptions a user of hpcdl can cause; each message says what to do next."""
+"""Exceptions a user of hpcdl can cause; each message says what to do next.
+
+Every one is a ``RuntimeError``, as Horovod's are, so that ``except RuntimeError`` (and Horovod's own
+``except HorovodInternalError``, an alias of :class:`HpcdlInternalError`) catches what hpcdl raises. Errors
+about an argument are also ``ValueError``s, as Horovod raises those.
+"""
 
 from __future__ import annotations
 
 
-class HpcdlError(Exception):
+class HpcdlError(RuntimeError):
     """Base class of every error hpcdl raises on purpose."""
 
 
@@ -28,7 +33,28 @@ class HpcdlNotInitializedError(HpcdlError):
 
 
 class HpcdlConfigError(HpcdlError, ValueError):
-    """A setting or argument is invalid (bad value, unknown transport, no way to find the peers)."""
+    """A setting or argument is invalid (bad value, unknown transport, no way to find the peers), or an
+    operation name is already in use on this rank (Horovod raises ``ValueError`` for that too)."""
+
+
+class HpcdlShutdownError(HpcdlInternalError):
+    """The operation was cancelled by a shutdown: the job's (this rank, or another that called
+    ``shutdown()`` or exited, which the message names) or, with ``HPCDL_STALL_SHUTDOWN_TIME_SECONDS``, the
+    stall inspector's (the message says which operation stalled, and the job goes on)."""
+
+
+class HpcdlJoinError(HpcdlInternalError):
+    """An operation that cannot take joined ranks (allgather, broadcast, alltoall, reducescatter) ran while
+    a member of its process set had called ``join()``; it failed on every member that submitted it."""
+
+
+class HostsUpdatedInterrupt(HpcdlError):
+    """Elastic training: the set of hosts changed. ``hvd.elastic.run`` resets without restoring the committed
+    state; ``skip_sync`` is True when only hosts were removed (the survivors' state is already consistent)."""
+
+    def __init__(self, skip_sync: bool) -> None:
+        super().__init__("the set of hosts in the job changed")
+        self.skip_sync = skip_sync
 
 
 class HpcdlAuthError(HpcdlError):
@@ -50,6 +76,7 @@ ERR_AUTH = 6
 ERR_UNSUPPORTED = 7
 ERR_SHUTDOWN = 8
 ERR_INTERNAL = 9
+ERR_JOINED = 11
 
 _BY_CODE: dict[int, type[HpcdlError]] = {
     ERR_INVALID: HpcdlConfigError,
@@ -59,8 +86,9 @@ _BY_CODE: dict[int, type[HpcdlError]] = {
     ERR_MISMATCH: HpcdlMismatchError,
     ERR_AUTH: HpcdlAuthError,
     ERR_UNSUPPORTED: HpcdlUnsupportedError,
-    ERR_SHUTDOWN: HpcdlInternalError,
+    ERR_SHUTDOWN: HpcdlShutdownError,
     ERR_INTERNAL: HpcdlInternalError,
+    ERR_JOINED: HpcdlJoinError,
 }
 
 

@@ -47,14 +47,14 @@ def render_own(fmt: str, installation: Installation | None, depends_on: list[str
         return render(
             f"hpcdl.{fmt}.j2",
             version=__version__,
-            origin="shipped with hpcdl",
+            origin="shipped inside the hpcdl package",
             relocatable=True,
             depends_on=depends_on,
         )
     return render(
         f"hpcdl.{fmt}.j2",
         version=__version__,
-        origin=f"for the installation in {installation.prefix}",
+        origin=f"written for the installation in {installation.prefix}",
         relocatable=False,
         prefix=str(installation.prefix),
         bin=str(installation.bin) if installation.bin else "",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,10 +10,9 @@ import jinja2
 
 from hpcdl._version import __version__
 from hpcdl.common.exceptions import HpcdlError
+from hpcdl.modules.quote import CONTROL, ENV_NAME, lua, module_name_problem, tcl
 
 FORMATS = ("lua", "tcl")
-# Characters that Lua double-quoted strings or Tcl double-quoted words would interpret.
-_UNSAFE = re.compile(r'["\\$\[\]{}\n\r`]')
 
 
 class ModuleWriteError(HpcdlError):
@@ -35,7 +34,7 @@ def shipped_modulefiles() -> Path:
 
 
 def _environment() -> jinja2.Environment:
-    return jinja2.Environment(
+    env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir())),
         trim_blocks=True,
         lstrip_blocks=True,
@@ -43,31 +42,41 @@ def _environment() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
         autoescape=False,
     )
+    env.filters.update(lua=lua, tcl=tcl)
+    return env
 
 
-def _check_values(value: object, where: str) -> None:
+def _strings(value: object) -> Iterator[str]:
     if isinstance(value, str):
-        if _UNSAFE.search(value):
-            raise ModuleWriteError(
-                f"{where}: '{value}' contains a quote, backslash, $, bracket, brace or newline, which a "
-                "modulefile would interpret; install into a path without them"
-            )
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _check_values(item, f"{where}.{key}")
+        yield value
     elif isinstance(value, (list, tuple)):
         for item in value:
-            _check_values(item, where)
+            yield from _strings(item)
+
+
+def check_context(context: dict[str, object]) -> None:
+    """Refuse what no quoting makes right: control characters anywhere, module names that are not names
+    (name, version, family, depends_on) and environment variable names that are not names."""
+    for key, value in context.items():
+        for text in _strings(value):
+            if CONTROL.search(text):
+                raise ModuleWriteError(
+                    f"{key}: {text!r} contains a control character (newline, tab, escape...), which has no "
+                    "place in a modulefile; remove it"
+                )
+    names = [str(context[k]) for k in ("name", "version", "family") if context.get(k)]
+    for module in [*names, *map(str, context.get("depends_on") or ())]:
+        if module_name_problem(module):
+            raise ModuleWriteError(module_name_problem(module))
+    for key in ("setenv", "prepend_path"):
+        for variable, _ in context.get(key) or ():
+            if not ENV_NAME.match(str(variable)):
+                raise ModuleWriteError(f"{key}: '{variable}' is not an environment variable name")
 
 
 def render(template: str, **context: object) -> str:
-    """Render `templates/modules/<template>` after checking every value is safe to embed."""
-    for key, value in context.items():
-        if key not in ("description", "help"):
-            _check_values(value, key)
-    for key in ("description",):
-        if key in context:
-            context[key] = str(context[key]).replace('"', "'").replace("[", "(").replace("]", ")")
+    """Render `templates/modules/<template>`; every value reaches the text through the lua/tcl filters."""
+    check_context(context)
     return _environment().get_template(template).render(hpcdl_version=__version__, **context)
 
 

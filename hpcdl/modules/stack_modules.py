@@ -18,6 +18,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcdl.modules.quote import module_name_problem
 from hpcdl.modules.render import FORMATS, ModuleWriteError, Written, render, write_file
 from hpcdl.stack.builder import install_dir, is_installed, site_packages
 from hpcdl.stack.lockfile import Lock, LockedPackage
@@ -49,7 +50,7 @@ def system_compiler() -> Compiler:
 
 def parse_compiler(text: str) -> Compiler:
     name, _, version = text.partition("/")
-    if not name or not version:
+    if not name or not version or module_name_problem(text):
         raise ModuleWriteError(f"'{text}' is not a compiler module name; write e.g. gcc/12")
     return Compiler(name, version)
 

@@ -3,8 +3,12 @@
 Layout under PREFIX: ``<name>/<version>-<hash>/`` per package (``.hpcdl/install.json`` inside marks a
 finished install), ``.hpcdl/cache/`` for verified downloads, ``.hpcdl/stage/`` for unpacked sources and
 ``.hpcdl/logs/<name>-<version>-<hash>.log`` for every command's output. A failed package leaves its log
-and stage; running the build again skips what is installed and retries the rest. An install directory
-this builder did not start is never touched without ``force``.
+and stage; running the build again skips what is installed and retries the rest (and resumes a download
+that broke off). An install directory this builder did not start is never touched without ``force``.
+
+A lockfile may come from someone else: its names, versions and hashes are checked, and every directory the
+builder writes or deletes must resolve inside the prefix, so that no field (``hash: x/../../..``) and no
+link planted under the prefix can make it write, or with ``force`` delete, anything outside.
 """
 
 from __future__ import annotations
@@ -23,9 +27,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from hpcdl.common.exceptions import HpcdlError
-from hpcdl.stack.fetch import fetch, unpack
+from hpcdl.stack.archive import unpack
+from hpcdl.stack.fetch import DEFAULT_MAX_DOWNLOAD_BYTES, Transfer, fetch
 from hpcdl.stack.lockfile import Lock, LockedPackage
-from hpcdl.stack.recipe import Recipe
+from hpcdl.stack.recipe import UNKNOWN_CHECKSUM, Recipe, Source
 
 STEP_TIMEOUT_S = 4 * 3600.0
 MARKER_DIR = ".hpcdl"
@@ -52,6 +57,31 @@ class BuildOptions:
     force: bool = False
     verify: bool = True
     step_timeout: float = STEP_TIMEOUT_S
+    max_download_bytes: int = DEFAULT_MAX_DOWNLOAD_BYTES
+
+
+@dataclass(frozen=True)
+class PackageStep:
+    """A package entering a phase of the build, for progress displays."""
+
+    index: int  # 1-based place in the build order
+    total: int  # packages in the lockfile
+    label: str  # name@version+variants
+    phase: str  # "installed already", "fetching", "building", "installed", or "would build" (dry run)
+    finished: int  # packages done so far, this one included once it is installed or skipped
+
+
+def _ignore(_: object) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class BuildProgress:
+    """How a build reports; the CLI draws it, a library user may pass only what it wants."""
+
+    message: Callable[[str], None] = _ignore  # a line for the user: what happens, where the log is
+    step: Callable[[PackageStep], None] = _ignore
+    transfer: Callable[[Transfer], None] = _ignore  # a download's bytes, as they arrive
 
 
 @dataclass
@@ -83,14 +113,27 @@ def install_dir(prefix: Path, package: LockedPackage) -> Path:
     return prefix / package.name / package.install_name
 
 
+def _within(path: Path, prefix: Path) -> bool:
+    """Whether `path`, with every link in it resolved, is strictly inside the resolved `prefix`."""
+    real = os.path.realpath(path)
+    return real.startswith(str(prefix) + os.sep)
+
+
 def is_installed(directory: Path) -> bool:
     return (directory / MARKER_DIR / INSTALLED).is_file()
 
 
 class Builder:
     def __init__(
-        self, lock: Lock, recipes: dict[str, Recipe], options: BuildOptions, progress: Callable[[str], None]
+        self,
+        lock: Lock,
+        recipes: dict[str, Recipe],
+        options: BuildOptions,
+        progress: BuildProgress | None = None,
     ):
+        problems = [f"{p.label()}: {problem}" for p in lock.packages for problem in p.problems()]
+        if problems:
+            raise BuildError("the lockfile cannot be built: " + "; ".join(problems))
         missing = [p.name for p in lock.packages if p.name not in recipes]
         if missing:
             raise BuildError(f"no recipe for {', '.join(missing)}; add a recipe directory with --recipes DIR")
@@ -99,14 +142,26 @@ class Builder:
         self.options = options
         self.prefix = options.prefix.resolve()
         self._cache = self.prefix / MARKER_DIR / "cache"  # verified downloads, kept for rebuilds
-        self.progress = progress
+        self.progress = progress or BuildProgress()
+
+    def _inside(self, path: Path, what: str, package: LockedPackage) -> Path:
+        if not _within(path, self.prefix):
+            raise BuildError(
+                f"{package.label()}: its {what} {path} resolves to {os.path.realpath(path)}, outside the "
+                f"prefix {self.prefix}; a link under the prefix leads out of it: remove that link"
+            )
+        return path
 
     # -- planning ------------------------------------------------------------------------------------------
     def plan(self) -> list[PackagePlan]:
         plans = []
         for package in self.lock.packages:
-            directory = install_dir(self.prefix, package)
+            directory = self._inside(install_dir(self.prefix, package), "install directory", package)
             tag = f"{package.name}-{package.install_name}"
+            if directory.is_symlink():
+                raise BuildError(
+                    f"{directory} is a link; the builder installs only into directories it makes"
+                )
             state = "installed" if is_installed(directory) and not self.options.force else "build"
             foreign = directory.exists() and not (directory / MARKER_DIR / BUILDING).exists()
             if state == "build" and foreign and not self.options.force:
@@ -118,8 +173,8 @@ class Builder:
                 package,
                 self.recipes[package.name],
                 directory,
-                self.prefix / MARKER_DIR / "logs" / f"{tag}.log",
-                self.prefix / MARKER_DIR / "stage" / tag,
+                self._inside(self.prefix / MARKER_DIR / "logs" / f"{tag}.log", "log", package),
+                self._inside(self.prefix / MARKER_DIR / "stage" / tag, "stage", package),
                 state,
             )
             plan.commands = self._commands(plan, source_root=plan.stage / "src0")
@@ -198,12 +253,6 @@ class Builder:
                 ["make", "install", f"PREFIX={target}", *args],
             ]
         if system == "pip":
-            sources = self.recipes[plan.package.name].version(plan.package.version).sources
-            what = (
-                str(self._cache / sources[0].filename)
-                if sources
-                else self._format(plan.recipe.build.requirement, plan)
-            )
             command = [
                 sys.executable,
                 "-m",
@@ -215,8 +264,32 @@ class Builder:
             ]
             if self.options.mirror and "://" not in self.options.mirror:
                 command += ["--find-links", str(Path(self.options.mirror).resolve())]
-            return [[*command, *args, what]]
+            return [[*command, *args, *self._pip_what(plan)]]
         return [["copy", "<unpacked sources>", target]]
+
+    def _pinned_source(self, plan: PackagePlan) -> Source | None:
+        """The archive pip installs, when the recipe names one with a sha256 and checks are on."""
+        sources = self.recipes[plan.package.name].version(plan.package.version).sources
+        if sources and self.options.verify and sources[0].sha256 != UNKNOWN_CHECKSUM:
+            return sources[0]
+        return None
+
+    def _pip_what(self, plan: PackagePlan) -> list[str]:
+        """What pip installs: the recipe's archive pinned to its sha256 (pip checks it again as it
+        installs), the unverified archive (--no-verify), or the recipe's requirement, resolved by pip
+        from its index and not hash-pinned by the recipe."""
+        if self._pinned_source(plan) is not None:
+            return ["--require-hashes", "-r", str(plan.stage / "requirements.txt")]
+        sources = self.recipes[plan.package.name].version(plan.package.version).sources
+        if sources:
+            return [str(self._cache / sources[0].filename)]
+        return [self._format(plan.recipe.build.requirement, plan)]
+
+    def _write_pip_requirements(self, plan: PackagePlan) -> None:
+        source = self._pinned_source(plan)
+        if source is not None:
+            archive = (self._cache / source.filename).as_uri()
+            (plan.stage / "requirements.txt").write_text(f"{archive} --hash=sha256:{source.sha256}\n")
 
     def _closure(self, package: LockedPackage) -> list[str]:
         seen: list[str] = []
@@ -248,25 +321,35 @@ class Builder:
         total = len(plans)
         for index, plan in enumerate(plans, 1):
             head = f"[{index}/{total}] {plan.package.label()} ({plan.package.hash})"
+            done = len(report.built) + len(report.skipped)
+
+            def step(phase: str, finished: int = done, index: int = index, plan: PackagePlan = plan) -> None:
+                self.progress.step(PackageStep(index, total, plan.package.label(), phase, finished))
+
             if plan.state == "installed":
-                self.progress(f"{head}: already installed in {plan.install_dir}")
+                self.progress.message(f"{head}: already installed in {plan.install_dir}")
                 report.skipped.append(plan.package.name)
+                step("installed already", done + 1)
                 continue
             if self.options.dry_run:
+                step("would build")
                 self._describe(head, plan)
                 continue
-            self._build(head, plan)
+            self._build(head, plan, step)
             report.built.append(plan.package.name)
+            step("installed", done + 1)
         return report
 
     def _describe(self, head: str, plan: PackagePlan) -> None:
-        self.progress(f"{head}: would build with {plan.recipe.build.system} into {plan.install_dir}")
+        self.progress.message(f"{head}: would build with {plan.recipe.build.system} into {plan.install_dir}")
         for source in self.recipes[plan.package.name].version(plan.package.version).sources:
-            self.progress(f"    fetch {source.filename} (sha256 {source.sha256[:16]}...) from {source.url}")
+            self.progress.message(
+                f"    fetch {source.filename} (sha256 {source.sha256[:16]}...) from {source.url}"
+            )
         for command in plan.commands:
-            self.progress(f"    $ {shlex.join(command)}")
+            self.progress.message(f"    $ {shlex.join(command)}")
 
-    def _build(self, head: str, plan: PackagePlan) -> None:
+    def _build(self, head: str, plan: PackagePlan, step: Callable[[str], None]) -> None:
         if plan.install_dir.exists():  # our own unfinished attempt, or --force
             shutil.rmtree(plan.install_dir)
         shutil.rmtree(plan.stage, ignore_errors=True)
@@ -275,18 +358,21 @@ class Builder:
         plan.log.parent.mkdir(parents=True, exist_ok=True)
         with plan.log.open("w") as log:
             log.write(f"# {plan.package.label()} ({plan.package.hash}) into {plan.install_dir}\n")
-            roots = self._fetch_and_unpack(head, plan, log)
+            roots = self._fetch_and_unpack(head, plan, log, step)
             source_root = roots[0] if roots else plan.stage
             source_root.mkdir(parents=True, exist_ok=True)
             plan.commands = self._commands(plan, source_root)
+            step("building")
             if plan.recipe.build.system == "binary":
-                self.progress(f"{head}: installing")
+                self.progress.message(f"{head}: installing")
                 for root in roots:
                     shutil.copytree(root, plan.install_dir, dirs_exist_ok=True, symlinks=True)
             else:
+                if plan.recipe.build.system == "pip":
+                    self._write_pip_requirements(plan)
                 env = self._environment(plan)
                 for command in plan.commands:
-                    self.progress(f"{head}: {shlex.join(command[:3])} ...")
+                    self.progress.message(f"{head}: {shlex.join(command[:3])} ...")
                     self._run(command, source_root, env, log, plan)
         for path, target in plan.recipe.build.links:
             link = plan.install_dir / path
@@ -303,19 +389,22 @@ class Builder:
         }
         (plan.install_dir / MARKER_DIR / INSTALLED).write_text(json.dumps(record, indent=2) + "\n")
         shutil.rmtree(plan.stage, ignore_errors=True)
-        self.progress(f"{head}: installed in {plan.install_dir} (log {plan.log})")
+        self.progress.message(f"{head}: installed in {plan.install_dir} (log {plan.log})")
 
-    def _fetch_and_unpack(self, head: str, plan: PackagePlan, log) -> list[Path]:
+    def _fetch_and_unpack(self, head: str, plan: PackagePlan, log, step: Callable[[str], None]) -> list[Path]:
         roots = []
         sources = self.recipes[plan.package.name].version(plan.package.version).sources
         for number, source in enumerate(sources):
-            self.progress(f"{head}: fetching {source.filename}")
+            step("fetching")
+            self.progress.message(f"{head}: fetching {source.filename}")
             archive = fetch(
                 source,
                 plan.package.name,
-                self.prefix / MARKER_DIR / "cache",
+                self._inside(self._cache, "download cache", plan.package),
                 self.options.mirror,
                 self.options.verify,
+                self.options.max_download_bytes,
+                self.progress.transfer,
             )
             log.write(f"# fetched {archive} (sha256 verified: {self.options.verify})\n")
             if plan.recipe.build.system != "pip":

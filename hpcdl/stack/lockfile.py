@@ -7,6 +7,7 @@ from pathlib import Path
 
 import yaml
 
+from hpcdl.stack.names import hash_problem, name_problem, variant_problem, version_problem
 from hpcdl.stack.recipe import Recipe
 from hpcdl.stack.resolver import Solution
 from hpcdl.stack.yamlfile import LineDict, StackFileError, load_yaml
@@ -30,6 +31,17 @@ class LockedPackage:
     def label(self) -> str:
         flags = "".join(("+" if on else "~") + name for name, on in sorted(self.variants.items()))
         return f"{self.name}@{self.version}{flags}"
+
+    def problems(self) -> list[str]:
+        """What is wrong with the fields that become paths under the prefix and module names."""
+        found = [
+            name_problem(self.name),
+            version_problem(self.version),
+            hash_problem(self.hash),
+            *(variant_problem(v) for v in self.variants),
+            *(name_problem(d) for d in self.depends_on),
+        ]
+        return [p for p in found if p]
 
 
 @dataclass(frozen=True)
@@ -77,7 +89,42 @@ def dump_lock(lock: Lock, notes: list[str] = ()) -> str:
     return "\n".join(header) + "\n" + yaml.safe_dump(body, sort_keys=False, default_flow_style=None)
 
 
+def _locked_package(path: Path, entry: LineDict, names: set[str]) -> LockedPackage:
+    """One `packages` entry, every field checked: they become paths under the prefix and module names."""
+    if not all(k in entry for k in ("name", "version", "hash")):
+        raise StackFileError(f"{path}:{entry.line}: each package needs name, version and hash")
+    variants = entry.get("variants") or {}
+    deps = entry.get("depends_on") or []
+    if not isinstance(variants, dict) or not isinstance(deps, list):
+        raise StackFileError(f"{path}:{entry.line}: variants must be a mapping and depends_on a list")
+    package = LockedPackage(
+        str(entry["name"]),
+        str(entry["version"]),
+        {str(k): v for k, v in variants.items()},
+        str(entry["hash"]),
+        [str(d) for d in deps],
+    )
+    problems = package.problems()
+    problems += [
+        f"variant '{v}' must be true or false" for v, on in variants.items() if not isinstance(on, bool)
+    ]
+    if package.name in names:
+        problems.append(f"{package.name} is listed twice")
+    if problems:
+        raise StackFileError(
+            f"{path}:{entry.line}: " + "; ".join(problems) + " (write lockfiles with `hpcdl stack resolve`)"
+        )
+    missing = [d for d in package.depends_on if d not in names]
+    if missing:
+        raise StackFileError(
+            f"{path}:{entry.line}: {package.name} depends on {', '.join(missing)}, "
+            "which must be listed before it"
+        )
+    return package
+
+
 def load_lock(path: Path) -> Lock:
+    """Read and check a lockfile; a field that could name a path outside the prefix is an error."""
     doc = load_yaml(path)
     if not isinstance(doc, LineDict) or doc.get("hpcdl_stack_lock") != LOCK_FORMAT:
         raise StackFileError(
@@ -87,21 +134,12 @@ def load_lock(path: Path) -> Lock:
     packages = []
     names: set[str] = set()
     for entry in doc.get("packages") or []:
-        if not isinstance(entry, LineDict) or not all(k in entry for k in ("name", "version", "hash")):
-            line = entry.line if isinstance(entry, LineDict) else doc.line_of("packages")
-            raise StackFileError(f"{path}:{line}: each package needs name, version and hash")
-        deps = [str(d) for d in entry.get("depends_on") or []]
-        missing = [d for d in deps if d not in names]
-        if missing:
+        if not isinstance(entry, LineDict):
             raise StackFileError(
-                f"{path}:{entry.line}: {entry['name']} depends on {', '.join(missing)}, "
-                "which must be listed before it"
+                f"{path}:{doc.line_of('packages')}: each package needs name, version and hash"
             )
-        variants = {str(k): bool(v) for k, v in (entry.get("variants") or {}).items()}
-        packages.append(
-            LockedPackage(str(entry["name"]), str(entry["version"]), variants, str(entry["hash"]), deps)
-        )
-        names.add(str(entry["name"]))
+        packages.append(_locked_package(path, entry, names))
+        names.add(packages[-1].name)
     if not packages:
         raise StackFileError(f"{path}:{doc.line}: the lockfile lists no packages")
     return Lock(

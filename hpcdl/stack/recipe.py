@@ -15,8 +15,15 @@ from pathlib import Path
 from typing import Any, Union
 from urllib.parse import urlparse
 
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
+from hpcdl.stack.names import (
+    file_name_problem,
+    has_control_characters,
+    name_problem,
+    variant_problem,
+    version_problem,
+)
 from hpcdl.stack.spec import Spec, SpecError, parse_spec
 from hpcdl.stack.yamlfile import LineDict, LineList, StackFileError, load_yaml
 
@@ -151,6 +158,9 @@ class _Checker:
         if not isinstance(value, (str, int)) or isinstance(value, bool):
             self.error(mapping.line_of(key), f"'{key}' must be a string")
             return ""
+        if has_control_characters(str(value)):
+            self.error(mapping.line_of(key), f"'{key}' must be one line without control characters")
+            return ""
         return str(value)
 
     def mapping(self, parent: LineDict, key: str) -> LineDict:
@@ -216,7 +226,15 @@ def _sources(check: _Checker, entry: LineDict, version: str) -> tuple[Source, ..
             )
         if url and urlparse(url).scheme not in ("http", "https", "file", "ftp"):
             check.error(item.line_of("url"), f"version {version}: url must be http(s), ftp or file: {url}")
-        sources.append(Source(url, sha, check.text(item, "strip").strip("/")))
+        elif url and file_name_problem(Source(url, sha).filename):
+            problem = file_name_problem(Source(url, sha).filename)
+            check.error(item.line_of("url"), f"version {version}: the url must end in a file name: {problem}")
+        strip = check.text(item, "strip").strip("/")
+        if ".." in Path(strip).parts or has_control_characters(strip):
+            check.error(
+                item.line_of("strip"), f"version {version}: strip names a directory inside the archive"
+            )
+        sources.append(Source(url, sha, strip))
     return tuple(sources)
 
 
@@ -227,10 +245,8 @@ def _versions(check: _Checker, doc: LineDict, system: str) -> tuple[RecipeVersio
     versions = []
     for version, entry in versions_map.items():
         line = versions_map.line_of(version)
-        try:
-            Version(version)
-        except InvalidVersion:
-            check.error(line, f"'{version}' is not a version number")
+        if version_problem(version):
+            check.error(line, version_problem(version))
             continue
         if entry is None or not isinstance(entry, LineDict):
             check.error(line, f"version {version} must be a mapping (use {{}} for pip-resolved versions)")
@@ -250,6 +266,9 @@ def _variants(check: _Checker, doc: LineDict) -> tuple[Variant, ...]:
     section = check.mapping(doc, "variants")
     for name, entry in section.items():
         line = section.line_of(name)
+        if variant_problem(name):
+            check.error(line, variant_problem(name))
+            continue
         if not isinstance(entry, LineDict):
             check.error(line, f"variant '{name}' must be a mapping with default and description")
             continue
@@ -307,7 +326,7 @@ def _env_pairs(check: _Checker, section: LineDict, key: str) -> tuple[tuple[str,
     for name, value in values.items():
         if not _ENV_NAME.match(name):
             check.error(values.line_of(name), f"'{name}' is not an environment variable name")
-        elif not isinstance(value, str):
+        elif not isinstance(value, str) or has_control_characters(value):
             check.error(
                 values.line_of(name), f"{key}.{name} must be a string (a path relative to the prefix)"
             )
@@ -338,9 +357,10 @@ def _build(check: _Checker, doc: LineDict) -> BuildSpec:
     links = []
     raw_links = check.mapping(section, "links")
     for path, target in raw_links.items():
-        if not isinstance(target, str) or Path(path).is_absolute() or ".." in Path(path).parts:
+        if not isinstance(target, str) or not _inside_install(path, target):
             check.error(
-                raw_links.line_of(path), f"links.{path}: a relative path inside the install -> a target name"
+                raw_links.line_of(path),
+                f"links.{path}: a relative path inside the install -> a target inside the install",
             )
         else:
             links.append((path, target))
@@ -351,6 +371,15 @@ def _build(check: _Checker, doc: LineDict) -> BuildSpec:
         _env_pairs(check, section, "env"),
         tuple(links),
     )
+
+
+def _inside_install(path: str, target: str) -> bool:
+    """Whether a link at `path` (relative to the install) to `target` stays inside the install."""
+    if has_control_characters(path + target) or Path(path).is_absolute() or Path(target).is_absolute():
+        return False
+    link = os.path.normpath(path)
+    pointed = os.path.normpath(os.path.join(os.path.dirname(link), target))
+    return link != "." and not any(p == ".." or p.startswith("../") for p in (link, pointed))
 
 
 def _module(check: _Checker, doc: LineDict) -> ModuleSpec:
@@ -364,9 +393,12 @@ def _module(check: _Checker, doc: LineDict) -> ModuleSpec:
         )
     env = check.mapping(section, "env")
     check.unknown_keys(env, {"setenv", "prepend_path"}, "module.env")
+    family = check.text(section, "family")
+    if family and name_problem(family):
+        check.error(section.line_of("family"), f"module family: {name_problem(family)}")
     return ModuleSpec(
         level,
-        check.text(section, "family"),
+        family,
         _env_pairs(check, env, "setenv"),
         _env_pairs(check, env, "prepend_path"),
     )
@@ -380,7 +412,9 @@ def parse_recipe(path: Path) -> Recipe:
         raise RecipeError(f"{path}:1: a recipe must be a YAML mapping (name, versions, build, ...)")
     check.unknown_keys(doc, _TOP_KEYS, "a recipe")
     name = check.text(doc, "name", required=True)
-    if name and name != path.stem:
+    if name and name_problem(name):
+        check.error(doc.line_of("name"), name_problem(name))
+    elif name and name != path.stem:
         check.error(doc.line_of("name"), f"recipe name '{name}' must match its file name '{path.stem}.yaml'")
     build = _build(check, doc)
     provides = check.sequence(doc, "provides")

@@ -14,17 +14,17 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from hpcdl.common.exceptions import HpcdlError
+from hpcdl.stack.names import NAME_PATTERN, VARIANT_PATTERN, name_problem
 
 
 class SpecError(HpcdlError):
     """A spec string could not be parsed."""
 
 
-_NAME = r"[A-Za-z][A-Za-z0-9_.-]*"
 _SPEC = re.compile(
-    rf"^(?P<name>{_NAME})?(?:@(?P<versions>[^+~]+))?(?P<variants>(?:[+~][A-Za-z][A-Za-z0-9_-]*)*)$"
+    rf"^(?P<name>{NAME_PATTERN})?(?:@(?P<versions>[^+~]+))?(?P<variants>(?:[+~]{VARIANT_PATTERN})*)$"
 )
-_VARIANT = re.compile(r"([+~])([A-Za-z][A-Za-z0-9_-]*)")
+_VARIANT = re.compile(rf"([+~])({VARIANT_PATTERN})")
 _VERSION = re.compile(r"^\d+(\.\d+)*$")
 
 
@@ -126,7 +126,7 @@ def parse_request(items: list[str]) -> Request:
     for item in items:
         if "=" in item and not item.lstrip().startswith(("@", "=")) and "@" not in item.split("=")[0]:
             virtual, _, provider = item.partition("=")
-            if not re.fullmatch(_NAME, virtual) or not re.fullmatch(_NAME, provider):
+            if name_problem(virtual) or name_problem(provider):
                 raise SpecError(f"'{item}' is not a provider choice; write e.g. mpi=openmpi")
             providers[virtual] = provider
         else:

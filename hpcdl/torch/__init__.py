@@ -10,7 +10,8 @@ the learning rate up (``hvd.LearningRateWarmup``).
 
 from __future__ import annotations
 
-from hpcdl.common.exceptions import HpcdlInternalError
+from hpcdl.common.exceptions import HostsUpdatedInterrupt, HpcdlError, HpcdlInternalError
+from hpcdl.scaling.steps import StepTimer
 from hpcdl.torch import elastic
 from hpcdl.torch.async_ops import (
     allgather_async,
@@ -80,6 +81,8 @@ from hpcdl.torch.process_sets import ProcessSet, add_process_set, global_process
 from hpcdl.torch.reduce_ops import Adasum, Average, Max, Min, Product, Sum
 from hpcdl.torch.sync_batch_norm import SyncBatchNorm, convert_sync_batchnorm
 
+# Horovod's names for the errors its users catch: a failed collective (timeout, lost peer, mismatch,
+# shutdown) and, in elastic training, a change of hosts. Both are RuntimeErrors, as in Horovod.
 HorovodInternalError = HpcdlInternalError
 
 __all__ = [
@@ -88,6 +91,8 @@ __all__ = [
     "Compression",
     "DistributedOptimizer",
     "HorovodInternalError",
+    "HostsUpdatedInterrupt",
+    "HpcdlError",
     "HpcdlInternalError",
     "LearningRateWarmup",
     "Max",
@@ -95,6 +100,7 @@ __all__ = [
     "Min",
     "ProcessSet",
     "Product",
+    "StepTimer",
     "Sum",
     "SyncBatchNorm",
     "add_process_set",

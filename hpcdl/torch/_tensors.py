@@ -1,9 +1,14 @@
 """Torch tensors as raw views the runtime can read and write (``hpcdl.common.types.Buffer``).
 
-CPU tensors are handed to the engine zero-copy: the engine reads from and writes into the tensor's own
-memory, so the tensor must stay alive (and untouched) until its handle completes; the handle table keeps
-that reference. Outputs the engine allocates itself (allgather, alltoall) come back as bytes and are
-viewed as a tensor of the input's dtype.
+The runtime only ever sees a pointer together with its true extent: a contiguous CPU tensor, whose
+``numel()`` elements from ``data_ptr()`` on are its own. Such tensors are handed over zero-copy: the
+engine reads from and writes into the tensor's own memory, so the tensor must stay alive (and untouched)
+until its handle completes; the handle table keeps that reference. Every other layout (transposed, sliced,
+expanded with stride 0, ``channels_last``, on a GPU) is staged: :func:`readable` copies its values into a
+contiguous CPU tensor, :func:`writable` gives a contiguous buffer for the result, and :func:`deliver`
+copies the result into the caller's tensor, so an in-place operation on a view writes through the view.
+Outputs the engine allocates itself (allgather, alltoall) come back as bytes and are viewed as a tensor of
+the input's dtype.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from hpcdl.common.exceptions import HpcdlConfigError
 from hpcdl.common.types import Buffer, DType
 
 _DTYPES: dict[torch.dtype, DType] = {
@@ -33,7 +39,7 @@ def runtime_dtype(tensor: torch.Tensor) -> DType:
         return _DTYPES[tensor.dtype]
     except KeyError:
         supported = ", ".join(str(d).replace("torch.", "") for d in _DTYPES)
-        raise ValueError(
+        raise HpcdlConfigError(
             f"Tensor type {tensor.type()} is not supported by hpcdl collectives; "
             f"convert it to one of: {supported}"
         ) from None
@@ -41,13 +47,54 @@ def runtime_dtype(tensor: torch.Tensor) -> DType:
 
 def buffer_of(tensor: torch.Tensor) -> Buffer:
     """A zero-copy view of a contiguous CPU tensor."""
-    if tensor.device.type != "cpu":
-        raise ValueError(f"internal: buffer_of expects a CPU tensor, got one on {tensor.device}")
-    if not tensor.is_contiguous():
-        raise ValueError("internal: buffer_of expects a contiguous tensor")
+    if not is_direct(tensor):
+        raise ValueError(
+            f"internal: buffer_of needs a contiguous CPU tensor, not {tensor.stride()} on {tensor.device}"
+        )
     # A 0-d tensor travels as one element.
     shape = tuple(tensor.shape) or (1,)
     return Buffer(ptr=tensor.data_ptr(), dtype=runtime_dtype(tensor), shape=shape)
+
+
+def is_direct(tensor: torch.Tensor) -> bool:
+    """True when the runtime may read and write ``tensor`` where it is (a contiguous CPU tensor)."""
+    return tensor.device.type == "cpu" and tensor.is_contiguous()
+
+
+def readable(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's values as a contiguous CPU tensor: the tensor itself when it already is one, else a
+    copy that whoever submits it must keep alive until the operation completes."""
+    t = tensor.detach()
+    if not is_direct(t):
+        t = t.to("cpu").contiguous()
+    return t
+
+
+def writable(target: torch.Tensor) -> torch.Tensor:
+    """Where the runtime writes a result meant for ``target``: ``target`` itself when it can, else a fresh
+    contiguous CPU tensor of its shape and dtype (see :func:`deliver`)."""
+    t = target.detach()
+    return t if is_direct(t) else torch.empty(tuple(t.shape), dtype=t.dtype)
+
+
+def deliver(result: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Copy a result into ``target`` (through any view, onto any device) unless it was written there."""
+    if result.data_ptr() != target.data_ptr() or result.device != target.device:
+        with torch.no_grad():
+            target.copy_(result)
+    return target
+
+
+def overlaps_itself(tensor: torch.Tensor) -> bool:
+    """True when two elements of ``tensor`` may share memory (e.g. an ``expand()``ed view): a result
+    written into it would be ambiguous, which torch's own in-place operations refuse too. Dimensions are
+    taken by increasing stride; each must step past everything the smaller ones span."""
+    span = 0
+    for stride, size in sorted((s, n) for s, n in zip(tensor.stride(), tensor.shape) if n > 1):
+        if stride <= span:
+            return True
+        span += stride * (size - 1)
+    return False
 
 
 def tensor_from_bytes(data: np.ndarray, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:

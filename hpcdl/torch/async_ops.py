@@ -1,24 +1,40 @@
 """Asynchronous and in-place collectives on tensors (Horovod's ``*_async``, ``*_`` ops, ``poll``,
 ``synchronize``, ``join``, ``barrier``).
 
-CPU tensors go to the engine zero-copy: the engine reads the tensor's memory and writes the result
-straight into the output tensor. Non-contiguous tensors are copied to a contiguous buffer first. CUDA
-tensors go through ``_gpu`` (NCCL through torch.distributed, or staged through host memory).
+Each collective has one launcher (``allreduce_launch``, ``allgather_launch``, ...) that checks its
+arguments, stages the tensors and submits them: to the engine for CPU tensors (zero-copy when a tensor is
+contiguous, a contiguous copy of any other layout otherwise: see ``_tensors``), to ``_gpu`` for CUDA
+tensors over NCCL. The public ``*_async`` functions are Horovod-signature wrappers around the launchers;
+``ops`` builds the blocking, differentiable collectives on the same launchers. What a launcher needs
+besides the tensors travels in one small record per collective shape (:class:`Reduction`, ...), which the
+differentiable ops also keep for their gradients.
 """
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
 
 from hpcdl import common
 from hpcdl.common import engine
+from hpcdl.common.exceptions import HpcdlConfigError
 from hpcdl.common.ops import reducescatter_rows
 from hpcdl.common.types import OpType
 from hpcdl.torch import _adasum, _gpu, _handles
-from hpcdl.torch._tensors import buffer_of, runtime_dtype, tensor_from_bytes
+from hpcdl.torch._tensors import (
+    buffer_of,
+    is_direct,
+    overlaps_itself,
+    readable,
+    runtime_dtype,
+    tensor_from_bytes,
+    writable,
+)
+from hpcdl.torch._tensors import deliver as _deliver
 from hpcdl.torch.process_sets import ProcessSet, global_process_set, id_of
 from hpcdl.torch.reduce_ops import Adasum, Average, check_op, resolve_op, runtime_op
 
@@ -27,36 +43,30 @@ synchronize = _handles.synchronize
 _ALLREDUCE = OpType.ALLREDUCE  # a module global: looking a member up on its enum class costs ~0.1 us
 
 
-# ---- staging helpers -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Reduction:
+    """How an allreduce or reducescatter combines the ranks' tensors (and so how its gradient does)."""
+
+    op: int
+    prescale: float = 1.0
+    postscale: float = 1.0
+    process_set: ProcessSet = global_process_set
+
+    def request(self) -> dict[str, Any]:
+        """The fields of an engine request that carry this reduction (the op is checked by the caller)."""
+        return {
+            "reduce_op": runtime_op(self.op),
+            "prescale": float(self.prescale),
+            "postscale": float(self.postscale),
+        }
 
 
-def _host_input(tensor: torch.Tensor) -> torch.Tensor:
-    """A contiguous CPU tensor with the input's data: the tensor itself when it already is one."""
-    t = tensor.detach()
-    if t.device.type != "cpu":
-        t = t.to("cpu")
-    return t.contiguous()
+# ---- arguments ------------------------------------------------------------------------------------
 
 
-def _host_output(target: torch.Tensor) -> torch.Tensor:
-    """Where the engine writes a result meant for ``target``: ``target`` itself when it can."""
-    t = target.detach()
-    if t.device.type == "cpu" and t.is_contiguous():
-        return t
-    return torch.empty(tuple(t.shape), dtype=t.dtype)
-
-
-def _deliver(result: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Copy a host result into ``target`` unless the engine already wrote there."""
-    if result.data_ptr() != target.data_ptr() or result.device != target.device:
-        with torch.no_grad():
-            target.copy_(result)
-    return target
-
-
-def _check_name(name: Optional[str]) -> Optional[str]:
+def check_name(name: Optional[str]) -> Optional[str]:
     if name is not None and not isinstance(name, str):
-        raise ValueError(f"name must be a string or None, got {name!r}")
+        raise HpcdlConfigError(f"name must be a string or None, got {name!r}")
     return name or None
 
 
@@ -66,121 +76,135 @@ def _member_name(name: Optional[str], index: int) -> Optional[str]:
 
 def check_tensor(tensor: Any, what: str) -> torch.Tensor:
     if not isinstance(tensor, torch.Tensor):
-        raise ValueError(f"{what} takes a torch.Tensor, got {type(tensor).__name__}")
+        raise HpcdlConfigError(f"{what} takes a torch.Tensor, got {type(tensor).__name__}")
     return tensor
 
 
-def _check_group(tensors: Sequence[torch.Tensor], what: str) -> list[torch.Tensor]:
+def check_rows(tensor: Any, what: str) -> torch.Tensor:
+    check_tensor(tensor, what)
+    if tensor.dim() == 0:
+        raise HpcdlConfigError(
+            f"{what} works on the first dimension, but got a 0-d tensor; reshape it, e.g. tensor.reshape(1)"
+        )
+    return tensor
+
+
+def check_group(tensors: Sequence[torch.Tensor], what: str) -> list[torch.Tensor]:
     tensors = list(tensors)
     if not tensors:
-        raise ValueError(f"{what} needs a non-empty list of tensors")
+        raise HpcdlConfigError(f"{what} needs a non-empty list of tensors")
     for t in tensors:
         if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{what} takes a list of tensors, got an element of type {type(t).__name__}")
+            raise HpcdlConfigError(
+                f"{what} takes a list of tensors, got an element of type {type(t).__name__}"
+            )
     return tensors
 
 
-def check_rows(tensor: torch.Tensor, what: str) -> None:
+def _check_in_place(tensor: torch.Tensor, what: str) -> torch.Tensor:
     check_tensor(tensor, what)
-    if tensor.dim() == 0:
-        raise ValueError(
-            f"{what} works on the first dimension, but got a 0-d tensor; reshape it, e.g. tensor.reshape(1)"
+    if overlaps_itself(tensor):
+        raise HpcdlConfigError(
+            f"{what} writes its result into the tensor, but several of its elements share memory (e.g. a "
+            "view made by expand()); pass tensor.clone(), or use the out-of-place form"
         )
+    return tensor
 
 
-# ---- allreduce ---------------------------------------------------------------------------------------
+def new_output(tensor: torch.Tensor) -> torch.Tensor:
+    """A fresh contiguous tensor of the input's shape, dtype and device, for an out-of-place result."""
+    return torch.empty_like(tensor, memory_format=torch.contiguous_format)
 
 
-def _allreduce_launch(
-    tensors: list[torch.Tensor],
-    outputs: list[torch.Tensor],
+# ---- submitting -----------------------------------------------------------------------------------
+
+
+def _enqueue(
+    op_type: OpType,
+    sources: list[torch.Tensor],
+    results: Optional[list[torch.Tensor]],
     name: Optional[str],
-    op: int,
-    prescale_factor: float,
-    postscale_factor: float,
-    process_set: ProcessSet,
+    ps_id: int,
+    **request: Any,
+) -> list[engine.Handle]:
+    """Submit one operation per source (an atomic group when there are several). ``results[i]`` is the
+    caller-owned buffer the engine writes (None where the engine allocates the output). Each handle keeps
+    the tensors it refers to alive until the engine is done with them."""
+    grouped = len(sources) > 1
+    group_id = engine.new_group_id(ps_id) if grouped else 0
+    handles = []
+    for i, src in enumerate(sources):
+        out = results[i] if results is not None else None
+        handles.append(
+            engine.enqueue(
+                op_type,
+                buffer_of(src),
+                None if out is None else buffer_of(out),
+                name=_member_name(name, i) if grouped else name,
+                process_set=ps_id,
+                group_id=group_id,
+                group_size=len(sources) if grouped else 0,
+                keep=(src, out),
+                **request,
+            )
+        )
+    return handles
+
+
+def _single(handle: int) -> int:
+    """For a launcher run on one tensor: ``synchronize`` returns that tensor, not a one-element list."""
+    return _handles.unwrap_single(handle)
+
+
+# ---- allreduce ------------------------------------------------------------------------------------
+
+
+def allreduce_launch(
+    tensors: list[torch.Tensor], outputs: list[torch.Tensor], name: Optional[str], how: Reduction
 ) -> int:
-    """Submit one allreduce (one tensor) or one atomic group; outputs[i] may be tensors[i] (in place)."""
-    op = check_op(op)
-    ps_id = id_of(process_set)
+    """Submit one allreduce or an atomic group; ``outputs[i]`` may be ``tensors[i]`` (in place).
+    ``synchronize`` returns the list of outputs."""
+    op = check_op(how.op)
+    ps_id = id_of(how.process_set)
     for t in tensors:
         runtime_dtype(t)
     if op == Adasum:
-        return _adasum.allreduce_launch(tensors, outputs, name, process_set)
+        return _adasum.allreduce_launch(tensors, outputs, name, how.process_set)
     if _gpu.uses_nccl(tensors):
-        return _gpu.allreduce(tensors, outputs, op, prescale_factor, postscale_factor, ps_id)
-    group_id, group_size = (engine.new_group_id(), len(tensors)) if len(tensors) > 1 else (0, 0)
-    handles, results = [], []
-    for i, (t, out) in enumerate(zip(tensors, outputs)):
-        src = _host_input(t)
-        dst = src if out is t else _host_output(out)
-        results.append(dst)
-        handles.append(
-            engine.enqueue(
-                OpType.ALLREDUCE,
-                buffer_of(src),
-                buffer_of(dst),
-                name=name if len(tensors) == 1 else _member_name(name, i),
-                process_set=ps_id,
-                reduce_op=runtime_op(op),
-                prescale=float(prescale_factor),
-                postscale=float(postscale_factor),
-                group_id=group_id,
-                group_size=group_size,
-            )
-        )
+        return _gpu.allreduce(tensors, outputs, op, how.prescale, how.postscale, ps_id)
+    sources = [readable(t) for t in tensors]
+    # In place on a staged copy: the engine reduces the copy, which is then delivered into the tensor.
+    results = [src if out is t else writable(out) for t, out, src in zip(tensors, outputs, sources)]
+    handles = _enqueue(OpType.ALLREDUCE, sources, results, name, ps_id, **how.request())
 
     def finish() -> list[torch.Tensor]:
         return [_deliver(r, out) for r, out in zip(results, outputs)]
 
-    return _handles.register(handles, finish, keep_alive=(tensors, outputs, results))
+    return _handles.register(handles, finish, keep_alive=(tensors, outputs))
 
 
-def _allreduce_one(
-    tensor: torch.Tensor,
-    output: torch.Tensor,
-    name: Optional[str],
-    op: int,
-    prescale_factor: float,
-    postscale_factor: float,
-    process_set: ProcessSet,
-) -> int:
-    """Submit one allreduce. A contiguous CPU tensor (every gradient a DistributedOptimizer hook hands
-    over) goes to the engine in one call, its result being ``output`` itself; anything else (Adasum, CUDA,
-    non-contiguous tensors) through :func:`_allreduce_launch`."""
-    direct = (
-        op != Adasum
-        and tensor.is_cpu
-        and tensor.is_contiguous()
-        and (output is tensor or (output.is_cpu and output.is_contiguous()))
-    )
-    if not direct:
-        return _single(
-            lambda: _allreduce_launch(
-                [tensor], [output], name, op, prescale_factor, postscale_factor, process_set
-            )
-        )
+def allreduce_one(tensor: torch.Tensor, output: torch.Tensor, name: Optional[str], how: Reduction) -> int:
+    """Submit one allreduce; ``synchronize`` returns ``output``. A contiguous CPU tensor (every gradient a
+    DistributedOptimizer hook hands over) goes to the engine in one call, its result written into
+    ``output`` itself; anything else through :func:`allreduce_launch`."""
+    if how.op == Adasum or not is_direct(tensor) or not (output is tensor or is_direct(output)):
+        return _single(allreduce_launch([tensor], [output], name, how))
     address = tensor.data_ptr()
     handle = engine.submit(
         _ALLREDUCE,
         name,
-        id_of(process_set),
+        id_of(how.process_set),
         runtime_dtype(tensor),
         address,
         address if output is tensor else output.data_ptr(),
         tensor.shape or (1,),  # a 0-d tensor travels as one element
-        runtime_op(op),
-        float(prescale_factor),
-        float(postscale_factor),
+        runtime_op(check_op(how.op)),
+        float(how.prescale),
+        float(how.postscale),
         keep=(tensor, output),
         value=output,
     )
     return _handles.register_engine_handle(handle)
-
-
-def _single(launch: Callable[[], int]) -> int:
-    """Run a launcher for one tensor; ``synchronize`` then returns that tensor, not a one-element list."""
-    return _handles.unwrap_single(launch())
 
 
 def allreduce_async(
@@ -194,12 +218,9 @@ def allreduce_async(
 ) -> int:
     """Start reducing ``tensor`` over the ranks of ``process_set`` (default op Average); the input is not
     modified. Returns a handle for ``poll``/``synchronize``."""
+    how = Reduction(resolve_op(op, average), prescale_factor, postscale_factor, process_set)
     check_tensor(tensor, "allreduce")
-    op = resolve_op(op, average)
-    output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
-    return _allreduce_one(
-        tensor, output, _check_name(name), op, prescale_factor, postscale_factor, process_set
-    )
+    return allreduce_one(tensor, new_output(tensor), check_name(name), how)
 
 
 def allreduce_async_(
@@ -211,12 +232,10 @@ def allreduce_async_(
     postscale_factor: float = 1.0,
     process_set: ProcessSet = global_process_set,
 ) -> int:
-    """In-place ``allreduce_async``: the result replaces ``tensor``'s contents."""
-    check_tensor(tensor, "allreduce_")
-    op = resolve_op(op, average)
-    return _allreduce_one(
-        tensor, tensor, _check_name(name), op, prescale_factor, postscale_factor, process_set
-    )
+    """In-place ``allreduce_async``: the result replaces ``tensor``'s contents (through any view)."""
+    how = Reduction(resolve_op(op, average), prescale_factor, postscale_factor, process_set)
+    _check_in_place(tensor, "allreduce_")
+    return allreduce_one(tensor, tensor, check_name(name), how)
 
 
 def grouped_allreduce_async(
@@ -229,12 +248,9 @@ def grouped_allreduce_async(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """Reduce a list of tensors as one atomic, fused group; ``synchronize`` returns the list of results."""
-    op = resolve_op(op, average)
-    tensors = _check_group(tensors, "grouped_allreduce")
-    outputs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
-    return _allreduce_launch(
-        tensors, outputs, _check_name(name), op, prescale_factor, postscale_factor, process_set
-    )
+    how = Reduction(resolve_op(op, average), prescale_factor, postscale_factor, process_set)
+    tensors = check_group(tensors, "grouped_allreduce")
+    return allreduce_launch(tensors, [new_output(t) for t in tensors], check_name(name), how)
 
 
 def grouped_allreduce_async_(
@@ -247,11 +263,9 @@ def grouped_allreduce_async_(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """In-place ``grouped_allreduce_async``."""
-    op = resolve_op(op, average)
-    tensors = _check_group(tensors, "grouped_allreduce_")
-    return _allreduce_launch(
-        tensors, tensors, _check_name(name), op, prescale_factor, postscale_factor, process_set
-    )
+    how = Reduction(resolve_op(op, average), prescale_factor, postscale_factor, process_set)
+    tensors = [_check_in_place(t, "grouped_allreduce_") for t in check_group(tensors, "grouped_allreduce_")]
+    return allreduce_launch(tensors, tensors, check_name(name), how)
 
 
 def sparse_allreduce_async(
@@ -264,7 +278,7 @@ def sparse_allreduce_async(
     t = tensor.coalesce() if not tensor.is_coalesced() else tensor
     base = name or "sparse_allreduce"
     indices_handle = allgather_async(
-        t.indices().transpose(0, 1).contiguous(), name=f"{base}.indices", process_set=process_set
+        t.indices().transpose(0, 1), name=f"{base}.indices", process_set=process_set
     )
     values_handle = allgather_async(t.values(), name=f"{base}.values", process_set=process_set)
 
@@ -280,32 +294,18 @@ def sparse_allreduce_async(
     return result
 
 
-# ---- allgather --------------------------------------------------------------------------------------
+# ---- allgather ------------------------------------------------------------------------------------
 
 
-def _allgather_launch(tensors: list[torch.Tensor], name: Optional[str], process_set: ProcessSet) -> int:
+def allgather_launch(tensors: list[torch.Tensor], name: Optional[str], process_set: ProcessSet) -> int:
+    """Submit one allgather or a group; ``synchronize`` returns the list of gathered tensors."""
     ps_id = id_of(process_set)
     for t in tensors:
         check_rows(t, "allgather")
         runtime_dtype(t)
     if _gpu.uses_nccl(tensors):
         return _gpu.allgather(tensors, ps_id)
-    group_id, group_size = (engine.new_group_id(), len(tensors)) if len(tensors) > 1 else (0, 0)
-    handles, inputs = [], []
-    for i, t in enumerate(tensors):
-        src = _host_input(t)
-        inputs.append(src)
-        handles.append(
-            engine.enqueue(
-                OpType.ALLGATHER,
-                buffer_of(src),
-                None,
-                name=name if len(tensors) == 1 else _member_name(name, i),
-                process_set=ps_id,
-                group_id=group_id,
-                group_size=group_size,
-            )
-        )
+    handles = _enqueue(OpType.ALLGATHER, [readable(t) for t in tensors], None, name, ps_id)
 
     def finish() -> list[torch.Tensor]:
         return [
@@ -313,61 +313,55 @@ def _allgather_launch(tensors: list[torch.Tensor], name: Optional[str], process_
             for h, t in zip(handles, tensors)
         ]
 
-    return _handles.register(handles, finish, keep_alive=(tensors, inputs))
+    return _handles.register(handles, finish, keep_alive=(tensors,))
 
 
 def allgather_async(
     tensor: torch.Tensor, name: Optional[str] = None, process_set: ProcessSet = global_process_set
 ) -> int:
     """Start concatenating ``tensor`` from every rank of the set along dim 0 (sizes of dim 0 may differ)."""
-    return _single(lambda: _allgather_launch([tensor], _check_name(name), process_set))
+    return _single(allgather_launch([check_rows(tensor, "allgather")], check_name(name), process_set))
 
 
 def grouped_allgather_async(
     tensors: Sequence[torch.Tensor], name: Optional[str] = None, process_set: ProcessSet = global_process_set
 ) -> int:
     """Allgather a list of tensors as one group; ``synchronize`` returns the list of results."""
-    return _allgather_launch(_check_group(tensors, "grouped_allgather"), _check_name(name), process_set)
+    return allgather_launch(check_group(tensors, "grouped_allgather"), check_name(name), process_set)
 
 
-# ---- broadcast --------------------------------------------------------------------------------------
+# ---- broadcast ------------------------------------------------------------------------------------
 
 
-def _check_root(root_rank: int, process_set: ProcessSet) -> int:
+def _check_root(root_rank: Any, process_set: ProcessSet) -> int:
     if not isinstance(root_rank, int) or isinstance(root_rank, bool):
-        raise ValueError(f"root_rank must be an int (a global rank), got {root_rank!r}")
+        raise HpcdlConfigError(f"root_rank must be an int (a global rank), got {root_rank!r}")
     members = common.process_set_ranks(id_of(process_set))
     if root_rank not in members:
-        raise ValueError(
+        raise HpcdlConfigError(
             f"root_rank {root_rank} is not a member of {process_set} (ranks {members}); "
             "broadcast roots are global ranks, as in Horovod"
         )
     return root_rank
 
 
-def _broadcast_launch(
+def broadcast_launch(
     tensor: torch.Tensor, output: torch.Tensor, root_rank: int, name: Optional[str], process_set: ProcessSet
 ) -> int:
+    """Submit one broadcast; ``output`` may be ``tensor`` (in place). ``synchronize`` returns ``output``."""
     ps_id = id_of(process_set)
     runtime_dtype(tensor)
     _check_root(root_rank, process_set)
     if _gpu.uses_nccl([tensor]):
         return _gpu.broadcast(tensor, output, root_rank, ps_id)
-    if output is tensor:
-        buf = _host_output(tensor)
-        if buf.data_ptr() != tensor.data_ptr() or tensor.device.type != "cpu":
-            buf.copy_(tensor.detach())
-    else:
-        buf = torch.empty(tuple(tensor.shape), dtype=tensor.dtype)
-        buf.copy_(tensor.detach())
-    handle = engine.enqueue(
-        OpType.BROADCAST, buffer_of(buf), buffer_of(buf), name=name, process_set=ps_id, root=root_rank
-    )
+    source = readable(tensor)
+    result = source if output is tensor else writable(output)
+    handles = _enqueue(OpType.BROADCAST, [source], [result], name, ps_id, root=root_rank)
 
     def finish() -> torch.Tensor:
-        return _deliver(buf, output)
+        return _deliver(result, output)
 
-    return _handles.register([handle], finish, keep_alive=(tensor, output, buf))
+    return _handles.register(handles, finish, keep_alive=(tensor, output))
 
 
 def broadcast_async(
@@ -379,8 +373,7 @@ def broadcast_async(
     """Start sending ``tensor`` from global rank ``root_rank`` to every rank of the set; the input is not
     modified, ``synchronize`` returns a new tensor."""
     check_tensor(tensor, "broadcast")
-    output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
-    return _broadcast_launch(tensor, output, root_rank, _check_name(name), process_set)
+    return broadcast_launch(tensor, new_output(tensor), root_rank, check_name(name), process_set)
 
 
 def broadcast_async_(
@@ -390,8 +383,8 @@ def broadcast_async_(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """In-place ``broadcast_async``: non-root ranks' ``tensor`` receives the root's values."""
-    check_tensor(tensor, "broadcast_")
-    return _broadcast_launch(tensor, tensor, root_rank, _check_name(name), process_set)
+    _check_in_place(tensor, "broadcast_")
+    return broadcast_launch(tensor, tensor, root_rank, check_name(name), process_set)
 
 
 # ---- alltoall -------------------------------------------------------------------------------------
@@ -400,15 +393,24 @@ def broadcast_async_(
 def _splits_list(splits: Any, rows: int, set_size: int) -> Optional[list[int]]:
     if splits is None:
         if rows % set_size != 0:
-            raise ValueError(
+            raise HpcdlConfigError(
                 f"alltoall without splits divides dim 0 evenly, but {rows} rows do not divide among "
                 f"{set_size} ranks; pass splits=[rows for each rank]"
             )
         return None
-    values = splits.tolist() if isinstance(splits, torch.Tensor) else list(splits)
+    if isinstance(splits, torch.Tensor):
+        if splits.dtype.is_floating_point or splits.dtype.is_complex or splits.dtype == torch.bool:
+            raise HpcdlConfigError(
+                f"alltoall splits must hold integers (e.g. torch.int32), got {splits.dtype}"
+            )
+        values = splits.tolist()
+    else:
+        values = list(splits)
+    if any(isinstance(v, bool) or not isinstance(v, numbers.Integral) for v in values):
+        raise HpcdlConfigError(f"alltoall splits must be integers, got {values}")
     values = [int(v) for v in values]
     if len(values) != set_size or any(v < 0 for v in values) or sum(values) != rows:
-        raise ValueError(
+        raise HpcdlConfigError(
             f"alltoall splits {values} must have one non-negative entry per rank of the set ({set_size}) "
             f"and sum to the tensor's first dimension ({rows})"
         )
@@ -430,9 +432,8 @@ def alltoall_async(
     splits_dtype = splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
     if _gpu.uses_nccl([tensor]):
         return _gpu.alltoall(tensor, split_rows, splits_dtype, ps_id)
-    src = _host_input(tensor)
-    handle = engine.enqueue(
-        OpType.ALLTOALL, buffer_of(src), None, name=_check_name(name), process_set=ps_id, splits=split_rows
+    (handle,) = _enqueue(
+        OpType.ALLTOALL, [readable(tensor)], None, check_name(name), ps_id, splits=split_rows
     )
 
     def finish() -> tuple[torch.Tensor, torch.Tensor]:
@@ -440,58 +441,38 @@ def alltoall_async(
         received = torch.tensor(handle.received_splits(), dtype=splits_dtype)
         return out.to(tensor.device), received
 
-    return _handles.register([handle], finish, keep_alive=(tensor, src))
+    return _handles.register([handle], finish, keep_alive=(tensor,))
 
 
 # ---- reducescatter --------------------------------------------------------------------------------
 
 
-def _reducescatter_launch(
-    tensors: list[torch.Tensor],
-    name: Optional[str],
-    op: int,
-    process_set: ProcessSet,
-    prescale_factor: float,
-    postscale_factor: float,
-) -> int:
-    op = check_op(op)
+def reducescatter_launch(tensors: list[torch.Tensor], name: Optional[str], how: Reduction) -> int:
+    """Submit one reducescatter or a group; ``synchronize`` returns the list of this rank's slices."""
+    op = check_op(how.op)
     if op == Adasum:
-        raise ValueError("reducescatter does not support Adasum; use hvd.Average or hvd.Sum")
-    ps_id = id_of(process_set)
+        raise HpcdlConfigError("reducescatter does not support Adasum; use hvd.Average or hvd.Sum")
+    ps_id = id_of(how.process_set)
     set_size, set_rank = common.process_set_size(ps_id), common.process_set_rank(ps_id)
     if set_rank < 0:
-        raise ValueError(f"this rank ({common.rank()}) is not a member of {process_set}")
+        raise HpcdlConfigError(f"this rank ({common.rank()}) is not a member of {how.process_set}")
     for t in tensors:
         check_rows(t, "reducescatter")
         runtime_dtype(t)
     if _gpu.uses_nccl(tensors):
-        return _gpu.reducescatter(tensors, op, prescale_factor, postscale_factor, ps_id)
-    group_id, group_size = (engine.new_group_id(), len(tensors)) if len(tensors) > 1 else (0, 0)
-    handles, inputs, outputs = [], [], []
-    for i, t in enumerate(tensors):
-        src = _host_input(t)
-        out = torch.empty((reducescatter_rows(t.shape[0], set_size, set_rank), *t.shape[1:]), dtype=t.dtype)
-        inputs.append(src)
-        outputs.append(out)
-        handles.append(
-            engine.enqueue(
-                OpType.REDUCESCATTER,
-                buffer_of(src),
-                buffer_of(out),
-                name=name if len(tensors) == 1 else _member_name(name, i),
-                process_set=ps_id,
-                reduce_op=runtime_op(op),
-                prescale=float(prescale_factor),
-                postscale=float(postscale_factor),
-                group_id=group_id,
-                group_size=group_size,
-            )
-        )
+        return _gpu.reducescatter(tensors, op, how.prescale, how.postscale, ps_id)
+    results = [
+        torch.empty((reducescatter_rows(t.shape[0], set_size, set_rank), *t.shape[1:]), dtype=t.dtype)
+        for t in tensors
+    ]
+    handles = _enqueue(
+        OpType.REDUCESCATTER, [readable(t) for t in tensors], results, name, ps_id, **how.request()
+    )
 
     def finish() -> list[torch.Tensor]:
-        return [out.to(t.device) for out, t in zip(outputs, tensors)]
+        return [out.to(t.device) for out, t in zip(results, tensors)]
 
-    return _handles.register(handles, finish, keep_alive=(tensors, inputs, outputs))
+    return _handles.register(handles, finish, keep_alive=(tensors,))
 
 
 def reducescatter_async(
@@ -503,11 +484,8 @@ def reducescatter_async(
     postscale_factor: float = 1.0,
 ) -> int:
     """Start reducing ``tensor`` over the set and keep this rank's slice of dim 0."""
-    return _single(
-        lambda: _reducescatter_launch(
-            [tensor], _check_name(name), op, process_set, prescale_factor, postscale_factor
-        )
-    )
+    how = Reduction(op, prescale_factor, postscale_factor, process_set)
+    return _single(reducescatter_launch([check_rows(tensor, "reducescatter")], check_name(name), how))
 
 
 def grouped_reducescatter_async(
@@ -519,25 +497,29 @@ def grouped_reducescatter_async(
     postscale_factor: float = 1.0,
 ) -> int:
     """Reducescatter a list of tensors as one group; ``synchronize`` returns the list of slices."""
-    return _reducescatter_launch(
-        _check_group(tensors, "grouped_reducescatter"),
-        _check_name(name),
-        op,
-        process_set,
-        prescale_factor,
-        postscale_factor,
-    )
+    how = Reduction(op, prescale_factor, postscale_factor, process_set)
+    return reducescatter_launch(check_group(tensors, "grouped_reducescatter"), check_name(name), how)
 
 
 # ---- join, barrier --------------------------------------------------------------------------------
 
 
-def join(device: int = -1) -> int:
-    """Declare that this rank has no more data. Until every rank has joined, this rank keeps taking part
-    in the others' allreduces with zeros. Blocks until all ranks joined; returns the last rank to join."""
-    handle = engine.enqueue(OpType.JOIN, None)
+def _wait(op_type: OpType, process_set: ProcessSet) -> engine.Handle:
+    handle = engine.enqueue(op_type, None, process_set=id_of(process_set))
     try:
         handle.wait()
+    except BaseException:
+        handle.release()
+        raise
+    return handle
+
+
+def join(device: int = -1) -> int:
+    """Declare that this rank has no more data. Until every rank has joined, this rank keeps taking part
+    in the others' allreduces with zeros (their allgathers, broadcasts, alltoalls and reducescatters fail,
+    as in Horovod). Blocks until all ranks joined; returns the last rank to join."""
+    handle = _wait(OpType.JOIN, global_process_set)
+    try:
         return int(handle.join_result())
     finally:
         handle.release()
@@ -545,8 +527,4 @@ def join(device: int = -1) -> int:
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Block until every rank of the set has reached this barrier."""
-    handle = engine.enqueue(OpType.BARRIER, None, process_set=id_of(process_set))
-    try:
-        handle.wait()
-    finally:
-        handle.release()
+    _wait(OpType.BARRIER, process_set).release()

@@ -8,6 +8,7 @@ that ``init``/``shutdown`` reset.
 from __future__ import annotations
 
 import atexit
+import operator
 from collections.abc import Sequence
 from typing import Any, Optional, Union
 
@@ -16,6 +17,7 @@ import torch.distributed as dist
 
 from hpcdl import common
 from hpcdl.common import engine
+from hpcdl.common.exceptions import HpcdlConfigError
 from hpcdl.torch import _gpu, _handles
 from hpcdl.torch import process_sets as _sets
 from hpcdl.torch.process_sets import ProcessSet
@@ -30,37 +32,34 @@ def init(
     """Start hpcdl in this process: find the other ranks, connect, start the background engine.
 
     Args:
-        comm: None (all ranks), a list of world ranks or an mpi4py communicator. hpcdl's world is
-            always every rank the launcher started, so a list or communicator must cover all of them;
-            use ``process_sets`` to run collectives on a subset.
+        comm: None (the job is every rank the launcher started), or a list of world ranks or an mpi4py
+            communicator: as in Horovod, the job is then those ranks only, ``rank()`` being this
+            process's position among them (a process outside the list must pass the list of its own job).
+            Every process the launcher started calls ``init``: they all meet once before splitting.
         process_sets: None, a list of ``ProcessSet`` to register now (every rank passes the same list),
             or ``"dynamic"`` to allow ``add_process_set``/``remove_process_set`` later.
     """
     global _atexit_registered
     if common.is_initialized():
         return  # a second init() is a no-op, as in Horovod
-    requested_world = _requested_world(comm)
+    members = _requested_world(comm)
     sets: list[ProcessSet] = []
     if isinstance(process_sets, str):
         if process_sets.lower() != "dynamic":
-            raise ValueError(f'process_sets must be a list of ProcessSet or "dynamic", got {process_sets!r}')
-        common.init(process_sets="dynamic")
+            raise HpcdlConfigError(
+                f'process_sets must be a list of ProcessSet or "dynamic", got {process_sets!r}'
+            )
+        common.init(process_sets="dynamic", members=members)
     else:
         sets = list(process_sets or [])
         for ps in sets:
             if not isinstance(ps, ProcessSet):
-                raise ValueError(f"process_sets must contain hpcdl.torch.ProcessSet objects, got {ps!r}")
+                raise HpcdlConfigError(
+                    f"process_sets must contain hpcdl.torch.ProcessSet objects, got {ps!r}"
+                )
         ranks = [_sets.ranks_of(ps) for ps in sets]
-        common.init(process_sets=ranks or None)
+        common.init(process_sets=ranks or None, members=members)
     _handles.reset()
-    if requested_world is not None and sorted(requested_world) != list(range(common.size())):
-        world = common.size()
-        common.shutdown()
-        raise NotImplementedError(
-            f"init(comm=...) names ranks {sorted(requested_world)}, but this job has {world} ranks and "
-            "hpcdl's world is always all of them. Launch only the ranks you need, or keep them all and "
-            "pass hvd.ProcessSet(ranks) as process_set= to the collectives."
-        )
     _sets.bind_registered(sets)
     _gpu.on_init()
     if not _atexit_registered:
@@ -74,9 +73,9 @@ def _requested_world(comm: Any) -> Optional[list[int]]:
     if hasattr(comm, "Get_group") and hasattr(comm, "Get_size"):
         return _sets.comm_world_ranks(comm)
     try:
-        ranks = [int(r) for r in comm]
+        ranks = [operator.index(r) for r in comm]
     except TypeError:
-        raise ValueError(
+        raise HpcdlConfigError(
             "Invalid type of argument comm. Expected list of rank integers or mpi4py.MPI.Comm object."
         ) from None
     return ranks or None

@@ -1,10 +1,12 @@
 """Blocking, differentiable collectives on tensors (Horovod's ``allreduce``, ``allgather``, ...).
 
-Gradients follow Horovod 0.28 exactly, so that models port unchanged:
-allreduce's gradient is the same allreduce of the incoming gradient; allgather's is the Average-allreduce
-of the incoming gradient, sliced to this rank's rows; broadcast's is the Average-allreduce of the incoming
-gradient on the root and zero elsewhere; alltoall's is the reverse alltoall; reducescatter's is the
-allgather of the incoming gradient (times the set size for Sum, times the scale factors).
+Each is an autograd Function around the launcher of ``async_ops``. Gradients follow Horovod 0.28 exactly,
+so that models port unchanged: allreduce's gradient is the same allreduce of the incoming gradient;
+allgather's is the Average-allreduce of the incoming gradient, narrowed to this rank's rows; broadcast's
+is the Average-allreduce of the incoming gradient on the root and zero elsewhere; alltoall's is the
+reverse alltoall; reducescatter's is the allgather of the incoming gradient (times the set size for Sum,
+times the scale factors). Incoming gradients of any layout (autograd often hands over an expanded one)
+are staged like any other tensor.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any, Optional
 import torch
 
 from hpcdl.torch import async_ops as _a
+from hpcdl.torch.async_ops import Reduction, check_group, check_name, check_rows, check_tensor, new_output
 from hpcdl.torch.compression import Compression, Compressor
 from hpcdl.torch.process_sets import ProcessSet, global_process_set
 from hpcdl.torch.reduce_ops import Average, Sum, resolve_op
@@ -22,35 +25,23 @@ from hpcdl.torch.reduce_ops import Average, Sum, resolve_op
 synchronize = _a.synchronize
 
 
+def _compressed(tensors: Sequence[torch.Tensor], compression: type[Compressor]) -> tuple[list, list]:
+    pairs = [compression.compress(t) for t in tensors]
+    return [t for t, _ in pairs], [c for _, c in pairs]
+
+
 # ---- allreduce ----------------------------------------------------------------------------------------
 
 
 class _Allreduce(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set):  # type: ignore[override]
-        ctx.op, ctx.process_set = op, process_set
-        ctx.prescale_factor, ctx.postscale_factor = prescale_factor, postscale_factor
-        return synchronize(
-            _a.allreduce_async(
-                tensor,
-                name=name,
-                op=op,
-                prescale_factor=prescale_factor,
-                postscale_factor=postscale_factor,
-                process_set=process_set,
-            )
-        )
+    def forward(ctx, how, name, tensor):  # type: ignore[override]
+        ctx.how = how
+        return synchronize(_a.allreduce_one(tensor, new_output(tensor), name, how))
 
     @staticmethod
     def backward(ctx, grad_output):  # type: ignore[override]
-        grad = allreduce(
-            grad_output,
-            op=ctx.op,
-            prescale_factor=ctx.prescale_factor,
-            postscale_factor=ctx.postscale_factor,
-            process_set=ctx.process_set,
-        )
-        return grad, None, None, None, None, None
+        return None, None, _Allreduce.apply(ctx.how, None, grad_output)
 
 
 def allreduce(
@@ -68,11 +59,10 @@ def allreduce(
     ``compression`` (e.g. ``hvd.Compression.fp16``) shrinks what travels; the result has the input's dtype.
     Differentiable: the gradient is the same allreduce of the incoming gradient.
     """
-    op = resolve_op(op, average)
-    _a.check_tensor(tensor, "allreduce")
+    how = Reduction(resolve_op(op, average), prescale_factor, postscale_factor, process_set)
+    check_tensor(tensor, "allreduce")
     compressed, ctx = compression.compress(tensor)
-    reduced = _Allreduce.apply(compressed, name, op, prescale_factor, postscale_factor, process_set)
-    return compression.decompress(reduced, ctx)
+    return compression.decompress(_Allreduce.apply(how, check_name(name), compressed), ctx)
 
 
 def allreduce_(
@@ -92,32 +82,15 @@ def allreduce_(
 
 class _GroupedAllreduce(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, name, op, prescale_factor, postscale_factor, process_set, *tensors):  # type: ignore[override]
-        ctx.op, ctx.process_set = op, process_set
-        ctx.prescale_factor, ctx.postscale_factor = prescale_factor, postscale_factor
+    def forward(ctx, how, name, *tensors):  # type: ignore[override]
+        ctx.how = how
         return tuple(
-            synchronize(
-                _a.grouped_allreduce_async(
-                    list(tensors),
-                    name=name,
-                    op=op,
-                    prescale_factor=prescale_factor,
-                    postscale_factor=postscale_factor,
-                    process_set=process_set,
-                )
-            )
+            synchronize(_a.allreduce_launch(list(tensors), [new_output(t) for t in tensors], name, how))
         )
 
     @staticmethod
     def backward(ctx, *grad_output):  # type: ignore[override]
-        grads = grouped_allreduce(
-            list(grad_output),
-            op=ctx.op,
-            prescale_factor=ctx.prescale_factor,
-            postscale_factor=ctx.postscale_factor,
-            process_set=ctx.process_set,
-        )
-        return (None, None, None, None, None, *grads)
+        return (None, None, *_GroupedAllreduce.apply(ctx.how, None, *grad_output))
 
 
 def grouped_allreduce(
@@ -131,9 +104,9 @@ def grouped_allreduce(
     process_set: ProcessSet = global_process_set,
 ) -> list[torch.Tensor]:
     """Reduce a list of tensors as one fused, atomic group; returns the list of results."""
-    op = resolve_op(op, average)
-    compressed, ctxs = zip(*[compression.compress(t) for t in tensors]) if tensors else ((), ())
-    reduced = _GroupedAllreduce.apply(name, op, prescale_factor, postscale_factor, process_set, *compressed)
+    how = Reduction(resolve_op(op, average), prescale_factor, postscale_factor, process_set)
+    compressed, ctxs = _compressed(check_group(tensors, "grouped_allreduce"), compression)
+    reduced = _GroupedAllreduce.apply(how, check_name(name), *compressed)
     return [compression.decompress(t, c) for t, c in zip(reduced, ctxs)]
 
 
@@ -157,57 +130,42 @@ def grouped_allreduce_(
 # ---- allgather ----------------------------------------------------------------------------------------
 
 
-def _offset_of_rank(rows: int, process_set: ProcessSet) -> int:
-    """Where this rank's rows start in an allgather's output (rows may differ per rank)."""
-    all_rows = allgather(torch.tensor([rows], dtype=torch.int64), process_set=process_set)
-    return int(all_rows[: process_set.rank()].sum().item())
+def _rows_of_this_rank(rows: list[int], process_set: ProcessSet) -> list[tuple[int, int]]:
+    """(offset, rows) of this rank's slice of each of a group of allgather outputs (rows differ per
+    rank: one allgather of every member's row counts)."""
+    counts = allgather(torch.tensor([rows], dtype=torch.int64), process_set=process_set)
+    before = counts[: process_set.rank()].sum(dim=0).tolist()
+    return list(zip(before, rows))
 
 
 class _Allgather(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name, process_set):  # type: ignore[override]
-        ctx.rows, ctx.process_set = tensor.shape[0], process_set
-        return synchronize(_a.allgather_async(tensor, name=name, process_set=process_set))
+    def forward(ctx, process_set, name, *tensors):  # type: ignore[override]
+        ctx.process_set, ctx.rows = process_set, [t.shape[0] for t in tensors]
+        return tuple(synchronize(_a.allgather_launch(list(tensors), name, process_set)))
 
     @staticmethod
-    def backward(ctx, grad_output):  # type: ignore[override]
-        reduced = allreduce(grad_output, op=Average, process_set=ctx.process_set)
-        offset = _offset_of_rank(ctx.rows, ctx.process_set)
-        return reduced.narrow(0, offset, ctx.rows), None, None
+    def backward(ctx, *grad_output):  # type: ignore[override]
+        how = Reduction(Average, process_set=ctx.process_set)
+        reduced = _GroupedAllreduce.apply(how, None, *grad_output)
+        slices = _rows_of_this_rank(ctx.rows, ctx.process_set)
+        return (None, None, *[g.narrow(0, start, rows) for g, (start, rows) in zip(reduced, slices)])
 
 
 def allgather(
     tensor: torch.Tensor, name: Optional[str] = None, process_set: ProcessSet = global_process_set
 ) -> torch.Tensor:
     """Concatenate ``tensor`` from every rank of the set along dim 0 (its size may differ per rank)."""
-    _a.check_rows(tensor, "allgather")
-    return _Allgather.apply(tensor, name, process_set)
-
-
-class _GroupedAllgather(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, name, process_set, *tensors):  # type: ignore[override]
-        ctx.rows, ctx.process_set = [t.shape[0] for t in tensors], process_set
-        return tuple(
-            synchronize(_a.grouped_allgather_async(list(tensors), name=name, process_set=process_set))
-        )
-
-    @staticmethod
-    def backward(ctx, *grad_output):  # type: ignore[override]
-        reduced = grouped_allreduce(list(grad_output), op=Average, process_set=ctx.process_set)
-        grads = [
-            g.narrow(0, _offset_of_rank(rows, ctx.process_set), rows) for g, rows in zip(reduced, ctx.rows)
-        ]
-        return (None, None, *grads)
+    (gathered,) = _Allgather.apply(process_set, check_name(name), check_rows(tensor, "allgather"))
+    return gathered
 
 
 def grouped_allgather(
     tensors: Sequence[torch.Tensor], name: Optional[str] = None, process_set: ProcessSet = global_process_set
 ) -> list[torch.Tensor]:
     """Allgather a list of tensors as one group."""
-    for t in tensors:
-        _a.check_rows(t, "grouped_allgather")
-    return list(_GroupedAllgather.apply(name, process_set, *tensors))
+    tensors = [check_rows(t, "grouped_allgather") for t in check_group(tensors, "grouped_allgather")]
+    return list(_Allgather.apply(process_set, check_name(name), *tensors))
 
 
 # ---- broadcast ----------------------------------------------------------------------------------------
@@ -215,18 +173,18 @@ def grouped_allgather(
 
 class _Broadcast(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, root_rank, name, process_set):  # type: ignore[override]
+    def forward(ctx, root_rank, process_set, name, tensor):  # type: ignore[override]
         ctx.root_rank, ctx.process_set = root_rank, process_set
-        return synchronize(_a.broadcast_async(tensor, root_rank, name=name, process_set=process_set))
+        return synchronize(_a.broadcast_launch(tensor, new_output(tensor), root_rank, name, process_set))
 
     @staticmethod
     def backward(ctx, grad_output):  # type: ignore[override]
         from hpcdl.torch.basics import rank
 
-        reduced = allreduce(grad_output, op=Average, process_set=ctx.process_set)
+        reduced = _Allreduce.apply(Reduction(Average, process_set=ctx.process_set), None, grad_output)
         if rank() != ctx.root_rank:
             reduced = reduced * 0
-        return reduced, None, None, None
+        return None, None, None, reduced
 
 
 def broadcast(
@@ -236,7 +194,8 @@ def broadcast(
     process_set: ProcessSet = global_process_set,
 ) -> torch.Tensor:
     """Return the tensor of global rank ``root_rank`` on every rank of the set (input unchanged)."""
-    return _Broadcast.apply(tensor, root_rank, name, process_set)
+    check_tensor(tensor, "broadcast")
+    return _Broadcast.apply(root_rank, process_set, check_name(name), tensor)
 
 
 def broadcast_(
@@ -254,7 +213,7 @@ def broadcast_(
 
 class _Alltoall(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, splits, name, process_set):  # type: ignore[override]
+    def forward(ctx, splits, process_set, name, tensor):  # type: ignore[override]
         output, received = synchronize(_a.alltoall_async(tensor, splits, name=name, process_set=process_set))
         ctx.received, ctx.process_set = received, process_set
         ctx.mark_non_differentiable(received)
@@ -262,8 +221,8 @@ class _Alltoall(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output, *unused):  # type: ignore[override]
-        grad, _ = alltoall(grad_output, splits=ctx.received, process_set=ctx.process_set)
-        return grad, None, None, None
+        grad, _ = _Alltoall.apply(ctx.received, ctx.process_set, None, grad_output)
+        return None, None, None, grad
 
 
 def alltoall(
@@ -274,8 +233,8 @@ def alltoall(
 ) -> Any:
     """Send ``splits[i]`` rows of dim 0 to rank i of the set (an even split when None) and return the rows
     received, in rank order; with ``splits`` given, also the tensor of rows received from each rank."""
-    _a.check_rows(tensor, "alltoall")
-    output, received = _Alltoall.apply(tensor, splits, name, process_set)
+    check_rows(tensor, "alltoall")
+    output, received = _Alltoall.apply(splits, process_set, check_name(name), tensor)
     if splits is None:
         return output
     return output, received
@@ -284,24 +243,18 @@ def alltoall(
 # ---- reducescatter -------------------------------------------------------------------------------------
 
 
-def _reducescatter_grad(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-    factor = (ctx.process_set.size() if ctx.op == Sum else 1) * ctx.prescale_factor * ctx.postscale_factor
-    return grad * factor if factor != 1 else grad
-
-
 class _Reducescatter(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):  # type: ignore[override]
-        ctx.op, ctx.process_set = op, process_set
-        ctx.prescale_factor, ctx.postscale_factor = prescale_factor, postscale_factor
-        return synchronize(
-            _a.reducescatter_async(tensor, name, op, process_set, prescale_factor, postscale_factor)
-        )
+    def forward(ctx, how, name, *tensors):  # type: ignore[override]
+        ctx.how = how
+        return tuple(synchronize(_a.reducescatter_launch(list(tensors), name, how)))
 
     @staticmethod
-    def backward(ctx, grad_output):  # type: ignore[override]
-        grad = allgather(_reducescatter_grad(ctx, grad_output), process_set=ctx.process_set)
-        return grad, None, None, None, None, None
+    def backward(ctx, *grad_output):  # type: ignore[override]
+        how = ctx.how
+        factor = (how.process_set.size() if how.op == Sum else 1) * how.prescale * how.postscale
+        gathered = _Allgather.apply(how.process_set, None, *grad_output)
+        return (None, None, *[g * factor if factor != 1 else g for g in gathered])
 
 
 def reducescatter(
@@ -315,31 +268,10 @@ def reducescatter(
 ) -> torch.Tensor:
     """Reduce ``tensor`` over the set and return this rank's slice of dim 0 (the first ``rows % size``
     ranks get one extra row)."""
-    _a.check_rows(tensor, "reducescatter")
-    compressed, cctx = compression.compress(tensor)
-    reduced = _Reducescatter.apply(compressed, name, op, process_set, prescale_factor, postscale_factor)
-    return compression.decompress(reduced, cctx)
-
-
-class _GroupedReducescatter(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, *tensors):  # type: ignore[override]
-        ctx.op, ctx.process_set = op, process_set
-        ctx.prescale_factor, ctx.postscale_factor = prescale_factor, postscale_factor
-        return tuple(
-            synchronize(
-                _a.grouped_reducescatter_async(
-                    list(tensors), name, op, process_set, prescale_factor, postscale_factor
-                )
-            )
-        )
-
-    @staticmethod
-    def backward(ctx, *grad_output):  # type: ignore[override]
-        grads = grouped_allgather(
-            [_reducescatter_grad(ctx, g) for g in grad_output], process_set=ctx.process_set
-        )
-        return (None, None, None, None, None, *grads)
+    how = Reduction(op, prescale_factor, postscale_factor, process_set)
+    compressed, ctx = compression.compress(check_rows(tensor, "reducescatter"))
+    (reduced,) = _Reducescatter.apply(how, check_name(name), compressed)
+    return compression.decompress(reduced, ctx)
 
 
 def grouped_reducescatter(
@@ -352,8 +284,8 @@ def grouped_reducescatter(
     postscale_factor: float = 1.0,
 ) -> list[torch.Tensor]:
     """Reducescatter a list of tensors as one group."""
-    compressed, ctxs = zip(*[compression.compress(t) for t in tensors]) if tensors else ((), ())
-    reduced = _GroupedReducescatter.apply(
-        name, op, process_set, prescale_factor, postscale_factor, *compressed
-    )
+    how = Reduction(op, prescale_factor, postscale_factor, process_set)
+    tensors = [check_rows(t, "grouped_reducescatter") for t in check_group(tensors, "grouped_reducescatter")]
+    compressed, ctxs = _compressed(tensors, compression)
+    reduced = _Reducescatter.apply(how, check_name(name), *compressed)
     return [compression.decompress(t, c) for t, c in zip(reduced, ctxs)]

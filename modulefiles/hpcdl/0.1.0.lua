@@ -1,10 +1,7 @@
 -- -*- lua -*-
--- hpcdl/0.1.0: written by hpcdl 0.1.0 (shipped with hpcdl). Regenerate with `hpcdl module write`.
-help([[
-hpcdl 0.1.0: distributed deep learning on HPC clusters.
-Commands: hpcdl run, hpcdl submit, hpcdl check-build, hpcdl stack; Python: import hpcdl.torch as hvd
-This modulefile finds the installation it ships with (site-packages/hpcdl/modulefiles).
-]])
+-- hpcdl/0.1.0: written by hpcdl 0.1.0. Regenerate with `hpcdl module write`.
+-- Every value below is a Lua string literal made by hpcdl's one escaping function (the `lua` filter).
+help("hpcdl 0.1.0: distributed deep learning on HPC clusters.\nCommands: hpcdl run, hpcdl submit, hpcdl check-build, hpcdl stack; Python: import hpcdl.torch as hvd\nThis modulefile finds the installation it ships with (site-packages/hpcdl/modulefiles).\nOrigin: shipped inside the hpcdl package\n")
 whatis("Name: hpcdl")
 whatis("Version: 0.1.0")
 whatis("Description: distributed deep learning on HPC clusters (collectives, Horovod-compatible PyTorch API, launcher)")

@@ -1,10 +1,13 @@
-"""A real Slurm cluster on this machine for the integration tests.
+"""A real Slurm cluster on this machine for the integration tests, whose nodes are separate hosts.
 
-slurmctld plus one slurmd per fake node (``slurmd -N nodeX``), all on 127.0.0.1 with ports picked free,
-state, logs and spool under one temporary directory, fake GPUs as gres on ``mknod`` character devices
-(Slurm only stat()s them, then sets CUDA_VISIBLE_DEVICES), and a private munged on its own socket so
-nothing outside the directory is touched. Needs root and the Debian packages slurmctld, slurmd,
-slurm-client and munge.
+Every node is a host of :mod:`virtual_hosts` (a network namespace with its own hostname, address and
+``/etc/hosts``) running one ``slurmd``; the ``login`` host runs slurmctld and is where jobs are submitted
+from (``cluster.run``). Jobs see node names that resolve to the nodes' own addresses, so a rank on
+``node2`` reaches ``node1`` as on a real cluster, and ``ssh node2`` works from every host. The daemons
+listen on Slurm's default ports inside the cluster's private network, so no port is picked at run time
+(none can be taken in between). Munge runs privately on its own socket, fake GPUs are gres on ``mknod``
+character devices (Slurm only stat()s them, then sets CUDA_VISIBLE_DEVICES), and state, logs and spool
+live under one directory. Needs root and the Debian packages slurmctld, slurmd, slurm-client and munge.
 """
 
 from __future__ import annotations
@@ -14,16 +17,21 @@ import os
 import re
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import time
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
+
+import virtual_hosts
+from virtual_hosts import VirtualHosts
 
 START_TIMEOUT_S = 60.0
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"}
+LOGIN = "login"
+CTLD_PORT, SLURMD_PORT = 6817, 6818
 
 
 def missing_requirements() -> Optional[str]:
@@ -33,18 +41,7 @@ def missing_requirements() -> Optional[str]:
     for program in ("slurmctld", "slurmd", "sbatch", "munged", "mungekey"):
         if shutil.which(program) is None and not Path(f"/usr/sbin/{program}").exists():
             return f"{program} is not installed (apt-get install slurmctld slurmd slurm-client munge)"
-    return None
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
+    return virtual_hosts.missing_requirements()
 
 
 def _program(name: str) -> str:
@@ -59,6 +56,7 @@ class SlurmCluster:
     cpus_per_node: int = field(default_factory=lambda: os.cpu_count() or 1)
     features: str = "fast"
     pbs_plugin: bool = False  # spank_pbs.so from slurm-wlm-torque: PBS_* variables in jobs
+    hosts: Optional[VirtualHosts] = None
     pids: dict[str, Path] = field(default_factory=dict)
 
     @property
@@ -67,7 +65,9 @@ class SlurmCluster:
 
     @property
     def env(self) -> dict[str, str]:
-        return {**os.environ, "SLURM_CONF": str(self.conf)}
+        """This process's environment for Slurm commands: SLURM_CONF set, no variables of an outer job."""
+        clean = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SALLOC_"))}
+        return {**clean, "SLURM_CONF": str(self.conf)}
 
     @property
     def node_names(self) -> list[str]:
@@ -75,42 +75,39 @@ class SlurmCluster:
 
     # ---- lifecycle --------------------------------------------------------------------------------
     def start(self) -> SlurmCluster:
-        for sub in ("etc", "state", "run", "log", "spool", "tmp", "dev", "munge"):
-            (self.base / sub).mkdir(parents=True, exist_ok=True)
-        for node in self.node_names:
-            (self.base / "spool" / node).mkdir(exist_ok=True)
-            (self.base / "tmp" / node).mkdir(exist_ok=True)
-        self._start_munge()
-        self._write_config()
-        self._daemon(
-            "slurmctld", [_program("slurmctld"), "-f", str(self.conf)], self.base / "run" / "slurmctld.pid"
-        )
-        for node in self.node_names:
-            self._daemon(
-                f"slurmd-{node}",
-                [_program("slurmd"), "-f", str(self.conf), "-N", node],
-                self.base / "run" / f"slurmd-{node}.pid",
-            )
-        self._wait_nodes_idle()
+        try:
+            for sub in ("etc", "state", "run", "log", "spool", "tmp", "dev", "munge"):
+                (self.base / sub).mkdir(parents=True, exist_ok=True)
+            for node in self.node_names:
+                (self.base / "spool" / node).mkdir(exist_ok=True)
+                (self.base / "tmp" / node).mkdir(exist_ok=True)
+            self.hosts = VirtualHosts(self.base / "hosts", [LOGIN, *self.node_names]).start()
+            self._start_munge()
+            self._write_config()
+            self._daemon(LOGIN, "slurmctld", [_program("slurmctld"), "-f", str(self.conf)])
+            for node in self.node_names:
+                self._daemon(node, f"slurmd-{node}", [_program("slurmd"), "-f", str(self.conf), "-N", node])
+            self._wait_nodes_idle()
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def stop(self) -> None:
-        """SIGTERM the Slurm daemons together, then munged; SIGKILL whatever outlives 20 s."""
-        slurm = [name for name in self.pids if name != "munged"]
-        for group in (slurm, ["munged"] if "munged" in self.pids else []):
-            pids = [pid for pid in (self._pid(self.pids[name]) for name in group) if pid is not None]
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGTERM)
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
-                time.sleep(0.05)
-            for pid in pids:
-                if _alive(pid):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
+        """Stop the Slurm daemons, munged and the hosts (whatever outlives SIGTERM is killed)."""
+        slurm = [pid for name, path in self.pids.items() if name != "munged" and (pid := _pid(path))]
+        _terminate(slurm)
+        if self.hosts is not None:
+            self.hosts.stop()
+        munged = _pid(self.pids["munged"]) if "munged" in self.pids else None
+        _terminate([munged] if munged else [])
+        self.pids.clear()
 
     # ---- pieces -----------------------------------------------------------------------------------
+    @property
+    def socket(self) -> Path:
+        return self.base / "munge" / "munge.socket"
+
     def _start_munge(self) -> None:
         key = self.base / "munge" / "munge.key"
         subprocess.run([_program("mungekey"), "-c", "-f", "-k", str(key)], check=True, capture_output=True)
@@ -132,13 +129,8 @@ class SlurmCluster:
         )
         self.pids["munged"] = pid_file
 
-    @property
-    def socket(self) -> Path:
-        return self.base / "munge" / "munge.socket"
-
     def _write_config(self) -> None:
-        ctld_port, *node_ports = _free_ports(1 + self.nodes)
-        host = socket.gethostname()
+        assert self.hosts is not None
         gres_types = gres = ""
         if self.gpus_per_node:
             for index in range(self.gpus_per_node):
@@ -158,21 +150,20 @@ class SlurmCluster:
         plugstack = f"required {plugin}\n" if self.pbs_plugin and plugin.exists() else ""
         (self.base / "etc" / "plugstack.conf").write_text(plugstack)
         nodes = "\n".join(
-            f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} Sockets=1 "
-            f"CoresPerSocket={self.cpus_per_node} ThreadsPerCore=1 RealMemory=2000 {gres} "
+            f"NodeName={name} NodeHostname={name} NodeAddr={self.hosts[name].address} Port={SLURMD_PORT} "
+            f"Sockets=1 CoresPerSocket={self.cpus_per_node} ThreadsPerCore=1 RealMemory=2000 {gres} "
             f"Feature={self.features} State=UNKNOWN"
-            for name, port in zip(self.node_names, node_ports)
+            for name in self.node_names
         )
         self.conf.write_text(
             f"""ClusterName=hpcdltest
-SlurmctldHost={host}(127.0.0.1)
-SlurmctldPort={ctld_port}
+SlurmctldHost={LOGIN}({self.hosts[LOGIN].address})
+SlurmctldPort={CTLD_PORT}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={self.socket}
-CommunicationParameters=NoInAddrAny,NoCtldInAddrAny
 StateSaveLocation={self.base}/state
 SlurmdSpoolDir={self.base}/spool/%n
 TmpFS={self.base}/tmp/%n
@@ -205,19 +196,20 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
         )
 
-    def _daemon(self, name: str, argv: list[str], pid_file: Path) -> None:
-        done = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=30)
+    def _daemon(self, host: str, name: str, argv: list[str]) -> None:
+        """Start a daemon on `host` (it forks into the background and writes its pid file)."""
+        done = self.run(argv, host=host, timeout=30)
         if done.returncode != 0:
-            raise RuntimeError(f"{name} did not start: {done.stderr.strip()}; see {self.base / 'log'}")
-        self.pids[name] = pid_file
+            raise RuntimeError(
+                f"{name} did not start on {host}: {done.stderr.strip()}; see {self.base / 'log'}"
+            )
+        self.pids[name] = self.base / "run" / f"{name}.pid"
 
     def _wait_nodes_idle(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
         states = ""
         while time.monotonic() < deadline:
-            done = subprocess.run(
-                ["sinfo", "-h", "-N", "-o", "%N %T"], env=self.env, capture_output=True, text=True, timeout=10
-            )
+            done = self.run(["sinfo", "-h", "-N", "-o", "%N %T"], timeout=10)
             states = done.stdout.strip()
             ready = [
                 line for line in states.splitlines() if line.split()[-1] in ("idle", "mixed", "allocated")
@@ -228,18 +220,18 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         logs = "\n".join(p.read_text()[-800:] for p in sorted((self.base / "log").glob("slurm*.log")))
         raise RuntimeError(f"Slurm nodes not idle within {START_TIMEOUT_S:.0f}s (sinfo: {states!r}):\n{logs}")
 
-    @staticmethod
-    def _pid(pid_file: Path) -> Optional[int]:
-        try:
-            return int(pid_file.read_text().strip())
-        except (OSError, ValueError):
-            return None
-
     # ---- helpers for tests ------------------------------------------------------------------------
     def run(
-        self, argv: list[str], cwd: Optional[Path] = None, timeout: float = 60
-    ) -> subprocess.CompletedProcess:
-        return subprocess.run(argv, env=self.env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+        self,
+        argv: Sequence[str],
+        cwd: Optional[Path] = None,
+        timeout: float = 60,
+        env: Optional[Mapping[str, str]] = None,
+        host: str = LOGIN,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run `argv` on `host` (default: the login host) with the cluster's environment plus `env`."""
+        assert self.hosts is not None, "start() the cluster first"
+        return self.hosts.run(host, argv, env={**self.env, **(env or {})}, cwd=cwd, timeout=timeout)
 
     def job_field(self, job_id: str, name: str) -> str:
         out = self.run(["scontrol", "-o", "show", "job", job_id]).stdout
@@ -259,6 +251,70 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 
     def wait_done(self, job_id: str, timeout: float = 60) -> str:
         return self.wait_state(job_id, FINAL_STATES, timeout)
+
+
+# A stand-in for Cray PALS's mpiexec (which only exists on HPE systems): the same options, carried out by
+# srun, with the PALS_* and PMI_* rank variables PALS sets. Only the launcher is stood in; Slurm's own #PBS
+# front end reads the directives and runs the script.
+_PALS_MPIEXEC = r"""#!/bin/bash
+set -e
+args=(); env=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -n) args+=(--ntasks="$2"); shift 2 ;;
+    --ppn) args+=(--ntasks-per-node="$2"); shift 2 ;;
+    --depth) args+=(--cpus-per-task="$2"); shift 2 ;;
+    --cpu-bind) shift 2 ;;
+    --env) env+=("$2"); shift 2 ;;
+    -*) echo "pals mpiexec stand-in: unknown option $1" >&2; exit 2 ;;
+    *) break ;;
+  esac
+done
+for kv in "${env[@]}"; do export "$kv"; done
+pals='export PALS_RANKID=$SLURM_PROCID PALS_LOCAL_RANKID=$SLURM_LOCALID PMI_RANK=$SLURM_PROCID \
+  PMI_SIZE=$SLURM_NTASKS PMI_LOCAL_RANK=$SLURM_LOCALID; exec "$@"'
+exec srun "${args[@]}" bash -c "$pals" pals "$@"
+"""
+
+
+def pals_mpiexec(directory: Path) -> Path:
+    """`directory` holding the stand-in for PALS's ``mpiexec``; put it first on a job's PATH."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "mpiexec").write_text(_PALS_MPIEXEC)
+    (directory / "mpiexec").chmod(0o755)
+    return directory
+
+
+@contextlib.contextmanager
+def running_cluster(base: Path, **settings: Any) -> Iterator[SlurmCluster]:
+    """A started cluster, stopped when the block ends (also on failure)."""
+    cluster = SlurmCluster(base, **settings)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _pid(pid_file: Path) -> Optional[int]:
+    try:
+        return int(pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _terminate(pids: list[int], grace: float = 20.0) -> None:
+    """SIGTERM the processes together; SIGKILL whatever is still alive after `grace` seconds."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+        time.sleep(0.05)
+    for pid in pids:
+        if _alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def _alive(pid: int) -> bool:

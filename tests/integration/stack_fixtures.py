@@ -1,16 +1,19 @@
 """Tiny real source packages for builder tests: an autotools-style C package (hand-written POSIX
 `configure`, so autoconf is not needed), a CMake package linking against it, tarballs in a local mirror,
-and recipes naming their real sha256."""
+and recipes naming their real sha256; and `hpcdl` run as a user types it."""
 
 from __future__ import annotations
 
 import hashlib
 import io
+import subprocess
+import sys
 import tarfile
 import textwrap
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 CONFIGURE = """\
 #!/bin/sh
@@ -223,3 +226,38 @@ def write_pylib(stack: MiniStack) -> str:
     """
     (stack.recipes / "pylib.yaml").write_text(recipe_text("pylib", "0.3", tarball.as_uri(), sha, body))
     return sha
+
+
+def hpcdl(*args: str, env: Optional[dict[str, str]] = None) -> subprocess.CompletedProcess:
+    """`hpcdl ARGS...` in a subprocess, as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "hpcdl", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=env,
+    )
+
+
+def resolve_lock(stack: MiniStack, directory: Path, *specs: str) -> Path:
+    """DIRECTORY/stack.lock from `hpcdl stack resolve SPECS --format lock` over the stack's recipes."""
+    lock = directory / "stack.lock"
+    done = hpcdl(
+        "stack", "resolve", *specs, "--recipes", str(stack.recipes), "--format", "lock", "-o", str(lock)
+    )
+    assert done.returncode == 0, done.stderr
+    return lock
+
+
+def build(
+    lock: Path,
+    prefix: Path,
+    stack: MiniStack,
+    *extra: str,
+    mirror: Optional[str] = None,
+    env: Optional[dict[str, str]] = None,
+) -> subprocess.CompletedProcess:
+    """`hpcdl stack build LOCK --prefix PREFIX` from the stack's mirror (or `mirror`) and recipes, 2 jobs."""
+    args = ["--prefix", str(prefix), "--mirror", mirror or str(stack.mirror), "--recipes", str(stack.recipes)]
+    return hpcdl("stack", "build", str(lock), *args, "--jobs", "2", *extra, env=env)

@@ -79,7 +79,7 @@ def built_stack(tmp_path_factory: pytest.TempPathFactory) -> Stack:
         solution = Resolver(recipes, builtin_tables()).resolve(parse_request(["mpitool", f"mpi={mpi}"]))
         locks[mpi] = lock_from_solution(solution)
         options = BuildOptions(stack.prefix, mirror=str(mini.mirror), jobs=2)
-        Builder(locks[mpi], recipes, options, progress=lambda line: None).run()
+        Builder(locks[mpi], recipes, options).run()
         write_stack_modules(locks[mpi], recipes, stack.prefix, stack.modules)
     return stack
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -13,7 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
-from slurm_cluster import SlurmCluster, missing_requirements
+from slurm_cluster import SlurmCluster, missing_requirements, pals_mpiexec
 
 from hpcdl.schedulers import ArraySpec, Pbs, SignalSpec, SiteConfig, Slurm, Sweep
 
@@ -37,14 +36,9 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def hpcdl(cluster: SlurmCluster, workdir: Path, *args: str) -> tuple[int, str, str]:
-    env = {**cluster.env, "XDG_STATE_HOME": str(workdir / "state")}
-    done = subprocess.run(
-        [sys.executable, "-m", "hpcdl", *args],
-        env=env,
-        cwd=workdir,
-        capture_output=True,
-        text=True,
-        timeout=60,
+    """``hpcdl ARGS`` on the cluster's login host."""
+    done = cluster.run(
+        [sys.executable, "-m", "hpcdl", *args], cwd=workdir, env={"XDG_STATE_HOME": str(workdir / "state")}
     )
     return done.returncode, done.stdout, done.stderr
 
@@ -380,37 +374,11 @@ def test_signal_before_walltime_reaches_ranks_and_requeues(cluster: SlurmCluster
     cluster.wait_done(job_id)
 
 
-# A stand-in for Cray PALS's mpiexec (which only exists on HPE systems): the same options, carried out by
-# srun, with the PALS_* rank variables PALS sets. Only the launcher is stood in; Slurm's own #PBS front end
-# reads the directives and runs the script.
-PALS_MPIEXEC = r"""#!/bin/bash
-set -e
-args=(); env=()
-while [ $# -gt 0 ]; do
-  case "$1" in
-    -n) args+=(--ntasks="$2"); shift 2 ;;
-    --ppn) args+=(--ntasks-per-node="$2"); shift 2 ;;
-    --depth) args+=(--cpus-per-task="$2"); shift 2 ;;
-    --cpu-bind) shift 2 ;;
-    --env) env+=("$2"); shift 2 ;;
-    -*) echo "pals mpiexec stand-in: unknown option $1" >&2; exit 2 ;;
-    *) break ;;
-  esac
-done
-for kv in "${env[@]}"; do export "$kv"; done
-pals='export PALS_RANKID=$SLURM_PROCID PALS_LOCAL_RANKID=$SLURM_LOCALID; exec "$@"'
-exec srun "${args[@]}" bash -c "$pals" pals "$@"
-"""
-
-
 def test_pbs_script_runs_through_slurms_pbs_front_end(tmp_path: Path) -> None:
     qsub = Path("/usr/bin/qsub")
     if not qsub.exists() or "SchedMD" not in qsub.read_text(errors="replace")[:4000]:
         pytest.skip("Slurm's PBS wrappers are not installed (apt-get install slurm-wlm-torque)")
-    shim = tmp_path / "pals"
-    shim.mkdir()
-    (shim / "mpiexec").write_text(PALS_MPIEXEC)
-    (shim / "mpiexec").chmod(0o755)
+    shim = pals_mpiexec(tmp_path / "pals")
     with tempfile.TemporaryDirectory(prefix="hpcdl-slurm-pbs-") as base:
         cluster = SlurmCluster(Path(base), nodes=2, gpus_per_node=2, pbs_plugin=True).start()
         try:

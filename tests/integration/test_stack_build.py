@@ -1,31 +1,30 @@
 """`hpcdl stack build` for real: an autotools and a CMake package from a local file mirror, in dependency
-order, with checksum failure, build failure with its log, resume, dry run and refusal to overwrite."""
+order, with checksum failure, build failure with its log, resume, dry run, refusal to overwrite, progress
+per package and per download, and a download resumed from its part through an HTTP mirror."""
 
 from __future__ import annotations
 
 import fcntl
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from stack_fixtures import MiniStack, new_test_stack, write_binary, write_pylib
+from http_mirror import http_mirror
+from stack_fixtures import MiniStack, build, new_test_stack, resolve_lock, write_binary, write_pylib
 
-from hpcdl.stack.builder import site_packages
+from hpcdl.stack.builder import Builder, BuildOptions, BuildProgress, PackageStep, site_packages
+from hpcdl.stack.fetch import Transfer
 from hpcdl.stack.lockfile import load_lock
+from hpcdl.stack.recipe import load_recipes
 
 pytestmark = pytest.mark.skipif(
     not (shutil.which("cc") and shutil.which("make") and shutil.which("cmake")),
     reason="needs a C compiler, make and cmake (apt install build-essential cmake)",
 )
-
-
-def hpcdl(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "hpcdl", *args], capture_output=True, text=True, timeout=300, check=False
-    )
 
 
 @pytest.fixture
@@ -34,32 +33,6 @@ def stack(tmp_path: Path) -> MiniStack:
     stack.write_greet("hello-stack")
     stack.write_wave()
     return stack
-
-
-def resolve_lock(stack: MiniStack, tmp_path: Path, *specs: str) -> Path:
-    lock = tmp_path / "stack.lock"
-    done = hpcdl(
-        "stack", "resolve", *specs, "--recipes", str(stack.recipes), "--format", "lock", "-o", str(lock)
-    )
-    assert done.returncode == 0, done.stderr
-    return lock
-
-
-def build(lock: Path, prefix: Path, stack: MiniStack, *extra: str) -> subprocess.CompletedProcess:
-    return hpcdl(
-        "stack",
-        "build",
-        str(lock),
-        "--prefix",
-        str(prefix),
-        "--mirror",
-        str(stack.mirror),
-        "--recipes",
-        str(stack.recipes),
-        "--jobs",
-        "2",
-        *extra,
-    )
 
 
 def installed(prefix: Path, lock: Path, name: str) -> Path:
@@ -207,3 +180,45 @@ def test_a_second_build_in_the_same_prefix_is_refused(stack: MiniStack, tmp_path
         done = build(lock, prefix, stack)
     assert done.returncode == 2 and "another `hpcdl stack build` is running" in done.stderr
     assert not (prefix / "greet").exists()
+
+
+def test_progress_reports_each_package_and_download(stack: MiniStack, tmp_path: Path) -> None:
+    lock = load_lock(resolve_lock(stack, tmp_path, "wave"))
+    recipes = load_recipes([stack.recipes])
+    options = BuildOptions(tmp_path / "prefix", mirror=str(stack.mirror), jobs=2)
+    steps: list[PackageStep] = []
+    transfers: list[Transfer] = []
+    Builder(lock, recipes, options, BuildProgress(step=steps.append, transfer=transfers.append)).run()
+    assert [(s.index, s.total, s.phase, s.finished) for s in steps] == [
+        (1, 2, "fetching", 0),
+        (1, 2, "building", 0),
+        (1, 2, "installed", 1),
+        (2, 2, "fetching", 1),
+        (2, 2, "building", 1),
+        (2, 2, "installed", 2),
+    ]
+    assert [s.label for s in steps[::3]] == ["greet@1.0", "wave@2.0"]
+    done = [t for t in transfers if t.finished]
+    assert [t.filename for t in done] == ["greet-1.0.tar.gz", "wave-2.0.tar.gz"]
+    assert all(t.received == t.total == (stack.mirror / t.filename).stat().st_size for t in done)
+    steps.clear()
+    Builder(lock, recipes, options, BuildProgress(step=steps.append)).run()
+    assert [(s.phase, s.finished) for s in steps] == [("installed already", 1), ("installed already", 2)]
+
+
+def test_a_download_resumes_from_its_part_through_an_http_mirror(stack: MiniStack, tmp_path: Path) -> None:
+    lock = resolve_lock(stack, tmp_path, "greet")
+    prefix = tmp_path / "prefix"
+    cache = prefix / ".hpcdl" / "cache"
+    cache.mkdir(parents=True)
+    tarball = (stack.mirror / "greet-1.0.tar.gz").read_bytes()
+    (cache / "greet-1.0.tar.gz.part").write_bytes(tarball[:500])  # what an interrupted build left
+    with http_mirror(stack.mirror) as (base, server):
+        done = build(lock, prefix, stack, mirror=base)
+    assert done.returncode == 0, done.stderr
+    assert ("/greet-1.0.tar.gz", "bytes=500-") in server.requests
+    assert server.body_bytes == len(tarball) - 500
+    size, rate = len(tarball), r"[\d.]+ \S*B/s"
+    line = rf"fetched greet-1\.0\.tar\.gz: {size} bytes in [\d.]+ s \({rate}, resumed after 500 bytes\)"
+    assert re.search(line, done.stderr), done.stderr
+    assert (installed(prefix, lock, "greet") / "bin" / "greet").is_file()

@@ -13,19 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from stack_fixtures import hpcdl
 
 from hpcdl.stack.detect import detect
-
-
-def hpcdl(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "hpcdl", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        check=False,
-    )
 
 
 @pytest.fixture(scope="module")

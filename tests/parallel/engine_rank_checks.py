@@ -22,7 +22,14 @@ import numpy as np
 
 import hpcdl.common as hc
 from hpcdl.common import engine as E
-from hpcdl.common.exceptions import HpcdlError, HpcdlInternalError, HpcdlMismatchError, HpcdlTimeoutError
+from hpcdl.common.exceptions import (
+    HpcdlConfigError,
+    HpcdlError,
+    HpcdlInternalError,
+    HpcdlMismatchError,
+    HpcdlShutdownError,
+    HpcdlTimeoutError,
+)
 
 SUM = hc.ReduceOp.SUM
 
@@ -340,14 +347,109 @@ def check_join_uneven() -> None:
         active = [q for q in range(n) if q + 1 > s]
         out = E.synchronize(E.allreduce_async(values(r, 6, s), name=f"j.sum.{s}", op=SUM))
         np.testing.assert_array_equal(out, sum(values(q, 6, s) for q in active))  # joined ranks add zeros
-        got = E.synchronize(E.allgather_async(np.full(2, r, np.int32), name=f"j.gather.{s}"))
-        np.testing.assert_array_equal(got, np.repeat(np.array(active, np.int32), 2))  # joined add nothing
+        gather = E.allgather_async(np.full(2, r, np.int32), name=f"j.gather.{s}")
+        if len(active) == n:
+            np.testing.assert_array_equal(E.synchronize(gather), np.repeat(np.arange(n, dtype=np.int32), 2))
+            continue
+        try:  # as in Horovod, a joined rank stands in for allreduces only
+            E.synchronize(gather)
+        except hc.HpcdlJoinError as exc:
+            assert f"j.gather.{s}" in str(exc) and "joined (called join())" in str(exc), str(exc)
+        else:
+            raise AssertionError("an allgather while a rank has joined must fail")
     last = E.join()
     assert last == n - 1, f"join returned {last}, expected the last rank to join ({n - 1})"
     # After everyone joined, operations need every rank again.
     out = E.synchronize(E.allreduce_async(np.ones(2, np.float32), name="j.after", op=SUM))
     np.testing.assert_array_equal(out, np.full(2, n, np.float32))
     passed("join_uneven")
+
+
+# ---- scenario: semantics (Horovod's rules for names, scaling, groups and shutdown) -----------------------
+
+
+def check_names_stay_taken_until_collected() -> None:
+    r = hc.rank()
+    first = E.allreduce_async(values(r, 4), name="taken", op=SUM)
+    E.synchronize(E.barrier_async())  # submitted after it everywhere: `first` has finished by now
+    never = "a name whose result was never collected was accepted again"
+    text = error_of(HpcdlConfigError, never, E.allreduce_async, values(r, 4), name="taken", op=SUM)
+    assert "never collected" in text and "'taken'" in text, text
+    # Another kind of operation may take the name once the first one finished.
+    np.testing.assert_array_equal(
+        E.synchronize(E.allgather_async(np.full(1, r, np.int32), name="taken")), np.arange(hc.size())
+    )
+    assert first.poll()  # collected: the name is free again
+    E.synchronize(E.allreduce_async(values(r, 4), name="taken", op=SUM))
+    dropped = E.allreduce_async(values(r, 4), name="dropped", op=SUM)
+    E.synchronize(E.barrier_async())
+    del dropped  # released: the name is free again
+    gc.collect()
+    E.synchronize(E.allreduce_async(values(r, 4), name="dropped", op=SUM))
+    passed("names_until_collected")
+
+
+def check_prescale_rounds_like_horovod() -> None:
+    """Integer and float16 inputs are scaled and stored in their own type before the sum; a float average
+    over 3 ranks divides (it must equal numpy's float32 division)."""
+    r, n = hc.rank(), hc.size()
+    ints = [np.arange(-7, 8, dtype=np.int32) * (q + 1) for q in range(n)]  # 60 bytes: reduced inline
+    big = [np.arange(-500, 500, dtype=np.int64) * (q + 3) for q in range(n)]  # a collective of its own
+    truncated = [np.trunc(a * 0.3).astype(a.dtype) for a in ints]
+    np.testing.assert_array_equal(
+        E.synchronize(E.allreduce_async(ints[r], name="pre.int", op=SUM, prescale=0.3)), sum(truncated)
+    )
+    np.testing.assert_array_equal(
+        E.synchronize(E.allreduce_async(big[r], name="pre.big", op=SUM, prescale=0.3)),
+        sum(np.trunc(a * 0.3).astype(np.int64) for a in big),
+    )
+    halves = [(np.arange(300) * 1.37 + q).astype(np.float16) for q in range(n)]
+    scaled = [(a.astype(np.float32) * np.float32(0.7)).astype(np.float16) for a in halves]
+    expected = sum(a.astype(np.float32) for a in scaled).astype(np.float16)
+    handles = E.grouped_allreduce_async([halves[r], ints[r]], names=["pre.h", "pre.i"], op=SUM, prescale=0.7)
+    got_h, got_i = (E.synchronize(h) for h in handles)
+    np.testing.assert_array_equal(got_h, expected)  # fused: scaled into the fusion buffer
+    np.testing.assert_array_equal(got_i, sum(np.trunc(a * 0.7).astype(np.int32) for a in ints))
+    floats = [(np.arange(1000, dtype=np.float32) * 0.731 + q * 0.37).astype(np.float32) for q in range(n)]
+    total = floats[0]
+    for a in floats[1:]:
+        total = total + a
+    got = E.synchronize(E.allreduce_async(floats[r], name="avg", op=hc.ReduceOp.AVERAGE))
+    np.testing.assert_array_equal(got, total / np.float32(n))
+    passed("prescale_rounds")
+
+
+def check_group_ids_per_process_set() -> None:
+    """Groups on a set that not every rank belongs to do not shift the ranks' global group ids."""
+    r, n = hc.rank(), hc.size()
+    pair = hc.add_process_set([0, 1])
+    if r in (0, 1):
+        handles = E.grouped_allreduce_async([values(r, 2), values(r, 3)], op=SUM, process_set=pair)
+        [E.synchronize(h) for h in handles]
+    handles = E.grouped_allreduce_async([values(r, 2), values(r, 3)], names=["gg.a", "gg.b"], op=SUM)
+    np.testing.assert_array_equal(E.synchronize(handles[1]), sum(values(q, 3) for q in range(n)))
+    E.synchronize(handles[0])
+    hc.remove_process_set(pair)
+    passed("group_ids")
+
+
+def check_a_shutdown_ends_the_job() -> None:
+    """Rank 2 shuts down: it leaves at once, the others' pending and later operations fail naming it."""
+    r = hc.rank()
+    if r == 2:
+        time.sleep(0.3)  # the others wait for "never" by now
+        started = time.monotonic()
+        hc.shutdown()
+        assert time.monotonic() - started < 1.0, time.monotonic() - started
+        passed("shutdown_ends_the_job")
+        return
+    pending = E.allreduce_async(values(r, 4), name="never", op=SUM)  # rank 2 never submits it
+    text = error_of(HpcdlShutdownError, "a pending operation survived a peer's shutdown", pending.wait)
+    assert "rank 2 has shut down" in text and "'never'" in text, text
+    never = "an operation was accepted after a peer shut down"
+    text = error_of(HpcdlShutdownError, never, E.allreduce_async, values(r, 4), name="later", op=SUM)
+    assert "rank 2 has shut down" in text, text
+    passed("shutdown_ends_the_job")
 
 
 # ---- scenario: timeline -----------------------------------------------------------------------------
@@ -444,6 +546,15 @@ SCENARIOS: dict[str, Callable[[list[str]], None]] = {
             check_handle_lifetime,
         )
     ],
+    "semantics": lambda _args: [
+        check()
+        for check in (
+            check_names_stay_taken_until_collected,
+            check_prescale_rounds_like_horovod,
+            check_group_ids_per_process_set,
+            check_a_shutdown_ends_the_job,
+        )
+    ],
     "fusion": lambda _args: check_fusion_workload(),
     "join": lambda _args: check_join_uneven(),
     "short_steps": lambda args: check_short_steps(int(args[0])),
@@ -456,7 +567,8 @@ SCENARIOS: dict[str, Callable[[list[str]], None]] = {
 
 def main() -> None:
     scenario, args = sys.argv[1], sys.argv[2:]
-    hc.init(process_sets=[[0, 1]] if scenario == "core" else None, dynamic_process_sets=scenario == "core")
+    dynamic = scenario in ("core", "semantics")
+    hc.init(process_sets=[[0, 1]] if scenario == "core" else None, dynamic_process_sets=dynamic)
     try:
         SCENARIOS[scenario](args)
     finally:

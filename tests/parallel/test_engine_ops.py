@@ -92,3 +92,13 @@ def test_a_loop_of_short_steps_is_not_paced_by_the_cycle_time() -> None:
         (line,) = results(done.stdout, rank, "short_steps")
         seconds = float(line.split()[-2])
         assert seconds < 1.0, f"rank {rank}: {line} (a step per 100 ms cycle would take 2 s)"
+
+
+def test_horovod_semantics_of_names_scaling_groups_and_shutdown() -> None:
+    """A name stays taken until its result is collected; integer and float16 prescaling rounds like
+    Horovod's and a float average over 3 ranks divides; groups on a subset do not shift the global group
+    ids; one rank's shutdown fails the others' pending and later operations at once, naming it."""
+    done = run_scenario(3, "semantics")
+    for rank in range(3):
+        expected = ["names_until_collected", "prescale_rounds", "group_ids", "shutdown_ends_the_job"]
+        assert passes(done.stdout, rank) == expected, done.stdout[-3000:]

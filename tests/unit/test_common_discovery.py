@@ -55,21 +55,47 @@ def test_meeting_places_in_order() -> None:
     env = {"HPCDL_RENDEZVOUS_ADDR": "10.0.0.1", "HPCDL_RENDEZVOUS_PORT": "5000", "HPCDL_SECRET": "ab",
            "MASTER_ADDR": "10.0.0.2", "MASTER_PORT": "6000"}  # fmt: skip
     meet = discovery.meeting(info("hpcdl run"), env)
-    assert (meet.bootstrap, meet.addr, meet.port, meet.serve, meet.secret) == (
+    assert (meet.bootstrap, meet.addr, meet.ports, meet.serve, meet.secret) == (
         "tcp",
         "10.0.0.1",
-        5000,
+        (5000,),
         False,
         "ab",
     )
+    assert meet.job == ""  # one port given: no walk
     del env["HPCDL_RENDEZVOUS_ADDR"]
     meet = discovery.meeting(info("torchrun"), env)
-    assert (meet.addr, meet.port, meet.serve) == ("10.0.0.2", 6000, True)
+    assert (meet.addr, meet.ports, meet.serve) == ("10.0.0.2", tuple(range(6001, 6017)), True)
     slurm = {"SLURM_JOB_NODELIST": "gpu[07-09,12],cpu1", "SLURM_JOB_ID": "123456", "HPCDL_SECRET": "ab"}
     meet = discovery.meeting(info("Slurm srun"), slurm)
-    assert (meet.addr, meet.port, meet.serve) == ("gpu07", 20000 + 123456 % 20000, True)
+    assert (meet.addr, meet.ports, meet.serve) == ("gpu07", discovery.slurm_ports("123456", ""), True)
     assert discovery.meeting(info("OpenMPI mpirun"), {}, mpi_vendor="Open MPI").bootstrap == "mpi"
     assert discovery.meeting(info("MPICH/PMI mpiexec"), {}, mpi_vendor="MPICH").bootstrap == "mpi"
+
+
+def test_walked_ports_are_the_same_on_every_rank_and_leave_master_port_to_torch() -> None:
+    env = {"MASTER_ADDR": "node1", "MASTER_PORT": "29500", "HPCDL_SECRET": "ab", "SLURM_JOB_ID": "7"}
+    first = discovery.meeting(info("torchrun", rank=0), env)
+    last = discovery.meeting(info("torchrun", rank=3), env)
+    assert first.ports == last.ports and first.job == last.job != ""
+    assert 29500 not in first.ports and len(set(first.ports)) == discovery.WALK_LENGTH
+    assert discovery.ports_after(65530) == (65531, 65532, 65533, 65534, 65535, *range(1024, 1035))
+    other_job = discovery.meeting(info("torchrun"), {**env, "SLURM_JOB_ID": "8"})
+    assert other_job.ports == first.ports and other_job.job != first.job
+
+
+def test_slurm_ports_lie_below_the_ephemeral_range_and_differ_per_step() -> None:
+    steps = [discovery.slurm_ports("4242", str(step)) for step in range(3)]
+    for ports in steps:
+        assert len(set(ports)) == discovery.WALK_LENGTH and all(20000 <= p < 32768 for p in ports)
+    assert len({ports[0] for ports in steps}) == 3
+
+
+def test_slurm_rendezvous_is_on_the_first_node_of_the_step() -> None:
+    env = {"SLURM_JOB_NODELIST": "node[1-4]", "SLURM_STEP_NODELIST": "node[3-4]", "SLURM_JOB_ID": "9",
+           "SLURM_STEP_ID": "2", "HPCDL_SECRET": "ab"}  # fmt: skip
+    meet = discovery.meeting(info("Slurm srun"), env)
+    assert (meet.addr, meet.ports) == ("node3", discovery.slurm_ports("9", "2"))
 
 
 def test_no_meeting_place_says_how_to_launch() -> None:
@@ -90,6 +116,13 @@ def test_missing_secret_warns_and_derives_one_shared_by_all_ranks() -> None:
 def test_rendezvous_serve_makes_rank_zero_host_the_given_address() -> None:
     env = {"HPCDL_RENDEZVOUS_ADDR": "node1", "HPCDL_RENDEZVOUS_PORT": "29555", "HPCDL_SECRET": "ab" * 32}
     launched = discovery.meeting(info("Slurm srun"), env)
-    assert (launched.addr, launched.port, launched.serve) == ("node1", 29555, False)
+    assert (launched.addr, launched.ports, launched.serve) == ("node1", (29555,), False)
     served = discovery.meeting(info("Slurm srun"), {**env, "HPCDL_RENDEZVOUS_SERVE": "1"})
-    assert (served.addr, served.port, served.serve) == ("node1", 29555, True)
+    assert (served.addr, served.ports, served.serve) == ("node1", (29555,), True)
+
+
+def test_ranks_started_with_another_size_share_the_job_tag_and_get_told_at_the_rendezvous() -> None:
+    env = {"MASTER_ADDR": "node1", "MASTER_PORT": "29500", "HPCDL_SECRET": "ab"}
+    four = discovery.meeting(discovery.RankInfo(1, 4, "h", "torchrun"), env)
+    eight = discovery.meeting(discovery.RankInfo(1, 8, "h", "torchrun"), env)
+    assert four.job == eight.job and four.ports == eight.ports

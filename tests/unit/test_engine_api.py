@@ -35,6 +35,16 @@ def test_numpy_helpers_reject_bad_arrays_before_submitting() -> None:
         engine.grouped_allreduce_async([a, a], names=["only.one"])
 
 
-def test_group_ids_increase() -> None:
-    first = engine.new_group_id()
-    assert engine.new_group_id() == first + 1
+def test_group_ids_increase_per_process_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("HPCDL_RANK", "HPCDL_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "RANK"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(HpcdlNotInitializedError):
+        engine.new_group_id()
+    hc.init(timeout=5)
+    try:
+        first = engine.new_group_id()
+        assert engine.new_group_id() == first + 1
+        assert engine.new_group_id(1) == 1  # each set counts on its own
+        assert engine.new_group_id() == first + 2
+    finally:
+        hc.shutdown()

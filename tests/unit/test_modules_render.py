@@ -1,5 +1,6 @@
-"""Modulefile rendering: the hierarchy placement, safe values, no silent overwrite, and the shipped
-modulefiles staying what the templates render."""
+"""Modulefile rendering: the hierarchy placement, values quoted by one function per language, control
+characters and non-names refused, no silent overwrite, and the shipped modulefiles staying what the
+templates render."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from hpcdl.modules.own import render_own
+from hpcdl.modules.quote import lua, tcl
 from hpcdl.modules.render import ModuleWriteError, render, shipped_modulefiles, write_file
-from hpcdl.modules.stack_modules import Compiler, placement
+from hpcdl.modules.stack_modules import Compiler, parse_compiler, placement
 from hpcdl.stack.lockfile import lock_from_solution
 from hpcdl.stack.recipe import load_recipes
 from hpcdl.stack.resolver import Resolver
@@ -61,19 +63,55 @@ def context(**changes: object) -> dict:
 
 
 def test_lua_and_tcl_carry_family_dependencies_and_help() -> None:
-    lua = render("package.lua.j2", **context())
-    assert 'family("mpi")' in lua and 'depends_on("ucx/1.13.1")' in lua
-    assert 'prepend_path("MODULEPATH", "/opt/mf/MPI/gcc/12/openmpi/4.1.4")' in lua
-    assert 'whatis("Version: 4.1.4")' in lua and "help([[" in lua
-    tcl = render("package.tcl.j2", **context())
-    assert tcl.startswith("#%Module1.0") and "family mpi" in tcl and "prereq ucx/1.13.1" in tcl
-    assert 'setenv MPI_HOME "/opt/stack/openmpi/4.1.4-abc"' in tcl and "proc ModulesHelp" in tcl
+    lua_text = render("package.lua.j2", **context())
+    assert 'family("mpi")' in lua_text and 'depends_on("ucx/1.13.1")' in lua_text
+    assert 'prepend_path("MODULEPATH", "/opt/mf/MPI/gcc/12/openmpi/4.1.4")' in lua_text
+    assert 'whatis("Version: 4.1.4")' in lua_text
+    assert 'help("Open MPI\\nHomepage: https://www.open-mpi.org' in lua_text
+    tcl_text = render("package.tcl.j2", **context())
+    assert tcl_text.startswith("#%Module1.0") and "proc ModulesHelp" in tcl_text
+    assert 'family "mpi"' in tcl_text and 'prereq "ucx/1.13.1"' in tcl_text
+    assert 'setenv MPI_HOME "/opt/stack/openmpi/4.1.4-abc"' in tcl_text
 
 
-@pytest.mark.parametrize("bad", ['/opt/x"y', "/opt/$HOME", "/opt/[exec rm]", "/opt/a\nb"])
-def test_values_a_modulefile_would_interpret_are_refused(bad: str) -> None:
-    with pytest.raises(ModuleWriteError, match="install into a path without them"):
-        render("package.lua.j2", **context(prefix=bad))
+def test_lua_and_tcl_quoting_leave_nothing_to_interpret() -> None:
+    assert lua('a"b\\c') == '"a\\"b\\\\c"'
+    assert lua("two\nlines\x1b]") == '"two\\nlines\\027]"'
+    assert lua("]] os.exit(1) --[[") == '"]] os.exit(1) --[["'  # not a long bracket: nothing to close
+    assert tcl('$HOME [exec rm] {x} "q" \\') == '"\\$HOME \\[exec rm\\] \\{x\\} \\"q\\" \\\\"'
+    assert tcl("a;b\nc\x01") == '"a;b\\012c\\001"'
+
+
+@pytest.mark.parametrize("field", ["prefix", "description", "homepage", "spec", "origin"])
+def test_control_characters_are_refused(field: str) -> None:
+    with pytest.raises(ModuleWriteError, match=f"{field}: .*contains a control character"):
+        render("package.lua.j2", **context(**{field: "/opt/a\nos.execute('id')"}))
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"name": "x$(id)"},
+        {"version": "1.0;id"},
+        {"family": 'mpi" os.execute("id'},
+        {"depends_on": ["ucx/1.13.1 [exec id]"]},
+        {"depends_on": ["../../etc"]},
+    ],
+)
+def test_module_names_that_are_not_names_are_refused(changes: dict) -> None:
+    with pytest.raises(ModuleWriteError, match="is not a module name"):
+        render("package.tcl.j2", **context(**changes))
+
+
+def test_environment_variable_names_are_checked() -> None:
+    with pytest.raises(ModuleWriteError, match="'PATH;id' is not an environment variable name"):
+        render("package.tcl.j2", **context(setenv=[("PATH;id", "/x")]))
+
+
+def test_a_compiler_name_is_a_module_name() -> None:
+    assert parse_compiler("gcc/12") == Compiler("gcc", "12")
+    with pytest.raises(ModuleWriteError, match="not a compiler module name"):
+        parse_compiler("gcc;id/12")
 
 
 def test_write_file_never_overwrites_different_content(tmp_path: Path) -> None:

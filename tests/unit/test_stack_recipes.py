@@ -151,3 +151,47 @@ def test_dependency_on_an_unknown_package_is_reported(tmp_path: Path) -> None:
     )
     with pytest.raises(RecipeError, match="depends on 'nosuchthing', which no recipe provides"):
         load_recipes([tmp_path])
+
+
+@pytest.mark.parametrize(
+    ("versions", "build", "complaint"),
+    [
+        (
+            '"1.0": {url: "https://example.org/dl/..", sha256: unknown}',
+            "{system: make}",
+            "is not a plain file name",
+        ),
+        (
+            '"1.0": {url: "https://example.org/p.tar.gz", sha256: unknown, strip: ../..}',
+            "{system: make}",
+            "strip names a directory inside the archive",
+        ),
+        ('"1.0/../..": {}', "{system: pip}", "'1.0/../..' is not a version number"),
+        ('"1.0": {}', "{system: pip, links: {lib/x: ../../../etc/passwd}}", "a target inside the install"),
+        ('"1.0": {}', "{system: pip, links: {../x: y}}", "a target inside the install"),
+    ],
+)
+def test_recipe_fields_that_could_leave_the_install_are_refused(
+    tmp_path: Path, versions: str, build: str, complaint: str
+) -> None:
+    path = write(tmp_path, "pkg", f"name: pkg\ndescription: d\nversions:\n  {versions}\nbuild: {build}\n")
+    with pytest.raises(RecipeError, match=re.escape(complaint)):
+        parse_recipe(path)
+
+
+def test_recipe_text_that_would_end_up_in_a_modulefile_is_one_line(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "pkg",
+        """\
+        name: pkg
+        description: "two\\nlines"
+        versions: {"1.0": {}}
+        build: {system: pip}
+        module: {family: "mpi;id"}
+        """,
+    )
+    with pytest.raises(RecipeError) as caught:
+        parse_recipe(path)
+    assert "pkg.yaml:2: 'description' must be one line without control characters" in str(caught.value)
+    assert "pkg.yaml:5: module family: 'mpi;id' is not a package name" in str(caught.value)

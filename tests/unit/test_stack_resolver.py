@@ -126,9 +126,41 @@ def test_spack_environment_output() -> None:
 
 def test_broken_lockfiles_are_reported_with_lines(tmp_path: Path) -> None:
     path = tmp_path / "bad.lock"
-    path.write_text("hpcdl_stack_lock: 1\npackages:\n  - {name: a, version: '1', hash: x, depends_on: [b]}\n")
+    path.write_text(
+        "hpcdl_stack_lock: 1\npackages:\n  - {name: a, version: '1', hash: abcdef0, depends_on: [b]}\n"
+    )
     with pytest.raises(StackFileError, match=rf"{path}:3: a depends on b, which must be listed before it"):
         load_lock(path)
     path.write_text("something: else\n")
     with pytest.raises(StackFileError, match="not an hpcdl stack lockfile"):
+        load_lock(path)
+
+
+@pytest.mark.parametrize(
+    ("entry", "complaint"),
+    [
+        ("{name: a, version: '1.0', hash: x/../../..}", "'x/../../..' is not a package hash"),
+        ("{name: a, version: '1.0', hash: ABCDEF0}", "is not a package hash"),
+        ("{name: a, version: '1.0/../..', hash: abcdef0}", "'1.0/../..' is not a version number"),
+        ("{name: a, version: '1.0\\n', hash: abcdef0}", "is not a version number"),
+        ("{name: ../a, version: '1.0', hash: abcdef0}", "'../a' is not a package name"),
+        ("{name: a, version: '1.0', hash: abcdef0, variants: {'x y': true}}", "'x y' is not a variant name"),
+        ("{name: a, version: '1.0', hash: abcdef0, variants: {cuda: maybe}}", "must be true or false"),
+        ("{name: a, version: '1.0', hash: abcdef0, depends_on: [../b]}", "'../b' is not a package name"),
+    ],
+)
+def test_lockfile_fields_that_could_leave_the_prefix_are_refused(
+    tmp_path: Path, entry: str, complaint: str
+) -> None:
+    path = tmp_path / "shared.lock"
+    path.write_text(f"hpcdl_stack_lock: 1\npackages:\n  - {entry}\n")
+    with pytest.raises(StackFileError, match=re.escape(f"{path}:3: ") + ".*" + re.escape(complaint)):
+        load_lock(path)
+
+
+def test_a_package_listed_twice_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "twice.lock"
+    entry = "{name: a, version: '1.0', hash: abcdef0}"
+    path.write_text(f"hpcdl_stack_lock: 1\npackages:\n  - {entry}\n  - {entry}\n")
+    with pytest.raises(StackFileError, match="a is listed twice"):
         load_lock(path)

@@ -46,7 +46,8 @@ typedef enum {
   HPCDL_ERR_UNSUPPORTED = 7,   /* e.g. transport=mpi in a build without MPI */
   HPCDL_ERR_SHUTDOWN = 8,      /* runtime is shutting down / was shut down (also: stall shutdown) */
   HPCDL_ERR_INTERNAL = 9,
-  HPCDL_PENDING = 10           /* hpcdl_poll: not finished yet */
+  HPCDL_PENDING = 10,          /* hpcdl_poll: not finished yet */
+  HPCDL_ERR_JOINED = 11        /* an engine operation other than allreduce/barrier met a joined rank */
 } hpcdl_status;
 
 /* ---- data types (values are stable; Python mirrors them) ------------------------------------- */
@@ -103,12 +104,17 @@ HPCDL_API const char* hpcdl_build_info(void);
  * > HPCDL_* > HOROVOD_* > default); the runtime reads no environment itself. Keys:
  *   rank, size                    this process's world rank and the world size (required)
  *   host                          host identity; ranks with equal host share memory (required)
- *   rendezvous_addr, rendezvous_port   where the rendezvous server listens
+ *   rendezvous_addr, rendezvous_port   where the rendezvous server listens (a name or an address)
+ *   rendezvous_ports              instead of rendezvous_port: comma list of ports; the server (rank 0) binds
+ *                                 the first free one, the other ranks walk them until they find it
  *   rendezvous_serve=0|1          1: this process (world rank 0) runs the rendezvous server itself
+ *   rendezvous_job                tells this job from others walking the same ports with the same secret
+ *   rendezvous_origin             what named the rendezvous (e.g. "MASTER_ADDR/MASTER_PORT"), for messages
  *   secret                        job secret (hex); peers must prove they hold it
  *   bootstrap=tcp|mpi             how ranks meet (mpi only when built with MPI and launched by mpirun)
  *   transport=auto|shm|tcp|mpi    data plane to use between ranks (auto: shm within a host, tcp across)
- *   iface                         network interface (or IPv4 address) for TCP data connections
+ *   iface                         network interface (or IPv4 address) for TCP data connections; without it
+ *                                 a rank is reached at the address the rendezvous saw it connect from
  *   timeout_s                     deadline of every blocking wait, seconds (float)
  *   small_message_bytes           below this, latency-optimal algorithms; at/above, ring
  *   shm_chunk_bytes               shared-memory staging buffer per rank and step
@@ -123,6 +129,8 @@ HPCDL_API const char* hpcdl_build_info(void);
  *   autotune_fixed                comma list of knobs the user set explicitly (never tuned)
  *   process_sets                  static process sets, ';'-separated lists of ','-separated world ranks
  *   dynamic_process_sets=0|1
+ *   members                       ','-separated world ranks: after the rendezvous of every rank, this
+ *                                 process's job is these ranks only, numbered by position (init(comm=[...]))
  *   log_level=trace|debug|info|warning|error
  */
 HPCDL_API int hpcdl_init(const char* options);
@@ -192,7 +200,8 @@ typedef struct {
   void* output;               /* allreduce/broadcast/reducescatter: caller-owned (may equal input);
                                  allgather/alltoall: NULL, the engine allocates (hpcdl_output) */
   int32_t reduce_op;          /* hpcdl_reduce_op (allreduce, reducescatter) */
-  double prescale, postscale; /* 1.0 for none */
+  double prescale, postscale; /* 1.0 for none; integer and float16/bfloat16 inputs are scaled and stored
+                                 in their own type before the reduction (Horovod's rule) */
   int32_t root;               /* broadcast root, a world rank (Horovod semantics) */
   const int64_t* splits;      /* alltoall: rows of dim 0 sent to each set member; NULL = even */
   int32_t nsplits;
@@ -217,6 +226,10 @@ HPCDL_API int hpcdl_received_splits(hpcdl_handle handle, int64_t* splits, int ca
 HPCDL_API int hpcdl_join_result(hpcdl_handle handle);
 /* Frees the handle and any engine-owned output. */
 HPCDL_API int hpcdl_release(hpcdl_handle handle);
+/* A fresh group id (> 0) for the operations of one group on a process set, or a negative status. Every
+ * member allocates its groups in the same order; a joined rank skips the ids of the groups it stood in
+ * for, so that the ranks' next groups still get the same ids. */
+HPCDL_API int hpcdl_new_group_id(int process_set);
 
 /* ---- timeline, autotune, stall inspector ------------------------------------------------------- */
 HPCDL_API int hpcdl_start_timeline(const char* path, int mark_cycles);

@@ -2,12 +2,18 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <sstream>
+#include <thread>
 
 #include "net/socket.h"
 
 namespace hpcdl {
 namespace {
+
+// How long a walking rank gives one candidate to accept and send its challenge before trying the next.
+constexpr auto kWalkAttempt = std::chrono::seconds(3);
 
 std::map<std::string, std::string> parse_lines(const std::string& text) {
   std::map<std::string, std::string> out;
@@ -27,19 +33,68 @@ bool parse_int(const std::string& s, long* out) {
   return end && *end == '\0';
 }
 
-std::string encode_peer(const PeerInfo& p) {
-  return "peer=" + std::to_string(p.rank) + "\t" + p.host + "\t" + p.addr + "\t" + std::to_string(p.port) + "\t" +
-         std::to_string(p.pid) + "\n";
+Status send_frame(int fd, const std::string& text, Deadline deadline, const std::string& what) {
+  uint32_t len = uint32_t(text.size());
+  std::string frame(reinterpret_cast<const char*>(&len), 4);
+  frame += text;
+  return send_all(fd, frame.data(), frame.size(), deadline, "rank", what);
+}
+
+// "29501, 29503-29516": runs of three or more consecutive ports as ranges.
+std::string ports_text(const std::vector<int>& ports) {
+  std::string out;
+  for (size_t i = 0; i < ports.size();) {
+    size_t end = i + 1;
+    while (end < ports.size() && ports[end] == ports[end - 1] + 1) ++end;
+    std::string run = std::to_string(ports[i]);
+    if (end - i >= 3)
+      run += "-" + std::to_string(ports[end - 1]);
+    else
+      end = i + 1;
+    out += (out.empty() ? "" : ", ") + run;
+    i = end;
+  }
+  return out;
+}
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& s : items) out += (out.empty() ? "" : ", ") + s;
+  return out;
 }
 
 }  // namespace
 
-Status RendezvousServer::start(const std::string& host, int port, const std::string& secret, int size) {
+// ---- server ------------------------------------------------------------------------------------------
+
+bool RendezvousServer::Registration::on_server_host() const {
+  return seen == reached || is_loopback_address(seen);  // a connection to itself comes from its own address
+}
+
+Status RendezvousServer::start(const std::string& host, const std::vector<int>& ports, const std::string& secret,
+                               int size, const std::string& job, const std::string& origin) {
   if (size < 1) return Status::error(HPCDL_ERR_INVALID, "rendezvous server: size must be at least 1");
+  if (ports.empty()) return Status::error(HPCDL_ERR_INVALID, "rendezvous server: no port to listen on");
   size_ = size;
-  return server_.start(
-      host, port, secret, [this](int fd, const std::string& header) { on_client(fd, header); },
-      [this] { send_progress(); });
+  job_ = job;
+  // It holds every registered rank's connection until the round completes, besides open handshakes.
+  Status st = ensure_open_files(size_t(size) + kMaxPendingHandshakes,
+                                "the rendezvous of " + std::to_string(size) + " ranks");
+  if (!st.is_ok()) return st;
+  int listen_errno = 0;
+  for (int port : ports) {
+    st = server_.start(
+        host, port, secret, [this](int fd, const std::string& header) { on_client(fd, header); },
+        [this] { send_progress(); }, &listen_errno);
+    if (st.is_ok() || listen_errno != EADDRINUSE) return st;
+  }
+  const std::string from = origin.empty() ? "" : " (from " + origin + ")";
+  if (ports.size() == 1)
+    return Status::error(HPCDL_ERR_INVALID, "port " + std::to_string(ports[0]) + " is taken on this host (" +
+                                                st.message + "); it is the fixed rendezvous port" + from +
+                                                ": choose a port that is free on this host");
+  return Status::error(HPCDL_ERR_INVALID, "every port it may use, " + ports_text(ports) + from +
+                                              ", is taken on this host; free one of them or give another port");
 }
 
 // Tells the waiting ranks, about once a second, who has arrived, so that a rank that gives up can name
@@ -52,18 +107,14 @@ void RendezvousServer::send_progress() {
   std::string text = "progress=";
   for (auto& entry : round_) text += std::to_string(entry.first) + ",";
   text += "\n";
-  uint32_t len = uint32_t(text.size());
-  std::string frame(reinterpret_cast<const char*>(&len), 4);
-  frame += text;
   for (auto& entry : round_)
-    send_all(entry.second.first, frame.data(), frame.size(), now + std::chrono::milliseconds(100), "rank",
-             "rendezvous progress");
+    send_frame(entry.second.fd, text, now + std::chrono::milliseconds(100), "rendezvous progress");
 }
 
 void RendezvousServer::stop() {
   server_.stop();
   std::lock_guard<std::mutex> lock(mutex_);
-  for (auto& entry : round_) close(entry.second.first);
+  for (auto& entry : round_) close(entry.second.fd);
   round_.clear();
 }
 
@@ -77,115 +128,278 @@ std::vector<int> RendezvousServer::arrived() const {
 
 void RendezvousServer::on_client(int fd, const std::string& header) {
   auto fields = parse_lines(header);
+  auto refuse = [fd](const std::string& line) {
+    send_frame(fd, line + "\n", Clock::now() + std::chrono::seconds(2), "rendezvous");
+    close(fd);
+  };
+  if (!job_.empty() && fields["job"] != job_) {
+    // Another job walking the same ports with the same secret: it moves on to its own rendezvous.
+    refuse("foreign=this rendezvous serves job '" + job_ + "', not '" + fields["job"] + "'");
+    return;
+  }
   long rank = -1, size = -1, port = 0, pid = 0;
   bool ok = fields["purpose"] == "register" && parse_int(fields["rank"], &rank) &&
             parse_int(fields["size"], &size) && parse_int(fields["port"], &port) && parse_int(fields["pid"], &pid) &&
             size == size_ && rank >= 0 && rank < size_;
-  PeerInfo info;
-  info.rank = int(rank);
-  info.host = fields["host"];
-  info.addr = fields["addr"];
-  info.port = int(port);
-  info.pid = int(pid);
-  for (char c : info.host + info.addr)
+  Registration reg;
+  reg.fd = fd;
+  reg.info.rank = int(rank);
+  reg.info.host = fields["host"];
+  reg.info.addr = fields["addr"];
+  reg.info.port = int(port);
+  reg.info.pid = int(pid);
+  for (char c : reg.info.host + reg.info.addr)
     if (c == '\t' || c == '\n') ok = false;
-  if (!ok) {
-    // An authenticated but inconsistent client (e.g. launched with another size): tell it why.
-    std::string reason = "error=the rendezvous expects " + std::to_string(size_) + " ranks; this rank registered as " +
-                         fields["rank"] + " of " + fields["size"] + "\n";
-    uint32_t len = uint32_t(reason.size());
-    send_all(fd, &len, 4, Clock::now() + std::chrono::seconds(2), "client", "rendezvous");
-    send_all(fd, reason.data(), reason.size(), Clock::now() + std::chrono::seconds(2), "client", "rendezvous");
-    close(fd);
+  if (!ok) {  // an authenticated but inconsistent client (e.g. launched with another size): tell it why
+    refuse("error=the rendezvous expects " + std::to_string(size_) + " ranks; this rank registered as " +
+           fields["rank"] + " of " + fields["size"]);
     return;
   }
-  std::vector<std::pair<int, PeerInfo>> complete;
+  reg.seen = socket_peer_address(fd);
+  reg.reached = socket_local_address(fd);
+  std::vector<Registration> complete;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto it = round_.find(info.rank);
-    if (it != round_.end()) close(it->second.first);  // the rank restarted: keep the newest registration
-    round_[info.rank] = {fd, info};
+    auto it = round_.find(reg.info.rank);
+    if (it != round_.end()) close(it->second.fd);  // the rank restarted: keep the newest registration
+    round_[reg.info.rank] = reg;
     if (int(round_.size()) < size_) return;
-    for (auto& entry : round_) complete.push_back(entry.second);
     last_complete_.clear();
-    for (auto& entry : round_) last_complete_.insert(entry.first);
+    for (auto& entry : round_) {
+      complete.push_back(entry.second);
+      last_complete_.insert(entry.first);
+    }
     round_.clear();
   }
+  finish_round(complete);
+}
+
+// Why the registered ranks could not work together at the addresses they gave, or "".
+std::string RendezvousServer::address_problem(const std::vector<Registration>& round) {
+  // A machine is named by the address its ranks connected from ("": the server's own machine).
+  auto machine = [](const Registration& r) { return r.on_server_host() ? std::string() : r.seen; };
+  auto describe = [](const std::string& m) { return m.empty() ? std::string("the rendezvous server's host") : m; };
+  std::map<std::string, const Registration*> first_of_host;
+  std::set<std::string> machines;
+  const Registration* pinned_loopback = nullptr;
+  for (const auto& r : round) {
+    machines.insert(machine(r));
+    if (!r.info.addr.empty() && is_loopback_address(r.info.addr) && !pinned_loopback) pinned_loopback = &r;
+    auto inserted = first_of_host.emplace(r.info.host, &r);
+    const Registration& other = *inserted.first->second;
+    if (!inserted.second && machine(other) != machine(r))
+      return "ranks " + std::to_string(other.info.rank) + " and " + std::to_string(r.info.rank) +
+             " both call their host '" + r.info.host + "' but run on different machines (they reached the " +
+             "rendezvous from " + describe(machine(other)) + " and " + describe(machine(r)) +
+             "), so they cannot share memory; give every host its own hostname or set HPCDL_HOSTNAME per host";
+  }
+  if (pinned_loopback && machines.size() > 1)
+    return "rank " + std::to_string(pinned_loopback->info.rank) + " on host '" + pinned_loopback->info.host +
+           "' pinned its data address to the loopback address " + pinned_loopback->info.addr +
+           " (HPCDL_IFACE), which ranks on the job's " + std::to_string(machines.size()) +
+           " other hosts cannot reach; set HPCDL_IFACE to an interface of the network between the hosts, or "
+           "leave it unset";
+  return "";
+}
+
+// Sends every rank the table. Entries of ranks that reached the server from its own host, without a pinned
+// address, are marked local: a rank on another host reaches them at the address it reached the server at
+// ("via"); a rank on the server's host uses the address they came from (possibly loopback).
+void RendezvousServer::finish_round(const std::vector<Registration>& round) {
+  const std::string problem = address_problem(round);
   std::string table = "size=" + std::to_string(size_) + "\n";
-  for (auto& entry : complete) table += encode_peer(entry.second);
-  uint32_t len = uint32_t(table.size());
-  for (auto& entry : complete) {
-    auto deadline = Clock::now() + std::chrono::seconds(5);
-    Status st = send_all(entry.first, &len, 4, deadline, "rank", "rendezvous");
-    if (st.is_ok()) send_all(entry.first, table.data(), table.size(), deadline, "rank", "rendezvous");
-    close(entry.first);
+  for (const auto& r : round) {
+    const bool derived = r.info.addr.empty();
+    table += "peer=" + std::to_string(r.info.rank) + "\t" + r.info.host + "\t" + (derived ? r.seen : r.info.addr) +
+             "\t" + std::to_string(r.info.port) + "\t" + std::to_string(r.info.pid) + "\t" +
+             (derived && r.on_server_host() ? "local" : "") + "\n";
+  }
+  for (const auto& r : round) {
+    std::string text = problem.empty() ? "via=" + r.reached + "\nlocal=" + (r.on_server_host() ? "1" : "0") + "\n" + table
+                                       : "error=" + problem + "\n";
+    send_frame(r.fd, text, Clock::now() + std::chrono::seconds(5), "rendezvous");
+    close(r.fd);
   }
 }
 
-Status rendezvous_register(const std::string& addr, int port, const std::string& secret, int size,
-                           const PeerInfo& self, Deadline deadline, std::vector<PeerInfo>* peers) {
-  const std::string where = "the rendezvous server at " + addr + ":" + std::to_string(port);
-  int fd = -1;
-  Status st = connect_tcp(addr, port, deadline, "rank " + std::to_string(self.rank) + " reaching " + where, &fd);
-  if (!st.is_ok()) return st;
-  std::string header = "purpose=register\nrank=" + std::to_string(self.rank) + "\nsize=" + std::to_string(size) +
-                       "\nhost=" + self.host + "\naddr=" + self.addr + "\nport=" + std::to_string(self.port) +
-                       "\npid=" + std::to_string(self.pid) + "\n";
-  st = auth_client(fd, secret, header, deadline, where);
-  if (!st.is_ok()) {
-    close(fd);
-    return st;
-  }
-  std::string table, arrived;
-  while (st.is_ok()) {  // progress frames ("progress=0,2,"), then the table
-    uint32_t len = 0;
-    st = recv_all(fd, &len, 4, deadline, where, "waiting at the rendezvous for all " + std::to_string(size) + " ranks");
-    if (st.is_ok() && len > (1u << 24)) st = Status::error(HPCDL_ERR_INTERNAL, "rendezvous: oversized message");
-    if (!st.is_ok()) break;
-    table.assign(len, '\0');
-    st = recv_all(fd, &table[0], len, deadline, where, "reading the rendezvous table");
-    if (!st.is_ok() || table.rfind("progress=", 0) != 0) break;
-    arrived = table.substr(9);
-  }
-  close(fd);
-  if (!st.is_ok()) {
-    if (st.code == HPCDL_ERR_TIMEOUT) {
-      std::string missing;
-      for (int r = 0; r < size; ++r)
-        if (("," + arrived).find("," + std::to_string(r) + ",") == std::string::npos)
-          missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-      st.message = "rank " + std::to_string(self.rank) + " waited at " + where + " until its deadline " +
-                   "(HPCDL_TIMEOUT) for all " + std::to_string(size) + " ranks" +
-                   (arrived.empty() ? std::string() : "; still missing: rank " + missing) +
-                   ". Check that every rank was started, with the same size, secret and rendezvous address";
-    }
-    return st;
-  }
-  auto fields = parse_lines(table);
-  if (fields.count("error")) return Status::error(HPCDL_ERR_INVALID, "rendezvous refused this rank: " + fields["error"]);
+// ---- client ------------------------------------------------------------------------------------------
+namespace {
+
+Status parse_table(const std::string& text, int size, std::vector<PeerInfo>* peers) {
+  auto fields = parse_lines(text);
+  const bool me_local = fields["local"] == "1";
   peers->assign(size_t(size), PeerInfo{});
-  std::istringstream in(table);
+  std::istringstream in(text);
   std::string line;
   int seen = 0;
   while (std::getline(in, line)) {
     if (line.rfind("peer=", 0) != 0) continue;
     std::istringstream fields_in(line.substr(5));
     PeerInfo p;
-    std::string rank, port_text, pid;
+    std::string rank, port_text, pid, local;
     std::getline(fields_in, rank, '\t');
     std::getline(fields_in, p.host, '\t');
     std::getline(fields_in, p.addr, '\t');
     std::getline(fields_in, port_text, '\t');
     std::getline(fields_in, pid, '\t');
+    std::getline(fields_in, local, '\t');
     p.rank = std::atoi(rank.c_str());
     p.port = std::atoi(port_text.c_str());
     p.pid = std::atoi(pid.c_str());
+    if (local == "local" && !me_local) p.addr = fields["via"];
     if (p.rank < 0 || p.rank >= size) return Status::error(HPCDL_ERR_INTERNAL, "rendezvous: bad table");
     (*peers)[size_t(p.rank)] = p;
     ++seen;
   }
   if (seen != size) return Status::error(HPCDL_ERR_INTERNAL, "rendezvous: incomplete table");
   return Status::ok();
+}
+
+// What a rank was told after registering.
+struct Answer {
+  Status status;         // failure to get an answer, or the server's refusal
+  bool foreign = false;  // the server belongs to another job
+  std::string arrived;   // the last progress report ("0,2,")
+};
+
+// Waits for the table on an authenticated, registered connection (progress frames come first).
+Answer await_table(int fd, const std::string& where, int size, Deadline deadline, std::vector<PeerInfo>* peers) {
+  Answer answer;
+  std::string text;
+  Status& st = answer.status;
+  while (true) {
+    uint32_t len = 0;
+    st = recv_all(fd, &len, 4, deadline, where, "waiting at the rendezvous for all " + std::to_string(size) + " ranks");
+    if (st.is_ok() && len > (1u << 24)) st = Status::error(HPCDL_ERR_INTERNAL, "rendezvous: oversized message");
+    if (!st.is_ok()) return answer;
+    text.assign(len, '\0');
+    st = recv_all(fd, &text[0], len, deadline, where, "reading the rendezvous table");
+    if (!st.is_ok()) return answer;
+    if (text.rfind("progress=", 0) != 0) break;
+    answer.arrived = text.substr(9);
+  }
+  auto fields = parse_lines(text);
+  if (fields.count("foreign")) {
+    answer.foreign = true;
+    st = Status::error(HPCDL_ERR_AUTH, where + " is not this job's: " + fields["foreign"]);
+  } else if (fields.count("error")) {
+    st = Status::error(HPCDL_ERR_INVALID, "the rendezvous refused this rank: " + fields["error"]);
+  } else {
+    st = parse_table(text, size, peers);
+  }
+  return answer;
+}
+
+// Advice for a rank whose rendezvous address is a loopback address on its host.
+std::string loopback_hint(const RendezvousTarget& target, const PeerInfo& self) {
+  for (const auto& addr : target.addrs) {
+    std::string resolved;
+    if (!resolve_address(addr, &resolved).is_ok() || !is_loopback_address(resolved)) continue;
+    const std::string which = addr == resolved ? "The rendezvous address " + addr + " is"
+                                               : "The rendezvous address '" + addr + "' resolves to " + resolved +
+                                                     " on this host (" + self.host + "),";
+    return ". " + which + " a loopback address: ranks on other hosts cannot reach a rendezvous there, and "
+           "this rank reaches only one on its own host. If the job spans hosts, set " +
+           (target.origin.empty() ? "the rendezvous address" : target.origin) +
+           " to a name or address of rank 0's host that resolves to its network address on every host";
+  }
+  return "";
+}
+
+Status timed_out(const RendezvousTarget& target, const PeerInfo& self, int size, const std::string& where,
+                 const std::string& arrived) {
+  std::string missing;
+  for (int r = 0; r < size; ++r)
+    if (("," + arrived).find("," + std::to_string(r) + ",") == std::string::npos)
+      missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+  return Status::error(HPCDL_ERR_TIMEOUT, "rank " + std::to_string(self.rank) + " waited at " + where +
+                                              " until its deadline (HPCDL_TIMEOUT) for all " + std::to_string(size) +
+                                              " ranks" + (arrived.empty() ? std::string() : "; still missing: rank " + missing) +
+                                              ". Check that every rank was started, with the same size, secret and "
+                                              "rendezvous address" + loopback_hint(target, self));
+}
+
+// What one candidate of a walk answered, in words, from the failure of connecting (`connected` false) or
+// of authenticating with `where`.
+std::string outcome(const Status& st, bool connected, const std::string& where) {
+  if (!connected) return st.code == HPCDL_ERR_TIMEOUT ? "no answer to connecting" : "refused or unreachable";
+  if (st.code == HPCDL_ERR_TIMEOUT) return "no handshake within " + std::to_string(kWalkAttempt.count()) + " s";
+  const std::string prefix = "authenticating with " + where + ": ";
+  return st.message.rfind(prefix, 0) == 0 ? st.message.substr(prefix.size()) : st.message;
+}
+
+}  // namespace
+
+Status rendezvous_register(const RendezvousTarget& target, const std::string& secret, const std::string& job,
+                           int size, const PeerInfo& self, Deadline deadline, std::vector<PeerInfo>* peers) {
+  const std::string header = "purpose=register\nrank=" + std::to_string(self.rank) + "\nsize=" + std::to_string(size) +
+                             "\njob=" + job + "\nhost=" + self.host + "\naddr=" + self.addr +
+                             "\nport=" + std::to_string(self.port) + "\npid=" + std::to_string(self.pid) + "\n";
+  const std::string who = "rank " + std::to_string(self.rank);
+  if (target.addrs.empty() || target.ports.empty())
+    return Status::error(HPCDL_ERR_INVALID, "no rendezvous address to register at");
+  if (target.addrs.size() == 1 && target.ports.size() == 1) {
+    const std::string where = "the rendezvous server at " + target.addrs[0] + ":" + std::to_string(target.ports[0]);
+    int fd = -1;
+    Status st = connect_authenticated(target.addrs[0], target.ports[0], secret, header, deadline, where, &fd);
+    if (!st.is_ok()) {
+      if (st.code == HPCDL_ERR_TIMEOUT) st.message = who + ": " + st.message + loopback_hint(target, self);
+      return st;
+    }
+    Answer answer = await_table(fd, where, size, deadline, peers);
+    close(fd);
+    if (answer.status.code == HPCDL_ERR_TIMEOUT) return timed_out(target, self, size, where, answer.arrived);
+    return answer.status;
+  }
+  // A walk: each pass tries every candidate once; a candidate that is not this job's rendezvous is passed over.
+  std::map<std::string, std::vector<std::pair<std::string, int>>> answered;  // what -> the candidates that did
+  auto backoff = std::chrono::milliseconds(5);
+  while (true) {
+    answered.clear();
+    for (const auto& addr : target.addrs) {
+      for (int port : target.ports) {
+        const std::string where = "the rendezvous at " + addr + ":" + std::to_string(port);
+        const Deadline attempt_by = std::min(deadline, Clock::now() + kWalkAttempt);
+        int fd = -1;
+        Status st = connect_tcp(addr, port, attempt_by, who + " looking for " + where, &fd, false);
+        if (st.code == HPCDL_ERR_INVALID) return st;  // the name does not resolve
+        const bool connected = st.is_ok();
+        if (connected) st = auth_client(fd, secret, header, attempt_by, where);
+        if (st.is_ok()) {
+          Answer answer = await_table(fd, where, size, deadline, peers);
+          close(fd);
+          if (answer.status.code == HPCDL_ERR_TIMEOUT) return timed_out(target, self, size, where, answer.arrived);
+          if (!answer.foreign) return answer.status;
+          st = Status::error(HPCDL_ERR_AUTH, "the rendezvous of another job");
+        } else if (fd >= 0) {
+          close(fd);
+        }
+        answered[outcome(st, connected, where)].emplace_back(addr, port);
+      }
+    }
+    if (Clock::now() + backoff >= deadline) break;
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
+  }
+  std::string answers;
+  for (const auto& entry : answered) {
+    std::vector<int> ports;
+    std::vector<std::string> candidates;
+    for (const auto& c : entry.second) {
+      ports.push_back(c.second);
+      candidates.push_back(c.first + ":" + std::to_string(c.second));
+    }
+    answers += (answers.empty() ? "" : "; ") + (target.addrs.size() > 1 ? join(candidates) : ports_text(ports)) +
+               ": " + entry.first;
+  }
+  return Status::error(
+      HPCDL_ERR_TIMEOUT,
+      who + " found no rendezvous of this job at " + join(target.addrs) + " on port" +
+          (target.ports.size() > 1 ? "s " : " ") + ports_text(target.ports) +
+          (target.origin.empty() ? "" : " (from " + target.origin + ")") +
+          " before its deadline (HPCDL_TIMEOUT); rank 0 serves on the first of them that is free on its host. "
+          "What they answered: " + answers + ". Check that rank 0 started and that every rank has the same " +
+          "secret and size" + loopback_hint(target, self));
 }
 
 }  // namespace hpcdl

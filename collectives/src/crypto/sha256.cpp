@@ -2,11 +2,17 @@
 
 #include <sys/random.h>
 
+#include <cerrno>
 #include <cstring>
+#include <system_error>
 #include <vector>
 
 namespace hpcdl {
 namespace {
+
+// getrandom blocks only until the kernel's pool is first seeded; a signal can interrupt that wait. This
+// many interruptions in one call mean something keeps interrupting it, which is reported, not spun on.
+constexpr int kMaxInterruptions = 100;
 
 constexpr uint32_t kK[64] = {
     0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
@@ -101,13 +107,25 @@ bool digest_equal(const uint8_t* a, const uint8_t* b, size_t size) {
   return diff == 0;
 }
 
-void random_bytes(void* out, size_t size) {
+Status random_bytes(void* out, size_t size) {
   auto* p = static_cast<uint8_t*>(out);
   size_t done = 0;
+  int interruptions = 0;
   while (done < size) {
-    ssize_t n = getrandom(p + done, size - done, 0);
-    if (n > 0) done += size_t(n);
+    const ssize_t n = getrandom(p + done, size - done, 0);
+    if (n > 0) {
+      done += size_t(n);
+      continue;
+    }
+    const int err = n < 0 ? errno : EIO;
+    if (err == EINTR && ++interruptions < kMaxInterruptions) continue;
+    return Status::error(HPCDL_ERR_INTERNAL,
+                         "cannot draw random bytes from the kernel: getrandom failed (" +
+                             std::generic_category().message(err) +
+                             "); hpcdl needs Linux 3.17 or newer with the getrandom system call allowed "
+                             "(a container's seccomp profile may block it)");
   }
+  return Status::ok();
 }
 
 }  // namespace hpcdl

@@ -35,6 +35,8 @@ constexpr int64_t kWideBytes = 1 << 20;  // batches this large may run on any co
 // first two gradients in cycles of their own, on the core the caller was submitting the rest from (the
 // submissions took 1.5 ms instead of 0.45 ms); at 50 us, about one step in 25.
 constexpr std::chrono::microseconds kSettle{100};
+// The longest a rank that shuts down waits for its peers to hear it (see Engine::run_cycle).
+constexpr std::chrono::seconds kShutdownGrace{2};
 constexpr std::chrono::microseconds kSettleRecheck{100};
 
 // Bytes of data an allreduce carries inside its control message (0: none).
@@ -42,6 +44,14 @@ inline int64_t inline_bytes(const OpRequest& r) {
   if (r.op_type != HPCDL_OP_ALLREDUCE) return 0;
   int64_t bytes = r.num_elements() * dtype_size(r.dtype);
   return bytes > 0 && bytes <= kInlineMaxBytes ? bytes : 0;
+}
+
+// Horovod scales each rank's input by the prescale factor before the reduction and stores it in the
+// tensor's own type (integers truncate, float16/bfloat16 round), and the sum adds those values. The kernels
+// scale inside the reduction, in a wider type: for these dtypes the engine scales each input first, as
+// Horovod does, and reduces it unscaled (float32/float64 give the same either way; bool ignores scaling).
+inline bool prescale_rounds(const OpRequest& r) {
+  return r.prescale != 1.0 && r.dtype != HPCDL_FLOAT32 && r.dtype != HPCDL_FLOAT64 && r.dtype != HPCDL_BOOL;
 }
 
 // A deadline already passed: wait_notify then only consumes a pending ring.

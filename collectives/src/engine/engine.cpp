@@ -169,7 +169,10 @@ void Engine::loop() {
       fail_everything(s);
       break;
     }
-    if (result.all_shutdown) break;
+    if (!result.shut_down.empty()) {
+      fail_everything(shutdown_status(result.shut_down));
+      break;
+    }
     if (rank_ == 0) stall_check(Clock::now());
     if (!result.activity) {
       if (autotuner_ && burst_bytes_ > 0) {
@@ -195,15 +198,14 @@ void Engine::loop() {
   timeline_.flush(true);
 }
 
-// Sleeps until this rank has work, a peer rang the doorbell, or a timer (stall check, shutdown deadline)
-// is due. Returns false when the engine must stop.
+// Sleeps until this rank has work, a peer rang the doorbell, or a timer (stall check, timeline flush) is
+// due. Returns false when the engine must stop.
 bool Engine::wait_while_idle() {
   while (true) {
-    bool shutdown_pending = false, local = false;
+    bool local = false;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (!failed_.is_ok()) return false;
-      shutdown_pending = shutdown_requested_;
       local = !queue_.empty() || (shutdown_requested_ && !shutdown_sent_) || !aborts_to_send_.empty();
       if (!local) waiting_ = true;
     }
@@ -213,15 +215,6 @@ bool Engine::wait_while_idle() {
       return true;
     }
     auto now = Clock::now();
-    if (shutdown_pending && seconds_between(shutdown_since_, now) > timeout_s_) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      waiting_ = false;
-      failed_ = Status::error(HPCDL_ERR_TIMEOUT,
-                              "hpcdl shutdown: the other ranks did not shut down within " +
-                                  std::to_string(static_cast<int>(timeout_s_)) +
-                                  " s; every rank must call shutdown()");
-      return false;
-    }
     Deadline until = now + std::chrono::seconds(1);
     if (rank_ == 0 && stall_check_enabled_ && !table_.empty()) until = std::min(until, next_stall_check_);
     // Events still in memory reach the file soon, so a trace survives the job being killed.
@@ -234,8 +227,14 @@ bool Engine::wait_while_idle() {
       waiting_ = false;
     }
     // A caller rang our own doorbell (under mutex_, so it has landed): consume it now, or it would wake
-    // this thread for a cycle that no peer runs.
-    if (poked) control_->wait_notify(past());
+    // this thread for a cycle that no peer runs. Then let that caller run first: woken on its core, this
+    // thread has usually just preempted it, and an asynchronous submission must return to its caller
+    // (which submits more, polls, or waits, and a wait hands the core back at once) before the engine
+    // runs it, or a caller that polls right after submitting would find every operation already done.
+    if (poked) {
+      control_->wait_notify(past());
+      sched_yield();
+    }
     if (woke || poked) {
       settle();
       std::lock_guard<std::mutex> lock(mutex_);
@@ -333,13 +332,15 @@ Status Engine::run_cycle(CycleResult* result) {
   if (timeline_.active() && timeline_.mark_cycles()) timeline_.instant("CYCLE_START", last_cycle_start_);
   std::vector<uint8_t> mine;
   pack(&mine);
+  // The cycle that announces this rank's shutdown is its last: it waits for its peers a short while, not
+  // the whole timeout, so that an exiting process leaves at once even when a peer is hung.
+  const Deadline until = shutdown_sent_ ? std::min(deadline(), Clock::now() + kShutdownGrace) : deadline();
   std::vector<std::vector<uint8_t>> all;
-  Status s = exchange(mine, &all);
+  Status s = exchange(mine, until, &all);
   if (!s.is_ok()) return s;
   std::vector<Ready> work;
   std::set<int> join_changed;
   std::vector<Abort> aborts;
-  result->all_shutdown = true;
   bool knobs_changed = false;
   for (int r = 0; r < size_; ++r) {
     bool shutdown = false;
@@ -348,8 +349,7 @@ Status Engine::run_cycle(CycleResult* result) {
     if (!decode(r, all[r], &shutdown, &aborts, &work, &join_changed))
       return Status::error(HPCDL_ERR_INTERNAL,
                            "the engine received a malformed control message from rank " + std::to_string(r));
-    if (!shutdown) result->all_shutdown = false;
-    else if (shut_down_.insert(r).second) result->activity = true;
+    if (shutdown) result->shut_down.push_back(r);
     if (work.size() + aborts.size() != before) result->activity = true;
     if (r == 0 && (before_knobs.fusion_threshold != knobs_.fusion_threshold ||
                    before_knobs.cycle_time_ms != knobs_.cycle_time_ms ||
@@ -364,8 +364,9 @@ Status Engine::run_cycle(CycleResult* result) {
     finish(it->second, HPCDL_ERR_SHUTDOWN, a.message);
     drop(it, &work);
   }
-  if (result->all_shutdown) return Status::ok();
-  if (!shut_down_.empty()) cancel_orphaned(&work);
+  // Shutdown is not collective: one rank's ends the job for every rank, in this cycle, before anything
+  // else runs (the loop fails every operation, naming that rank).
+  if (!result->shut_down.empty()) return Status::ok();
   fused_last_cycle_ = false;
   for (int ps : join_changed)
     for (auto& kv : table_)
@@ -376,24 +377,6 @@ Status Engine::run_cycle(CycleResult* result) {
   return failed_;
 }
 
-// Operations that wait for a rank that has shut down can never run: fail them now on every rank.
-void Engine::cancel_orphaned(std::vector<Ready>* work) {
-  for (auto it = table_.begin(); it != table_.end();) {
-    Pending& e = it->second;
-    std::vector<int> gone;
-    for (size_t m = 0; m < e.by_member.size(); ++m)
-      if (!e.by_member[m] && shut_down_.count(e.members[m])) gone.push_back(e.members[m]);
-    if (gone.empty() || e.any() == nullptr) {
-      ++it;
-      continue;
-    }
-    finish(e, HPCDL_ERR_SHUTDOWN,
-           describe(*e.any()) + " can never complete: " + ranks_text(gone) + (gone.size() == 1 ? " has" : " have") +
-               " shut down without submitting it");
-    it = drop(it, work);
-  }
-}
-
 void Engine::pack(std::vector<uint8_t>* message) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -401,10 +384,7 @@ void Engine::pack(std::vector<uint8_t>* message) {
     for (auto& op : queue_) packed_.push_back(std::move(op));
     queue_.clear();
     queue_bytes_ = 0;
-    if (shutdown_requested_ && !shutdown_sent_) {
-      shutdown_sent_ = true;
-      shutdown_since_ = Clock::now();
-    }
+    if (shutdown_requested_ && !shutdown_sent_) shutdown_sent_ = true;
   }
   ByteWriter w;
   uint32_t flags = shutdown_sent_ ? kFlagShutdown : 0;
@@ -457,23 +437,16 @@ void Engine::pack(std::vector<uint8_t>* message) {
 
 // All-gathers every rank's control message: one fixed-size allgather, plus a second, variable one only
 // when some message did not fit its slot.
-Status Engine::exchange(const std::vector<uint8_t>& mine, std::vector<std::vector<uint8_t>>* all) {
+Status Engine::exchange(const std::vector<uint8_t>& mine, Deadline until, std::vector<std::vector<uint8_t>>* all) {
   constexpr size_t kInline = kSlotBytes - sizeof(uint32_t);
   std::vector<uint8_t> send(kSlotBytes, 0), recv(kSlotBytes * size_);
   uint32_t len = static_cast<uint32_t>(mine.size());
   std::memcpy(send.data(), &len, sizeof len);
   std::memcpy(send.data() + sizeof len, mine.data(), std::min(mine.size(), kInline));
-  std::string what = "engine negotiation";
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!pending_names_.empty()) {
-      what += " (this rank waits for " + std::to_string(pending_names_.size()) + " operation(s), e.g. '" +
-              pending_names_.begin()->second + "')";
-    }
-  }
+  const std::string what = "engine negotiation";
   Status s = control_->allgatherv(send.data(), recv.data(), std::vector<int64_t>(size_, kSlotBytes), HPCDL_UINT8,
-                                  deadline(), what);
-  if (!s.is_ok()) return s;
+                                  until, what);
+  if (!s.is_ok()) return Status::error(s.code, s.message + pending_summary());
   all->assign(size_, {});
   std::vector<int64_t> extra(size_, 0);
   int64_t extra_total = 0;
@@ -488,14 +461,28 @@ Status Engine::exchange(const std::vector<uint8_t>& mine, std::vector<std::vecto
   if (extra_total == 0) return Status::ok();
   std::vector<uint8_t> more(static_cast<size_t>(extra_total));
   const uint8_t* tail = mine.data() + std::min(mine.size(), kInline);
-  s = control_->allgatherv(tail, more.data(), extra, HPCDL_UINT8, deadline(), what);
-  if (!s.is_ok()) return s;
+  s = control_->allgatherv(tail, more.data(), extra, HPCDL_UINT8, until, what);
+  if (!s.is_ok()) return Status::error(s.code, s.message + pending_summary());
   size_t off = 0;
   for (int r = 0; r < size_; ++r) {
     (*all)[r].insert((*all)[r].end(), more.begin() + off, more.begin() + off + extra[r]);
     off += static_cast<size_t>(extra[r]);
   }
   return Status::ok();
+}
+
+// " (this rank waits for 3 operation(s), e.g. 'grad.w')": what a failed negotiation held up.
+std::string Engine::pending_summary() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  int64_t count = 0;
+  const std::string* example = nullptr;
+  for (const auto& kv : names_in_use_) {
+    if (kv.second.finished) continue;
+    ++count;
+    if (example == nullptr) example = &kv.first.second;
+  }
+  if (count == 0) return "";
+  return " (this rank waits for " + std::to_string(count) + " operation(s), e.g. '" + *example + "')";
 }
 
 // Removes an entry that ends before this cycle's decisions, and its place in the cycle's work.
@@ -604,19 +591,18 @@ bool Engine::is_ready(const Key& key, const Pending& e) {
   return true;
 }
 
+// As in Horovod, a joined rank stands in only for allreduces (it contributes zeros) and barriers; every
+// other collective fails on the members that submitted it while a member has joined.
 std::string Engine::join_conflict(const Pending& e) {
   std::vector<int> absent;
   for (size_t m = 0; m < e.by_member.size(); ++m)
     if (!e.by_member[m]) absent.push_back(e.members[m]);
   if (absent.empty()) return "";
   const OpRequest& r = *e.any();
-  if (r.op_type == HPCDL_OP_ALLTOALL || r.op_type == HPCDL_OP_REDUCESCATTER)
-    return describe(r) + " cannot run while " + ranks_text(absent) +
-           (absent.size() == 1 ? " has" : " have") + " joined: only allreduce, allgather, broadcast and barrier "
-           "accept joined ranks";
-  if (r.op_type == HPCDL_OP_BROADCAST && std::find(absent.begin(), absent.end(), r.root) != absent.end())
-    return describe(r) + " cannot run: its root rank " + std::to_string(r.root) + " has joined";
-  return "";
+  if (r.op_type == HPCDL_OP_ALLREDUCE || r.op_type == HPCDL_OP_BARRIER) return "";
+  return describe(r) + " cannot run while " + ranks_text(absent) + (absent.size() == 1 ? " has" : " have") +
+         " joined (called join()): only allreduce and barrier accept joined ranks, as in Horovod. Finish such "
+         "collectives before any rank joins, or have every rank call join() first";
 }
 
 void Engine::decide_and_run(const std::vector<Ready>& work) {
@@ -676,7 +662,7 @@ void Engine::decide_and_run(const std::vector<Ready>& work) {
     if (!validate_requests(requests, e.members, &message)) {
       code = HPCDL_ERR_MISMATCH;
     } else if (!(message = join_conflict(e)).empty()) {
-      code = HPCDL_ERR_INVALID;
+      code = HPCDL_ERR_JOINED;
     }
     const OpRequest& any = *e.any();
     std::pair<int, int> gkey{r.key->first, any.group_id};
@@ -760,7 +746,36 @@ void Engine::decide_and_run(const std::vector<Ready>& work) {
       if (!failed_.is_ok()) break;
     }
   }
+  follow_skipped(finished);
   for (const Key* k : finished) table_.erase(table_.find(*k));
+}
+
+// A joined rank stands in for operations it never submits. It moves its own counters past them, as if it
+// had submitted them: past an unnamed operation's number, and past a grouped operation's group id, so that
+// its next unnamed and grouped operations get the same names and ids as its peers' (they would otherwise
+// never meet, or fail as mismatched groups).
+void Engine::follow_skipped(const std::vector<const Key*>& finished) {
+  std::vector<std::pair<const Key*, const OpRequest*>> skipped;
+  for (const Key* k : finished) {
+    const Pending& e = table_.find(*k)->second;
+    const int me = k->first == 0 ? rank_ : index_of(e.members, rank_);
+    if (me >= 0 && !e.by_member[me]) skipped.push_back({k, e.any()});
+  }
+  if (skipped.empty()) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& [key, request] : skipped) {
+    if (request->group_id > 0) {
+      int& last = last_group_id_[key->first];
+      last = std::max(last, request->group_id);
+    }
+    const std::string prefix = std::string(op_type_name(request->op_type)) + ".noname.";
+    if (key->second.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string number = key->second.substr(prefix.size());
+    if (number.empty() || number.size() > 18 || number.find_first_not_of("0123456789") != std::string::npos)
+      continue;
+    int64_t& next = unnamed_counter_[{key->first, request->op_type}];
+    next = std::max<int64_t>(next, std::stoll(number) + 1);
+  }
 }
 
 void Engine::finish(Pending& e, int code, const std::string& message) {
@@ -789,7 +804,11 @@ void Engine::finish(const std::vector<Ready>& batch, int code, const std::string
 std::shared_ptr<EngineOp> Engine::mark_finished(Pending& e, int code, const std::string& message) {
   if (!e.local) return nullptr;
   std::shared_ptr<EngineOp> op = std::move(e.local);
-  pending_names_.erase({op->request.process_set, op->request.name});
+  auto name = names_in_use_.find({op->request.process_set, op->request.name});
+  if (name != names_in_use_.end() && name->second.handle == op->id) {
+    if (name->second.released) names_in_use_.erase(name);
+    else name->second.finished = true;
+  }
   if (code != HPCDL_OK) op->error = message;
   op->status.store(code, std::memory_order_release);
   return op->waiters > 0 ? op : nullptr;
@@ -884,6 +903,21 @@ void Engine::stall_check(Clock::time_point now) {
   }
 }
 
+// What every operation of a job that has shut down fails with: it names the ranks that left.
+Status Engine::shutdown_status(const std::vector<int>& ranks) const {
+  std::vector<int> others;
+  for (int r : ranks)
+    if (r != rank_) others.push_back(r);
+  if (others.empty())
+    return Status::error(HPCDL_ERR_SHUTDOWN, "hpcdl was shut down on this rank (shutdown() was called)");
+  return Status::error(HPCDL_ERR_SHUTDOWN,
+                       ranks_text(others) + (others.size() == 1 ? " has" : " have") +
+                           " shut down (called shutdown() or exited): the job's collectives cannot run without " +
+                           (others.size() == 1 ? "it" : "them") +
+                           ", so this rank's pending and later operations fail. Call shutdown() on this rank "
+                           "too (init() starts a new job)");
+}
+
 void Engine::fail_everything(const Status& status) {
   std::vector<std::shared_ptr<EngineOp>> ops;
   for (auto& kv : table_)
@@ -902,7 +936,7 @@ void Engine::fail_everything(const Status& status) {
     op->error = failed_.message + " (" + describe(op->request) + " did not complete)";
     op->status.store(failed_.code == HPCDL_OK ? HPCDL_ERR_SHUTDOWN : failed_.code, std::memory_order_release);
   }
-  pending_names_.clear();
+  names_in_use_.clear();
   for (auto& op : ops)
     if (op->waiters > 0) op->done.notify_all();
 }

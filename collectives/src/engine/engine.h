@@ -35,7 +35,6 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "comm.h"
@@ -87,6 +86,7 @@ class Engine {
   Status received_splits(int64_t handle, int64_t* splits, int capacity, int* count);
   Status join_result(int64_t handle, int* rank);
   Status release(int64_t handle);
+  int new_group_id(int process_set);
   Status start_timeline(const std::string& path, bool mark_cycles);
   Status stop_timeline();
   bool knob(const std::string& name, double* value) const;
@@ -138,7 +138,17 @@ class Engine {
   };
   struct CycleResult {
     bool activity = false;
-    bool all_shutdown = false;
+    std::vector<int> shut_down;  // ranks that announced their shutdown in this cycle: the job is over
+  };
+  // A name this rank has submitted: from enqueue until the operation finished and its caller saw the
+  // result (wait or poll found it done) or released the handle. Another submission of the name in that
+  // time is refused (Horovod's duplicate-name error), so the rule does not depend on how fast the
+  // engine ran the first one; once it finished, an operation of another type may take the name.
+  struct NameUse {
+    int64_t handle = 0;
+    int32_t op_type = 0;
+    bool finished = false;  // the operation finished; the name is free once its caller saw that
+    bool released = false;  // the handle was released while the operation ran: free the name at finish
   };
 
   void loop();
@@ -153,8 +163,8 @@ class Engine {
   void clear_doorbell();
   Status run_cycle(CycleResult* result);
   void pack(std::vector<uint8_t>* message);
-  void cancel_orphaned(std::vector<Ready>* work);
-  Status exchange(const std::vector<uint8_t>& mine, std::vector<std::vector<uint8_t>>* all);
+  Status exchange(const std::vector<uint8_t>& mine, Deadline deadline, std::vector<std::vector<uint8_t>>* all);
+  std::string pending_summary() const;
   bool decode(int rank, const std::vector<uint8_t>& message, bool* shutdown, std::vector<Abort>* aborts,
               std::vector<Ready>* work, std::set<int>* join_changed);
   using Table = std::unordered_map<Key, Pending, KeyHash>;
@@ -162,14 +172,18 @@ class Engine {
   void list_work(const Key& key, Pending& entry, std::vector<Ready>* work);
   void decide_and_run(const std::vector<Ready>& work);
   bool is_ready(const Key& key, const Pending& entry);
+  void follow_skipped(const std::vector<const Key*>& finished);
   std::string join_conflict(const Pending& entry);
   void run_batch(const std::vector<Ready>& batch, bool fused);
   Status run_one(Pending& entry, Comm& comm, const std::string& what);
   Status run_fused(const std::vector<Ready>& batch, Comm& comm, const std::string& what);
   void run_inline(Pending& entry);
+  const void* prescaled(const void* input, int64_t count, const OpRequest& request);
   void finish(Pending& entry, int code, const std::string& message);
   void finish(const std::vector<Ready>& batch, int code, const std::string& message);
   std::shared_ptr<EngineOp> mark_finished(Pending& entry, int code, const std::string& message);
+  void collected(const EngineOp& op);  // under mutex_: the caller saw op finish (see NameUse)
+  Status shutdown_status(const std::vector<int>& ranks) const;
   void remember(const Key& key, const Pending& entry);
   void stall_check(Clock::time_point now);
   void fail_everything(const Status& status);
@@ -205,8 +219,9 @@ class Engine {
   bool collecting_ = false;       // the engine thread sleeps in settle() or wait_for_batch()
   int64_t batch_wake_bytes_ = 0;  // > 0 while it sleeps in settle or wait_for_batch: wake at this many bytes
   std::unordered_map<int64_t, std::shared_ptr<EngineOp>> handles_;
-  std::unordered_set<Key, KeyHash> pending_names_;
+  std::unordered_map<Key, NameUse, KeyHash> names_in_use_;
   std::map<std::pair<int, int>, int64_t> unnamed_counter_;
+  std::map<int, int> last_group_id_;  // per process set
   int64_t next_handle_ = 1;
   bool waiting_ = false;  // the engine thread sleeps in wait_notify; enqueue rings the doorbell
   bool shutdown_requested_ = false;
@@ -216,13 +231,11 @@ class Engine {
   // Engine thread only.
   std::thread thread_;
   bool shutdown_sent_ = false;
-  Clock::time_point shutdown_since_;
   std::vector<std::shared_ptr<EngineOp>> packed_;
   Table table_;
   uint64_t sequence_ = 0;
   uint64_t cycle_ = 0;  // cycles run so far
   std::map<int, std::set<int>> joined_;  // process set -> world ranks that joined
-  std::set<int> shut_down_;              // world ranks that announced their shutdown
   std::map<int, int> last_joined_;
   std::map<std::pair<int, int>, std::vector<Key>> groups_;  // (set, group id) -> ready members held back
   std::map<std::pair<int, int>, std::string> failed_groups_;
@@ -230,7 +243,7 @@ class Engine {
   std::unordered_map<Key, int, KeyHash> cache_index_;
   uint64_t cache_clock_ = 0;
   std::vector<Abort> aborts_to_send_;
-  std::vector<uint8_t> fusion_buffer_, scratch_;
+  std::vector<uint8_t> fusion_buffer_, scratch_, prescaled_;
   Clock::time_point next_stall_check_;
   bool fused_last_cycle_ = false;
   int64_t widest_pack_ = 0;  // most operations this rank packed into one cycle of the current burst

@@ -80,6 +80,15 @@ void Engine::run_batch(const std::vector<Ready>& batch, bool fused) {
   }
 }
 
+// This rank's input scaled by the request's prescale factor into a buffer of its own (see
+// prescale_rounds), valid until the next call.
+const void* Engine::prescaled(const void* input, int64_t count, const OpRequest& r) {
+  const size_t bytes = static_cast<size_t>(count * dtype_size(r.dtype));
+  if (prescaled_.size() < bytes) prescaled_.resize(bytes);
+  if (count > 0) reduce(prescaled_.data(), &input, 1, count, r.dtype, HPCDL_SUM, r.prescale, 1.0, 1);
+  return prescaled_.data();
+}
+
 Status Engine::run_one(Pending& e, Comm& c, const std::string& what) {
   const OpRequest& any = *e.any();
   const OpRequest& req = e.local ? e.local->request : any;
@@ -88,6 +97,10 @@ Status Engine::run_one(Pending& e, Comm& c, const std::string& what) {
   const int me = index_of(e.members, rank_);
   const int dsize = dtype_size(any.dtype);
   const int64_t row = any.row_elements();
+  // The input as it enters the reduction, and the prescale factor left to the data plane.
+  const bool rounds = prescale_rounds(any);
+  const double prescale = rounds ? 1.0 : any.prescale;
+  auto input = [&]() { return rounds ? prescaled(op->input, any.num_elements(), any) : op->input; };
   auto scratch = [&](int64_t bytes) -> uint8_t* {
     if (static_cast<int64_t>(scratch_.size()) < bytes) scratch_.resize(static_cast<size_t>(bytes));
     std::memset(scratch_.data(), 0, static_cast<size_t>(bytes));
@@ -97,10 +110,11 @@ Status Engine::run_one(Pending& e, Comm& c, const std::string& what) {
     case HPCDL_OP_ALLREDUCE: {
       int64_t count = any.num_elements();
       if (op != nullptr)
-        return c.allreduce(op->input, op->output, count, any.dtype, any.reduce_op, any.prescale, any.postscale,
+        return c.allreduce(input(), op->output, count, any.dtype, any.reduce_op, prescale, any.postscale,
                            deadline(), what);
       uint8_t* buf = scratch(2 * count * dsize);  // joined: contribute zeros, discard the result
-      return c.allreduce(buf, buf + count * dsize, count, any.dtype, any.reduce_op, any.prescale, any.postscale, deadline(), what);
+      return c.allreduce(buf, buf + count * dsize, count, any.dtype, any.reduce_op, prescale, any.postscale,
+                         deadline(), what);
     }
     case HPCDL_OP_ALLGATHER: {
       std::vector<int64_t> counts(n, 0);
@@ -159,7 +173,7 @@ Status Engine::run_one(Pending& e, Comm& c, const std::string& what) {
       int64_t rows = any.rows();
       std::vector<int64_t> counts(n);
       for (int j = 0; j < n; ++j) counts[j] = (rows / n + (j < rows % n ? 1 : 0)) * row;
-      return c.reducescatter(op->input, op->output, counts, any.dtype, any.reduce_op, any.prescale, any.postscale,
+      return c.reducescatter(input(), op->output, counts, any.dtype, any.reduce_op, prescale, any.postscale,
                              deadline(), what);
     }
     case HPCDL_OP_BARRIER:
@@ -171,11 +185,21 @@ Status Engine::run_one(Pending& e, Comm& c, const std::string& what) {
 
 void Engine::run_inline(Pending& e) {
   const OpRequest& q = *e.any();
+  const bool rounds = prescale_rounds(q);
+  std::vector<std::vector<uint8_t>> scaled(rounds ? e.payload.size() : 0);
   std::vector<const void*> sources;
-  for (const auto& p : e.payload) sources.push_back(p.data());
+  for (size_t m = 0; m < e.payload.size(); ++m) {
+    const void* data = e.payload[m].data();
+    if (rounds) {
+      scaled[m].resize(e.payload[m].size());
+      reduce(scaled[m].data(), &data, 1, q.num_elements(), q.dtype, HPCDL_SUM, q.prescale, 1.0, 1);
+      data = scaled[m].data();
+    }
+    sources.push_back(data);
+  }
   std::vector<uint8_t> result(e.payload.front().size());
   reduce(result.data(), sources.data(), static_cast<int>(sources.size()), q.num_elements(), q.dtype, q.reduce_op,
-         q.prescale, q.postscale, static_cast<int64_t>(sources.size()));
+         rounds ? 1.0 : q.prescale, q.postscale, static_cast<int64_t>(sources.size()));
   if (e.local) std::memcpy(e.local->output, result.data(), result.size());
 }
 
@@ -183,9 +207,12 @@ Status Engine::run_fused(const std::vector<Ready>& batch, Comm& comm, const std:
   const OpRequest& first = *batch.front().entry->any();
   const int dsize = dtype_size(first.dtype);
   const bool native = comm.native_segments();
-  // Which tensors go through the fusion buffer depends only on sizes, the same on every rank, so every
-  // rank lists the same segments in the same order (the fusion buffer first).
-  auto packed = [&](const Pending& e) { return !native || entry_bytes(e) <= kPackTensorMaxBytes; };
+  // Inputs that must be scaled before the reduction (see prescale_rounds) are scaled into the fusion buffer.
+  const bool rounds = prescale_rounds(first);
+  const double prescale = rounds ? 1.0 : first.prescale;
+  // Which tensors go through the fusion buffer depends only on sizes and the batch's scaling, the same on
+  // every rank, so every rank lists the same segments in the same order (the fusion buffer first).
+  auto packed = [&](const Pending& e) { return !native || rounds || entry_bytes(e) <= kPackTensorMaxBytes; };
   int64_t packed_count = 0, total = 0, joined_bytes = 0;
   for (const Ready& r : batch) {
     const int64_t count = r.entry->any()->num_elements();
@@ -219,16 +246,17 @@ Status Engine::run_fused(const std::vector<Ready>& batch, Comm& comm, const std:
       }
       continue;
     }
-    if (r.entry->local) std::memcpy(buf + off, r.entry->local->input, bytes);
-    else std::memset(buf + off, 0, bytes);  // joined: contribute zeros
+    if (!r.entry->local) std::memset(buf + off, 0, bytes);  // joined: contribute zeros
+    else if (rounds) reduce(buf + off, &r.entry->local->input, 1, count, first.dtype, HPCDL_SUM, first.prescale, 1.0, 1);
+    else std::memcpy(buf + off, r.entry->local->input, bytes);
     off += static_cast<int64_t>(bytes);
   }
   const auto t1 = Clock::now();
   const Segment& only = segments.front();
   Status s = segments.size() == 1
-                 ? comm.allreduce(only.send, only.recv, only.count, first.dtype, first.reduce_op, first.prescale,
+                 ? comm.allreduce(only.send, only.recv, only.count, first.dtype, first.reduce_op, prescale,
                                   first.postscale, deadline(), what)
-                 : comm.allreduce_segments(segments, first.dtype, first.reduce_op, first.prescale, first.postscale,
+                 : comm.allreduce_segments(segments, first.dtype, first.reduce_op, prescale, first.postscale,
                                            deadline(), what);
   if (!s.is_ok()) return s;
   const auto t2 = Clock::now();

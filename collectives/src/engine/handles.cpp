@@ -97,12 +97,20 @@ Status Engine::enqueue(const hpcdl_request& r, int64_t* handle) {
     int64_t k = unnamed_counter_[{r.process_set, r.op_type}]++;
     q.name = std::string(op_type_name(r.op_type)) + ".noname." + std::to_string(k);
   }
-  if (!pending_names_.insert(Key{q.process_set, q.name}).second)
-    return invalid("an operation named '" + q.name + "' is already pending" +
-                   (q.process_set ? " in process set " + std::to_string(q.process_set) : std::string()) +
-                   " on this rank; wait for it before submitting the name again, or use another name");
+  auto name = names_in_use_.try_emplace(Key{q.process_set, q.name}).first;
+  NameUse& use = name->second;
+  if (use.handle != 0 && (!use.finished || use.op_type == q.op_type)) {
+    const std::string where = q.process_set ? " in process set " + std::to_string(q.process_set) : std::string();
+    if (!use.finished)
+      return invalid("an operation named '" + q.name + "' is already pending" + where +
+                     " on this rank; wait for it before submitting the name again, or use another name");
+    return invalid("an " + std::string(op_type_name(q.op_type)) + " named '" + q.name + "'" + where +
+                   " finished on this rank, but its result was never collected: synchronize (or poll) its handle "
+                   "before submitting the name again, or use another name");
+  }
   op->id = next_handle_++;
   *handle = op->id;
+  use = NameUse{op->id, q.op_type, false, false};
   handles_.emplace(op->id, op);
   queue_bytes_ += elements * dtype_size(q.dtype);
   last_enqueue_ = op->submitted;
@@ -135,9 +143,18 @@ Status op_status(const EngineOp& op) {
 }  // namespace
 
 Status Engine::poll(int64_t handle) {
-  auto op = find(handle);
-  if (!op) return unknown_handle(handle);
-  return op_status(*op);
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = handles_.find(handle);
+  if (it == handles_.end()) return unknown_handle(handle);
+  Status s = op_status(*it->second);
+  if (s.code != HPCDL_PENDING) collected(*it->second);
+  return s;
+}
+
+// The caller saw `op` finish: its name is free again (see NameUse).
+void Engine::collected(const EngineOp& op) {
+  auto name = names_in_use_.find({op.request.process_set, op.request.name});
+  if (name != names_in_use_.end() && name->second.handle == op.id) names_in_use_.erase(name);
 }
 
 Status Engine::wait(int64_t handle, double timeout_s) {
@@ -148,7 +165,10 @@ Status Engine::wait(int64_t handle, double timeout_s) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = handles_.find(handle);
     if (it == handles_.end()) return unknown_handle(handle);
-    if (it->second->status.load(std::memory_order_acquire) != HPCDL_PENDING) return op_status(*it->second);
+    if (it->second->status.load(std::memory_order_acquire) != HPCDL_PENDING) {
+      collected(*it->second);
+      return op_status(*it->second);
+    }
     op = it->second;
     // A caller that waits has finished submitting: the engine need not collect any longer (see settle()
     // and wait_for_batch()).
@@ -167,6 +187,7 @@ Status Engine::wait(int64_t handle, double timeout_s) {
     bool done = op->done.wait_until(lock, until, [&] { return op->status.load() != HPCDL_PENDING; });
     --op->waiters;
     --callers_waiting_;
+    if (done) collected(*op);
     if (!done) {
       std::ostringstream m;
       m << "timed out after " << limit << " s waiting for " << describe(op->request);
@@ -183,6 +204,7 @@ Status Engine::wait(int64_t handle, double timeout_s) {
   }
   std::lock_guard<std::mutex> lock(mutex_);
   --callers_waiting_;
+  collected(*op);
   return op_status(*op);
 }
 
@@ -228,8 +250,22 @@ Status Engine::join_result(int64_t handle, int* rank) {
 
 Status Engine::release(int64_t handle) {
   std::lock_guard<std::mutex> lock(mutex_);
-  handles_.erase(handle);  // idempotent; a pending op stays alive inside the engine until it finishes
+  auto it = handles_.find(handle);
+  if (it == handles_.end()) return Status::ok();  // idempotent
+  // A pending op stays alive inside the engine until it finishes; its name is freed then.
+  const EngineOp& op = *it->second;
+  auto name = names_in_use_.find({op.request.process_set, op.request.name});
+  if (name != names_in_use_.end() && name->second.handle == op.id) {
+    if (name->second.finished) names_in_use_.erase(name);
+    else name->second.released = true;
+  }
+  handles_.erase(it);
   return Status::ok();
+}
+
+int Engine::new_group_id(int process_set) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return ++last_group_id_[process_set];
 }
 
 Status Engine::start_timeline(const std::string& path, bool mark_cycles) {

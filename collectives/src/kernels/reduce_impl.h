@@ -237,8 +237,11 @@ void reduce_general(T* dst, const T* const* srcs, int nsrc, int64_t n, int op, d
   alignas(64) A tmp[kBlock];
   const bool average = op == HPCDL_AVERAGE;
   const bool int_average = average && std::is_integral_v<A>;
+  // A float average divides by the number of ranks, rounding once as t / n does; multiplying by 1/n
+  // rounds differently unless n is a power of 2 (then 1/n is exact and the multiplication is cheaper).
+  const bool float_divide = average && !std::is_integral_v<A> && postscale == 1.0 && (divisor & (divisor - 1)) != 0;
   double post = postscale;
-  if (average && !std::is_integral_v<A>) post /= double(divisor);
+  if (average && !std::is_integral_v<A> && !float_divide) post /= double(divisor);
   const A pre_a = A(prescale), post_a = A(post);
   const bool do_pre = prescale != 1.0, do_post = post != 1.0;
   for (int64_t base = 0; base < n; base += kBlock) {
@@ -252,7 +255,7 @@ void reduce_general(T* dst, const T* const* srcs, int nsrc, int64_t n, int op, d
         for (int i = 0; i < m; ++i) tmp[i] *= pre_a;
       combine<A>(acc, tmp, m, op);
     }
-    if (int_average) {
+    if (int_average || float_divide) {
       const A div = A(divisor);
       for (int i = 0; i < m; ++i) acc[i] /= div;
     }

@@ -1,11 +1,20 @@
 // Mutual challenge-response authentication with the job secret (HMAC-SHA-256), used by the rendezvous
 // server and by every rank's data listener. Nothing a peer sends is interpreted before its MAC checks
-// out, apart from one bounded length field; connections that fail, stall or send garbage are dropped.
+// out, apart from one bounded length field; connections that stall or send garbage are dropped.
 //
 //   server -> client  "HPCDLAU1" nonce_s[32]
 //   client -> server  "HPCDLAU1" nonce_c[32] mac_c[32] header_len[u32 le] header[header_len <= 4096]
 //                     mac_c = HMAC(secret, "client" nonce_s nonce_c header)
 //   server -> client  mac_s[32] = HMAC(secret, "server" nonce_c nonce_s header)
+//                     or, when mac_c is wrong, the 32-byte refusal kAuthRefusal, then close
+//
+// A client can therefore tell a wrong secret (the refusal, or a wrong mac_s) from a connection the server
+// dropped (closed before answering: it was overloaded or restarting), which is worth retrying.
+//
+// Many clients at once: the server runs up to kMaxPendingHandshakes handshakes side by side. When that
+// many are open it stops accepting (later clients wait in the kernel's listen queue) and sheds only a
+// handshake whose client has held its challenge for kShedGrace without answering; a handshake is never
+// evicted before its client had that chance. A handshake open for kHandshakeLimit is dropped.
 #pragma once
 
 #include <atomic>
@@ -19,10 +28,20 @@
 namespace hpcdl {
 
 constexpr size_t kMaxAuthHeader = 4096;
+constexpr size_t kMaxPendingHandshakes = 1024;
+constexpr auto kShedGrace = std::chrono::seconds(2);
+constexpr auto kHandshakeLimit = std::chrono::seconds(20);
 
-// Client side: authenticates on a connected socket and sends `header` to the server.
+// Client side: authenticates on a connected socket and sends `header` to the server. Fails with
+// HPCDL_ERR_AUTH when the other side is not an hpcdl server of this job (wrong protocol, wrong secret) and
+// with HPCDL_ERR_PEER_LOST when the server dropped the connection before answering (worth a retry).
 Status auth_client(int fd, const std::string& secret, const std::string& header, Deadline deadline,
                    const std::string& peer);
+
+// Connects to host:port and authenticates with `header`, retrying until the deadline while nothing listens
+// there yet or the server drops the handshake (it is overloaded); fails at once on HPCDL_ERR_AUTH.
+Status connect_authenticated(const std::string& host, int port, const std::string& secret, const std::string& header,
+                             Deadline deadline, const std::string& peer, int* fd);
 
 // Server side: a listening socket and a thread that runs handshakes without blocking on any one client.
 class AuthServer {
@@ -38,14 +57,19 @@ class AuthServer {
   AuthServer(const AuthServer&) = delete;
   AuthServer& operator=(const AuthServer&) = delete;
 
-  Status start(const std::string& host, int port, const std::string& secret, Handler handler, Tick tick = nullptr);
+  // Listens on host:port (0: any free port). On failure, *listen_errno (when given) says why (EADDRINUSE...).
+  Status start(const std::string& host, int port, const std::string& secret, Handler handler, Tick tick = nullptr,
+               int* listen_errno = nullptr);
   int port() const { return port_; }
   void stop();
-  // Connections dropped because they failed to authenticate (tests and logs).
-  long rejected() const { return rejected_.load(); }
 
  private:
+  struct Pending;
+  enum class Step { kWaiting, kDone, kDrop };
   void loop();
+  Step advance(Pending& p, Clock::time_point now);
+  // Accepts what the handshake table has room for; sheds one stalled handshake per client beyond that.
+  void accept_clients(std::vector<Pending>& pending, Clock::time_point now);
 
   int listen_fd_ = -1;
   int wake_fd_ = -1;  // eventfd that interrupts poll() on stop()
@@ -55,7 +79,6 @@ class AuthServer {
   Tick tick_;
   std::thread thread_;
   std::atomic<bool> stopping_{false};
-  std::atomic<long> rejected_{0};
 };
 
 }  // namespace hpcdl

@@ -39,15 +39,9 @@ Status Endpoint::start(const std::string& bind_host, const std::string& secret, 
 
 Status Endpoint::connect(const PeerInfo& peer, const std::string& key, Deadline deadline, int* fd) {
   const std::string who = "rank " + std::to_string(peer.rank) + " at " + peer.addr + ":" + std::to_string(peer.port);
-  Status st = connect_tcp(peer.addr, peer.port, deadline, "connecting to " + who, fd);
-  if (!st.is_ok()) return st;
-  st = auth_client(*fd, secret_, "purpose=link\nrank=" + std::to_string(my_rank_) + "\nkey=" + key + "\n", deadline,
-                   who);
-  if (!st.is_ok()) {
-    close(*fd);
-    *fd = -1;
-  }
-  return st;
+  return connect_authenticated(peer.addr, peer.port, secret_,
+                               "purpose=link\nrank=" + std::to_string(my_rank_) + "\nkey=" + key + "\n", deadline, who,
+                               fd);
 }
 
 Status Endpoint::accept(const PeerInfo& peer, const std::string& key, Deadline deadline, int* fd) {

@@ -8,6 +8,8 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <dirent.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -52,7 +54,22 @@ static bool resolve_ipv4(const std::string& host, sockaddr_in* out, std::string*
   return true;
 }
 
-int listen_tcp(const std::string& host, int port, int* bound_port, std::string* error) {
+Status resolve_address(const std::string& host, std::string* address) {
+  sockaddr_in addr;
+  std::string error;
+  if (!resolve_ipv4(host, &addr, &error)) return Status::error(HPCDL_ERR_INVALID, error);
+  char buf[INET_ADDRSTRLEN];
+  inet_ntop(AF_INET, &addr.sin_addr, buf, sizeof(buf));
+  *address = buf;
+  return Status::ok();
+}
+
+bool is_loopback_address(const std::string& ipv4) {
+  in_addr addr;
+  return inet_pton(AF_INET, ipv4.c_str(), &addr) == 1 && (ntohl(addr.s_addr) >> 24) == 127;
+}
+
+int listen_tcp(const std::string& host, int port, int* bound_port, std::string* error, int* error_number) {
   sockaddr_in addr;
   if (!resolve_ipv4(host, &addr, error)) return -1;
   addr.sin_port = htons(uint16_t(port));
@@ -64,11 +81,15 @@ int listen_tcp(const std::string& host, int port, int* bound_port, std::string* 
   int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    if (error_number) *error_number = errno;
     *error = "cannot listen on " + host + ":" + std::to_string(port) + ": " + errno_text(errno);
     close(fd);
     return -1;
   }
-  if (listen(fd, 256) != 0) {
+  // The kernel caps the backlog at net.core.somaxconn: connections beyond what the server is handling
+  // wait there (the server stops accepting while its handshake table is full) instead of being refused.
+  if (listen(fd, SOMAXCONN > 4096 ? SOMAXCONN : 4096) != 0) {
+    if (error_number) *error_number = errno;
     *error = "listen(): " + errno_text(errno);
     close(fd);
     return -1;
@@ -89,7 +110,8 @@ void configure_data_socket(int fd) {
   setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
 }
 
-Status connect_tcp(const std::string& host, int port, Deadline deadline, const std::string& what, int* out) {
+Status connect_tcp(const std::string& host, int port, Deadline deadline, const std::string& what, int* out,
+                   bool retry_refused) {
   sockaddr_in addr;
   std::string error;
   if (!resolve_ipv4(host, &addr, &error)) return Status::error(HPCDL_ERR_INVALID, what + ": " + error);
@@ -119,8 +141,12 @@ Status connect_tcp(const std::string& host, int port, Deadline deadline, const s
       *out = fd;
       return Status::ok();
     }
-    last = errno_text(errno);
+    const int failure = errno;
+    last = errno_text(failure);
     close(fd);
+    if (!retry_refused)
+      return Status::error(failure == ETIMEDOUT ? HPCDL_ERR_TIMEOUT : HPCDL_ERR_PEER_LOST,
+                           what + ": cannot connect to " + host + ":" + std::to_string(port) + " (" + last + ")");
     if (Clock::now() + backoff >= deadline)
       return Status::error(HPCDL_ERR_TIMEOUT, what + ": cannot connect to " + host + ":" + std::to_string(port) +
                                                   " before the deadline (last error: " + last + ")");
@@ -129,13 +155,40 @@ Status connect_tcp(const std::string& host, int port, Deadline deadline, const s
   }
 }
 
-std::string socket_local_address(int fd) {
-  sockaddr_in addr{};
-  socklen_t len = sizeof(addr);
-  if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "127.0.0.1";
+namespace {
+std::string ipv4_text(const sockaddr_in& addr) {
   char buf[INET_ADDRSTRLEN];
   inet_ntop(AF_INET, &addr.sin_addr, buf, sizeof(buf));
   return buf;
+}
+}  // namespace
+
+std::string socket_local_address(int fd) {
+  sockaddr_in addr{};
+  socklen_t len = sizeof(addr);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "";
+  return ipv4_text(addr);
+}
+
+std::string socket_peer_address(int fd) {
+  sockaddr_in addr{};
+  socklen_t len = sizeof(addr);
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "";
+  return ipv4_text(addr);
+}
+
+std::vector<std::string> host_addresses() {
+  std::vector<std::string> out, loopback;
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return {"127.0.0.1"};
+  for (ifaddrs* it = list; it; it = it->ifa_next) {
+    if (!it->ifa_addr || it->ifa_addr->sa_family != AF_INET || !(it->ifa_flags & IFF_UP)) continue;
+    std::string text = ipv4_text(*reinterpret_cast<sockaddr_in*>(it->ifa_addr));
+    (is_loopback_address(text) ? loopback : out).push_back(text);
+  }
+  freeifaddrs(list);
+  out.insert(out.end(), loopback.begin(), loopback.end());
+  return out;
 }
 
 Status interface_address(const std::string& iface, std::string* address) {
@@ -162,6 +215,28 @@ Status interface_address(const std::string& iface, std::string* address) {
   return Status::error(HPCDL_ERR_INVALID, "network interface '" + iface +
                                               "' (HPCDL_IFACE) has no IPv4 address on this host; interfaces "
                                               "with one: " + names);
+}
+
+Status ensure_open_files(size_t more, const std::string& what) {
+  size_t open_now = 0;
+  if (DIR* dir = opendir("/proc/self/fd")) {
+    while (readdir(dir)) ++open_now;
+    closedir(dir);
+  }
+  const rlim_t needed = rlim_t(open_now + more + 64);
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY || limit.rlim_cur >= needed)
+    return Status::ok();
+  if (limit.rlim_max != RLIM_INFINITY && limit.rlim_max < needed)
+    return Status::error(HPCDL_ERR_INVALID, "this rank needs about " + std::to_string(needed) + " open files for " +
+                                                what + ", but may open at most " + std::to_string(limit.rlim_max) +
+                                                " (ulimit -Hn); raise the limit where the job starts (ulimit -n " +
+                                                std::to_string(needed) + ", or ask the site to)");
+  limit.rlim_cur = needed;
+  if (setrlimit(RLIMIT_NOFILE, &limit) != 0)
+    return Status::error(HPCDL_ERR_INTERNAL, "cannot raise the open-file limit to " + std::to_string(needed) +
+                                                 " for " + what + ": " + errno_text(errno));
+  return Status::ok();
 }
 
 namespace {

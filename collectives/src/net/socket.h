@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "comm.h"
 
@@ -9,14 +10,27 @@ namespace hpcdl {
 
 std::string errno_text(int err);
 
-// Non-blocking listening socket on host:port (port 0: any free port). Returns the fd or -1 with *error.
-int listen_tcp(const std::string& host, int port, int* bound_port, std::string* error);
-// Connects to host:port, retrying refused connections until the deadline (the peer may not listen yet).
-Status connect_tcp(const std::string& host, int port, Deadline deadline, const std::string& what, int* fd);
+// Non-blocking listening socket on host:port (port 0: any free port). Returns the fd or -1 with *error
+// (and, when given, *error_number: the errno of the failed call, e.g. EADDRINUSE).
+int listen_tcp(const std::string& host, int port, int* bound_port, std::string* error, int* error_number = nullptr);
+// Connects to host:port, retrying refused connections until the deadline (the peer may not listen yet);
+// with retry_refused=false, one attempt.
+Status connect_tcp(const std::string& host, int port, Deadline deadline, const std::string& what, int* fd,
+                   bool retry_refused = true);
 void configure_data_socket(int fd);  // non-blocking, TCP_NODELAY, large buffers
-std::string socket_local_address(int fd);
+std::string socket_local_address(int fd);  // this side's IPv4 address of a connected socket
+std::string socket_peer_address(int fd);   // the other side's
+// The IPv4 address `host` (a name or an address) resolves to on this host.
+Status resolve_address(const std::string& host, std::string* address);
+bool is_loopback_address(const std::string& ipv4);  // 127.0.0.0/8
+// IPv4 addresses of this host's interfaces that are up, loopback last.
+std::vector<std::string> host_addresses();
 // IPv4 address of a network interface name ("eth0"), or the argument itself when it already is one.
 Status interface_address(const std::string& iface, std::string* address);
+
+// Raises this process's soft limit on open files (RLIMIT_NOFILE) so that `more` descriptors fit beyond the
+// ones open now; fails, naming `what` and the limits, when the hard limit does not allow it.
+Status ensure_open_files(size_t more, const std::string& what);
 
 // Blocking-with-deadline transfers on non-blocking sockets. `peer` names the other side in errors.
 Status send_all(int fd, const void* data, size_t size, Deadline deadline, const std::string& peer,

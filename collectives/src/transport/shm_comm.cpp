@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,10 +15,22 @@
 
 namespace hpcdl {
 
+// The segment's first page. A member checks it before it uses anything else in the segment: the layout
+// of everything behind it follows from nranks and chunk_bytes, so members that disagree on those would
+// read each other's buffers at the wrong offsets (or past the end of the segment: SIGBUS).
 struct ShmComm::Header {
   uint64_t magic;
+  uint32_t layout;  // kLayout of the hpcdl that made the segment
   int32_t nranks;
+  uint64_t chunk_bytes;          // staging buffer per rank and step, as the maker computed it
+  uint64_t small_message_bytes;  // the maker's one-step allreduce limit (members must pick the same path)
+  uint64_t total_bytes;          // the whole segment
   std::atomic<int32_t> attached;
+  // A genuine segment a member cannot use: that member's comm rank + 1 and its settings, so the maker
+  // fails at once with both values instead of waiting for a member that will never come.
+  std::atomic<int32_t> refused_by;
+  std::atomic<uint64_t> refused_chunk_bytes;
+  std::atomic<uint64_t> refused_small_message_bytes;
   alignas(128) std::atomic<uint32_t> wake_seq;
   std::atomic<int32_t> sleepers;
 };
@@ -34,8 +47,25 @@ struct ShmComm::RankCtl {
 
 namespace {
 constexpr uint64_t kMagic = 0x687063646c73686dULL;  // "hpcdlshm"
+constexpr uint32_t kLayout = 2;
+constexpr size_t kHeaderBytes = 4096;
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 inline bool reached(uint32_t value, uint32_t target) { return int32_t(value - target) >= 0; }
+
+// Which of the settings that shape the segment differ between two ranks, with both values.
+std::string mismatch(int rank_a, uint64_t chunk_a, uint64_t small_a, int rank_b, uint64_t chunk_b, uint64_t small_b) {
+  std::string text;
+  auto one = [&](const char* setting, uint64_t a, uint64_t b) {
+    if (a == b) return;
+    text += std::string(text.empty() ? "" : "; ") + setting + " is " + std::to_string(a) + " on rank " +
+            std::to_string(rank_a) + " but " + std::to_string(b) + " on rank " + std::to_string(rank_b);
+  };
+  one("HPCDL_SHM_CHUNK_BYTES", chunk_a, chunk_b);
+  one("HPCDL_SMALL_MESSAGE_BYTES", small_a, small_b);
+  return text +
+         "; every rank on a host must use the same value (chunk sizes are rounded up to 4 KiB): set it for the "
+         "whole job, not per rank";
+}
 }  // namespace
 
 ShmComm::RankCtl& ShmComm::ctl(int r) const {
@@ -61,79 +91,155 @@ Status ShmComm::create(const std::vector<int>& world_ranks, int my_rank, const s
   c->params_.chunk_bytes = round_up(std::max<size_t>(params.chunk_bytes, 4096), 4096);
   c->label_ = label;
   const int n = c->size_;
-  c->ctl_off_ = 4096;
+  c->ctl_off_ = kHeaderBytes;
   c->desc_bytes_ = round_up(OpDesc::wire_size(n), 64);
   c->desc_off_ = round_up(c->ctl_off_ + size_t(n) * sizeof(RankCtl), 4096);
   c->slot_off_ = round_up(c->desc_off_ + size_t(n) * 2 * c->desc_bytes_, 4096);
   c->total_ = c->slot_off_ + size_t(n) * 2 * c->params_.chunk_bytes;
-
-  std::string name;
-  int fd = -1;
-  if (my_rank == 0) {
-    uint8_t rnd[8];
-    random_bytes(rnd, sizeof(rnd));
-    char buf[96];
-    std::snprintf(buf, sizeof(buf), "/hpcdl-%d-%02x%02x%02x%02x%02x%02x", int(getpid()), rnd[0], rnd[1], rnd[2],
-                  rnd[3], rnd[4], rnd[5]);
-    name = buf;
-    fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-    if (fd < 0)
-      return Status::error(HPCDL_ERR_INTERNAL, "cannot create shared memory " + name + ": " + errno_text(errno) +
-                                                   "; is /dev/shm mounted and writable?");
-    // Reserve the pages now: a full /dev/shm then fails here with a message, not later with SIGBUS.
-    int err = ftruncate(fd, off_t(c->total_)) != 0 ? errno : posix_fallocate(fd, 0, off_t(c->total_));
-    if (err != 0) {
-      close(fd);
-      shm_unlink(name.c_str());
-      return Status::error(HPCDL_ERR_INTERNAL,
-                           "cannot reserve " + std::to_string(c->total_ >> 20) + " MiB of shared memory in /dev/shm (" +
-                               errno_text(err) + "); enlarge /dev/shm (containers: --shm-size) or lower "
-                               "HPCDL_SHM_CHUNK_BYTES (each rank stages 2 x that per communicator)");
-    }
-  } else {
-    Status st = recv(world_ranks[0], &name);
-    if (!st.is_ok()) return st;
-    fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
-    if (fd < 0)
-      return Status::error(HPCDL_ERR_INTERNAL, "cannot open shared memory " + name + " made by rank " +
-                                                   std::to_string(world_ranks[0]) + ": " + errno_text(errno) +
-                                                   "; ranks with the same HPCDL_HOSTNAME must share /dev/shm");
-  }
-  void* base = mmap(nullptr, c->total_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  if (base == MAP_FAILED) {
-    if (my_rank == 0) shm_unlink(name.c_str());
-    return Status::error(HPCDL_ERR_INTERNAL, "mmap of shared memory failed: " + errno_text(errno));
-  }
-  c->base_ = base;
-  auto* hdr = static_cast<Header*>(base);
-  if (my_rank == 0) {
-    hdr->magic = kMagic;
-    hdr->nranks = n;
-    hdr->attached.store(1);
-    for (int r = 0; r < n; ++r) {
-      c->ctl(r).step.store(0);
-      c->ctl(r).bell.store(0);
-      c->ctl(r).bell_sleeping.store(0);
-    }
-    c->ctl(0).pid = int(getpid());
-    for (int r = 1; r < n; ++r) {
-      Status st = send(world_ranks[r], name);
-      if (!st.is_ok()) {
-        shm_unlink(name.c_str());
-        return st;
-      }
-    }
-    // Unlink once everybody mapped it: from then on the kernel frees it when the last rank exits.
-    Status st = c->wait_until([&]() -> int { return hdr->attached.load() >= n ? -1 : 1; }, deadline,
-                              "setting up shared memory for " + label);
-    shm_unlink(name.c_str());
-    if (!st.is_ok()) return st;
-  } else {
-    c->ctl(my_rank).pid = int(getpid());
-    hdr->attached.fetch_add(1);
-  }
+  Status st = my_rank == 0 ? c->make_segment(deadline, send) : c->join_segment(recv);
+  if (!st.is_ok()) return st;
   *out = std::move(c);
+  return Status::ok();
+}
+
+Status ShmComm::make_segment(Deadline deadline, const SendName& send) {
+  static_assert(sizeof(Header) <= kHeaderBytes, "the header must fit its page");
+  uint8_t rnd[8];
+  Status st = random_bytes(rnd, sizeof(rnd));
+  if (!st.is_ok()) return st;
+  char buf[96];
+  std::snprintf(buf, sizeof(buf), "/hpcdl-%d-%02x%02x%02x%02x%02x%02x", int(getpid()), rnd[0], rnd[1], rnd[2],
+                rnd[3], rnd[4], rnd[5]);
+  const std::string name = buf;
+  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0)
+    return Status::error(HPCDL_ERR_INTERNAL, "cannot create shared memory " + name + ": " + errno_text(errno) +
+                                                 "; is /dev/shm mounted and writable?");
+  // Reserve the pages now: a full /dev/shm then fails here with a message, not later with SIGBUS.
+  int err = ftruncate(fd, off_t(total_)) != 0 ? errno : posix_fallocate(fd, 0, off_t(total_));
+  void* base = err == 0 ? mmap(nullptr, total_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+  if (err == 0 && base == MAP_FAILED) err = errno;
+  close(fd);
+  if (err != 0) {
+    shm_unlink(name.c_str());
+    return Status::error(HPCDL_ERR_INTERNAL,
+                         "cannot reserve " + std::to_string(total_ >> 20) + " MiB of shared memory in /dev/shm (" +
+                             errno_text(err) + "); enlarge /dev/shm (containers: --shm-size) or lower "
+                             "HPCDL_SHM_CHUNK_BYTES (each rank stages 2 x that per communicator)");
+  }
+  base_ = base;
+  auto* hdr = static_cast<Header*>(base_);
+  hdr->magic = kMagic;
+  hdr->layout = kLayout;
+  hdr->nranks = size_;
+  hdr->chunk_bytes = params_.chunk_bytes;
+  hdr->small_message_bytes = params_.small_message_bytes;
+  hdr->total_bytes = total_;
+  hdr->attached.store(1);
+  hdr->refused_by.store(0);
+  for (int r = 0; r < size_; ++r) {
+    ctl(r).step.store(0);
+    ctl(r).bell.store(0);
+    ctl(r).bell_sleeping.store(0);
+  }
+  ctl(0).pid = int(getpid());
+  for (int r = 1; r < size_; ++r) {
+    st = send(world_[size_t(r)], name);
+    if (!st.is_ok()) {
+      shm_unlink(name.c_str());
+      return st;
+    }
+  }
+  // Unlink once everybody mapped it: from then on the kernel frees it when the last rank exits.
+  st = wait_until(
+      [&]() -> int { return hdr->attached.load() >= size_ || hdr->refused_by.load() != 0 ? -1 : 1; }, deadline,
+      "setting up shared memory for " + label_);
+  shm_unlink(name.c_str());
+  if (!st.is_ok()) return st;
+  const int refused = hdr->refused_by.load() - 1;
+  if (refused >= 0)
+    return Status::error(HPCDL_ERR_INVALID,
+                         "rank " + std::to_string(world_[size_t(refused)]) + " cannot use the shared memory rank " +
+                             std::to_string(world_[0]) + " made for " + label_ + ": " +
+                             mismatch(world_[size_t(refused)], hdr->refused_chunk_bytes.load(),
+                                      hdr->refused_small_message_bytes.load(), world_[0], params_.chunk_bytes,
+                                      params_.small_message_bytes));
+  return Status::ok();
+}
+
+Status ShmComm::join_segment(const RecvName& recv) {
+  std::string name;
+  Status st = recv(world_[0], &name);
+  if (!st.is_ok()) return st;
+  const std::string what = "the shared memory segment " + name + " that rank " + std::to_string(world_[0]) +
+                           " sent for " + label_;
+  int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0);
+  if (fd < 0)
+    return Status::error(HPCDL_ERR_INTERNAL, "cannot open " + what + ": " + errno_text(errno) +
+                                                 "; ranks with the same HPCDL_HOSTNAME must share /dev/shm");
+  // Owner, mode and size first: a segment of another user, or one too small for its header, is never
+  // mapped, so no byte of it is read (or faults: touching pages past its end is SIGBUS).
+  struct stat info {};
+  if (fstat(fd, &info) != 0) {
+    const int err = errno;
+    close(fd);
+    return Status::error(HPCDL_ERR_INTERNAL, "cannot inspect " + what + ": " + errno_text(err));
+  }
+  auto refuse = [&](const std::string& why) {
+    close(fd);
+    return Status::error(HPCDL_ERR_INVALID, "refusing " + what + ": " + why);
+  };
+  if (!S_ISREG(info.st_mode)) return refuse("it is not a shared memory file");
+  if (info.st_uid != geteuid())
+    return refuse("it belongs to uid " + std::to_string(info.st_uid) + ", not to this job's user (uid " +
+                  std::to_string(geteuid()) + "); another user may be interfering with the job");
+  if ((info.st_mode & 077) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof(mode), "%04o", unsigned(info.st_mode & 07777));
+    return refuse(std::string("other users may open it (mode ") + mode + "; hpcdl makes its segments 0600)");
+  }
+  if (size_t(info.st_size) < kHeaderBytes)
+    return refuse("it is truncated: " + std::to_string(info.st_size) + " bytes, less than its " +
+                  std::to_string(kHeaderBytes) + "-byte header");
+  void* head = mmap(nullptr, kHeaderBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (head == MAP_FAILED) {
+    const int err = errno;
+    close(fd);
+    return Status::error(HPCDL_ERR_INTERNAL, "mmap of " + what + " failed: " + errno_text(err));
+  }
+  auto* hdr = static_cast<Header*>(head);
+  auto refuse_mapped = [&](const std::string& why) {
+    munmap(head, kHeaderBytes);
+    return refuse(why);
+  };
+  if (hdr->magic != kMagic) return refuse_mapped("it is not an hpcdl segment (its header has another magic)");
+  if (hdr->layout != kLayout)
+    return refuse_mapped("it was made by another version of hpcdl (segment layout " + std::to_string(hdr->layout) +
+                         ", this one uses " + std::to_string(kLayout) + "); run one hpcdl on every rank");
+  if (hdr->nranks != size_)
+    return refuse_mapped("it was made for " + std::to_string(hdr->nranks) + " ranks, this communicator has " +
+                         std::to_string(size_));
+  if (hdr->chunk_bytes != params_.chunk_bytes || hdr->small_message_bytes != params_.small_message_bytes) {
+    hdr->refused_chunk_bytes.store(params_.chunk_bytes);
+    hdr->refused_small_message_bytes.store(params_.small_message_bytes);
+    hdr->refused_by.store(rank_ + 1);
+    hdr->wake_seq.fetch_add(1);
+    futex_wake_shared(&hdr->wake_seq);
+    return refuse_mapped(mismatch(world_[size_t(rank_)], params_.chunk_bytes, params_.small_message_bytes,
+                                  world_[0], hdr->chunk_bytes, hdr->small_message_bytes));
+  }
+  if (hdr->total_bytes != total_ || size_t(info.st_size) < total_)
+    return refuse_mapped("it is truncated or inconsistent: " + std::to_string(info.st_size) + " bytes, its header "
+                         "says " + std::to_string(hdr->total_bytes) + " and this rank's layout needs " +
+                         std::to_string(total_));
+  munmap(head, kHeaderBytes);
+  void* base = mmap(nullptr, total_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int err = errno;
+  close(fd);
+  if (base == MAP_FAILED) return Status::error(HPCDL_ERR_INTERNAL, "mmap of " + what + " failed: " + errno_text(err));
+  base_ = base;
+  ctl(rank_).pid = int(getpid());
+  static_cast<Header*>(base_)->attached.fetch_add(1);
   return Status::ok();
 }
 

@@ -65,6 +65,10 @@ class ShmComm : public Comm {
   struct Header;
   struct RankCtl;
 
+  // Comm rank 0 creates the segment and sends its name to the members; they check it before they map it.
+  Status make_segment(Deadline deadline, const SendName& send);
+  Status join_segment(const RecvName& recv);
+
   RankCtl& ctl(int r) const;
   char* slot(int r, uint32_t step) const;  // staging buffer rank r uses for `step`
   char* desc_area(int r, uint32_t step) const;

@@ -14,10 +14,10 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from hpcdl.common.exceptions import HpcdlInternalError
+from hpcdl.common.exceptions import HostsUpdatedInterrupt, HpcdlInternalError
 from hpcdl.torch.basics import init, shutdown
 from hpcdl.torch.elastic.sampler import ElasticSampler
-from hpcdl.torch.elastic.state import HostsUpdatedInterrupt, ObjectState, State, TorchState
+from hpcdl.torch.elastic.state import ObjectState, State, TorchState
 
 
 def _reset() -> None:

@@ -9,6 +9,7 @@ from typing import Any, Callable
 import torch
 
 from hpcdl.common import elastic as driver
+from hpcdl.common.exceptions import HostsUpdatedInterrupt
 from hpcdl.torch.basics import rank
 from hpcdl.torch.elastic.sampler import ElasticSampler
 from hpcdl.torch.functions import (
@@ -17,15 +18,6 @@ from hpcdl.torch.functions import (
     broadcast_optimizer_state,
     broadcast_parameters,
 )
-
-
-class HostsUpdatedInterrupt(RuntimeError):
-    """The set of hosts changed: reset without restoring the committed state (``skip_sync`` when only
-    hosts were removed, so the survivors' state is already consistent)."""
-
-    def __init__(self, skip_sync: bool) -> None:
-        super().__init__("the set of hosts in the job changed")
-        self.skip_sync = skip_sync
 
 
 class State:

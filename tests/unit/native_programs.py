@@ -1,0 +1,40 @@
+"""Builds the small C++ check programs of collectives/tests/ together with the runtime sources they test,
+with the compiler that builds the runtime (build-essential), warnings as errors (but for the runtime's
+helpers a partial build leaves unused, such as the AVX2 probe when only the generic kernels are linked)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCE = ROOT / "collectives" / "src"
+INCLUDE = ROOT / "collectives" / "include"
+COMPILE_TIMEOUT_S = 240
+
+
+def build_program(test_source: str, runtime_sources: list[str], output: Path) -> Path:
+    """Compile collectives/tests/`test_source` with collectives/src/`runtime_sources` into `output`."""
+    compiler = shutil.which("c++") or shutil.which("g++")
+    assert compiler, "no C++ compiler: run scripts/setup.sh (build-essential)"
+    sources = [ROOT / "collectives" / "tests" / test_source, *(SOURCE / s for s in runtime_sources)]
+    flags = [
+        "-std=c++17",
+        "-O2",
+        "-Wall",
+        "-Werror",
+        "-Wno-unused-function",
+        f"-I{SOURCE}",
+        f"-I{INCLUDE}",
+        "-pthread",
+    ]
+    done = subprocess.run(
+        [compiler, *flags, *map(str, sources), "-o", str(output), "-lrt"],
+        capture_output=True,
+        text=True,
+        timeout=COMPILE_TIMEOUT_S,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return output
