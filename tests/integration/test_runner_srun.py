@@ -1,8 +1,7 @@
-"""``hpcdl run`` inside a real Slurm allocation (``salloc`` and ``sbatch``): the hosts and slots come from
-SLURM_JOB_NODELIST / SLURM_TASKS_PER_NODE and the ranks start as one ``srun`` job step (not over ssh),
-each under the step agent; elastic workers start as srun steps of their own. The fake nodes all live on
-this machine; a private /etc/hosts (in a mount namespace of the test only) lets their names resolve as on a
-cluster."""
+"""``hpcdl run`` inside a real Slurm allocation (``salloc`` on the test cluster's login host, and ``sbatch``):
+the hosts and slots come from SLURM_JOB_NODELIST / SLURM_TASKS_PER_NODE and the ranks start as one ``srun``
+job step (not over ssh), each under the step agent; elastic workers start as srun steps of their own. The
+nodes are separate hosts (network namespaces with their own hostname and address, see ``slurm_cluster``)."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,7 +19,7 @@ from pathlib import Path
 import pytest
 from slurm_cluster import SlurmCluster, missing_requirements
 
-_MISSING = missing_requirements() or (None if shutil.which("unshare") else "unshare is not installed")
+_MISSING = missing_requirements()
 pytestmark = pytest.mark.skipif(_MISSING is not None, reason=f"no Slurm test cluster: {_MISSING}")
 
 PARALLEL = Path(__file__).parents[1] / "parallel"
@@ -36,36 +34,22 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
         made.stop()
 
 
-def _hosts_file(cluster: SlurmCluster) -> Path:
-    hosts = cluster.base / "hosts"
-    names = " ".join(cluster.node_names)
-    hosts.write_text(Path("/etc/hosts").read_text() + f"\n127.0.0.1 {names}\n")
-    return hosts
-
-
-def _with_node_names(cluster: SlurmCluster, command: str) -> list[str]:
-    """argv running shell `command` where the nodes' names resolve (a mount namespace of its own)."""
-    inner = f"mount --bind {_hosts_file(cluster)} /etc/hosts && exec {command}"
-    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", inner]
-
-
-def _hpcdl_run(run_args: str) -> str:
-    return f"{shlex.quote(sys.executable)} -m hpcdl run {run_args}"
+def _salloc_hpcdl_run(salloc_args: str, run_args: str) -> list[str]:
+    hpcdl_run = [sys.executable, "-m", "hpcdl", "run", *shlex.split(run_args)]
+    return ["salloc", *shlex.split(salloc_args), *hpcdl_run]
 
 
 def _in_allocation(
     cluster: SlurmCluster, salloc_args: str, run_args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        _with_node_names(cluster, f"salloc {salloc_args} {_hpcdl_run(run_args)}"),
-        capture_output=True, text=True, timeout=180, env={**cluster.env, **(env or {})},
-    )  # fmt: skip
+    """``salloc SALLOC_ARGS hpcdl run RUN_ARGS`` on the cluster's login host."""
+    return cluster.run(_salloc_hpcdl_run(salloc_args, run_args), env=env, timeout=180)
 
 
 def _in_batch_job(cluster: SlurmCluster, tmp_path: Path, sbatch_args: str, run_args: str) -> tuple[str, str]:
     """sbatch a job whose script is ``hpcdl run RUN_ARGS``; its final state and output."""
     script = tmp_path / "job.sh"
-    script.write_text("#!/bin/sh\n" + shlex.join(_with_node_names(cluster, _hpcdl_run(run_args))) + "\n")
+    script.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m hpcdl run {run_args}\n")
     output = tmp_path / "job.out"
     done = cluster.run(["sbatch", "--parsable", "-o", str(output), *shlex.split(sbatch_args), str(script)])
     assert done.returncode == 0, done.stderr
@@ -183,9 +167,9 @@ def test_ctrl_c_reaches_every_rank_through_the_step(cluster: SlurmCluster, tmp_p
         "try:\n    time.sleep(60)\n"
         "except KeyboardInterrupt:\n    print('rank', os.environ['HPCDL_RANK'], 'got SIGINT', flush=True)\n"
     )
-    salloc = subprocess.Popen(
-        _with_node_names(cluster, f"salloc -N2 --ntasks-per-node=2 {_hpcdl_run(f'python3 {program}')}"),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster.env,
+    salloc = cluster.popen(
+        _salloc_hpcdl_run("-N2 --ntasks-per-node=2", f"python3 {program}"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
