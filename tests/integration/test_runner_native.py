@@ -1,10 +1,12 @@
 """``hpcdl run`` inside Flux, PBS (Cray PALS), Cobalt (ALPS) and LSF allocations, which start ranks with
 ``flux run``, PALS ``mpiexec``, ``aprun``, ``jsrun`` or ``blaunch``. None of these exists here (no Flux
 package for Debian 12, the others are vendor software), so a stand-in of each takes their place: it accepts
-only the options hpcdl run should pass (as their documentation gives them), starts each task on "its
-host" (a UTS namespace with that hostname, so the task really sees it) with the variables the real
-launcher sets, copies stdin as the real one does (Flux: to every task; the others: to task 0 only), merges
-the tasks' output line by line and forwards signals. The srun case runs against real Slurm in
+only the options hpcdl run should pass (as their documentation gives them), starts each task on its host
+with the variables the real launcher sets, copies stdin as the real one does (Flux: to every task; the
+others: to task 0 only), merges the tasks' output line by line and forwards signals. The hosts are separate
+(virtual hosts: network namespaces with their own hostname, address and /etc/hosts, see ``virtual_hosts``);
+``hpcdl run`` runs where it runs in such a job (the first node, or a service node: Cobalt's MOM node, LSF's
+launch node), so the ranks meet at its rendezvous across hosts. The srun case runs against real Slurm in
 test_runner_srun.py."""
 
 from __future__ import annotations
@@ -12,21 +14,18 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from virtual_hosts import VirtualHosts, missing_requirements
 
-from hpcdl.runner.allocation import expand_hostlist
-
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("unshare") is None,
-    reason="the stand-in launchers give each task its host name in a UTS namespace (needs root and unshare)",
-)
+_MISSING = missing_requirements()
+pytestmark = pytest.mark.skipif(_MISSING is not None, reason=f"no virtual hosts: {_MISSING}")
 
 STAND_IN = r'''#!PYTHON
 """Stand-in for a scheduler's launcher (flux, mpiexec of PALS, aprun, jsrun, blaunch), named by argv[0]."""
@@ -124,15 +123,18 @@ else:
     fail("unknown launcher")
 
 size = sum(counts)
+anchors = json.loads(os.environ["STANDIN_HOSTS"])  # host name -> pid holding its namespaces
 tasks, rank = [], 0
 for node, (host, count) in enumerate(zip(hosts, counts)):
     for local in range(count):
         env = dict(os.environ)
         env.update({k: str(v) for k, v in variables(rank, local, size, node).items()})
         stdin = subprocess.PIPE if stdin_to_all or rank == 0 else subprocess.DEVNULL
-        tasks.append(subprocess.Popen(
-            ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', host, *command],
-            env=env, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        if host not in anchors:
+            fail(f"no host named {host} in this allocation")
+        on_host = ["nsenter", "-t", str(anchors[host]), "-n", "-u", "-m", f"--wd={os.getcwd()}", "--"]
+        tasks.append(subprocess.Popen([*on_host, *command], env=env, stdin=stdin, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE))
         rank += 1
 
 lock = threading.Lock()
@@ -179,6 +181,22 @@ os._exit(max(codes))  # the stdin feeder may sit in a read
 
 REPORT = 'echo "$HPCDL_RANK $(hostname) $HPCDL_LOCAL_RANK $RANK $LOCAL_RANK $WORLD_SIZE"'
 
+# The hosts of every allocation below: compute nodes, and the service nodes hpcdl run starts on where it
+# does not run on the first compute node (Cobalt's MOM node, LSF's launch node).
+FLUX_NODES = ["node1", "node2"]
+PALS_NODES = ["x3001c0s1b0n0", "x3001c0s1b1n0"]
+COBALT_NODES, COBALT_MOM = ["nid00012", "nid00013"], "thetamom1"
+CSM_NODES, CSM_LAUNCH = ["a01n01", "a01n02"], "batch3"
+LSF_NODES = ["lsf1", "lsf2"]
+HOSTS = [*FLUX_NODES, *PALS_NODES, *COBALT_NODES, COBALT_MOM, *CSM_NODES, CSM_LAUNCH, *LSF_NODES]
+_FOREIGN = ("SLURM_", "PBS_", "LSB_", "COBALT_", "FLUX_")
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VirtualHosts]:
+    with VirtualHosts(tmp_path_factory.mktemp("hosts"), HOSTS, ssh=False) as made:
+        yield made
+
 
 @pytest.fixture
 def stand_ins(tmp_path: Path):
@@ -196,29 +214,20 @@ def stand_ins(tmp_path: Path):
     return install
 
 
+def allocation_env(hosts: VirtualHosts, bin_dir: Path, allocation: dict[str, str]) -> dict[str, str]:
+    """This environment without another scheduler's variables, plus the allocation's, the stand-ins first on
+    PATH, and where each host's namespaces are (for the stand-ins)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_FOREIGN)}
+    anchors = {name: hosts[name].anchor for name in hosts.names}
+    return {**env, **allocation, "PATH": f"{bin_dir}:{env['PATH']}", "STANDIN_HOSTS": json.dumps(anchors)}
+
+
 def run_in_allocation(
-    bin_dir: Path, nodes: list[str], allocation: dict[str, str], args: list[str], hostname: str = ""
+    hosts: VirtualHosts, bin_dir: Path, on: str, allocation: dict[str, str], args: list[str]
 ) -> subprocess.CompletedProcess:
-    """``hpcdl run ARGS`` with the allocation's variables, the stand-ins first on PATH and the allocation's
-    node names resolving to this machine (a private /etc/hosts in a mount namespace of the test only)."""
-    hosts = bin_dir.parent / "hosts"
-    hosts.write_text(Path("/etc/hosts").read_text() + f"\n127.0.0.1 {' '.join(nodes)}\n")
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("SLURM_", "PBS_", "LSB_", "COBALT_", "FLUX_"))
-    }
-    env.update(allocation, PATH=f"{bin_dir}:{env['PATH']}")
-    rename = f"hostname {hostname} && " if hostname else ""
-    inner = f'{rename}mount --bind {hosts} /etc/hosts && exec "$@"'
-    argv = ["unshare", "--mount", "--uts", "--propagation", "private", "sh", "-c", inner, "sh"]
-    return subprocess.run(
-        [*argv, sys.executable, "-m", "hpcdl", "run", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
+    """``hpcdl run ARGS`` on host `on`, inside the allocation described by `allocation`."""
+    argv = [sys.executable, "-m", "hpcdl", "run", *args]
+    return hosts.run(on, argv, env=allocation_env(hosts, bin_dir, allocation), timeout=120)
 
 
 def recorded(bin_dir: Path, name: str) -> list[list[str]]:
@@ -238,17 +247,17 @@ def two_by_two(nodes: list[str]) -> list[str]:
     return sorted(f"{r} {nodes[r // 2]} {r % 2} {r} {r % 2} 4" for r in range(4))
 
 
-def test_flux_allocation_runs_one_flux_run_step(stand_ins) -> None:
+def test_flux_allocation_runs_one_flux_run_step(hosts: VirtualHosts, stand_ins) -> None:
     bin_dir = stand_ins("flux")
-    nodes = ["node1", "node2"]
     allocation = {"FLUX_JOB_ID": "f2Kq9Lf5", "STANDIN_FLUX_RESOURCES": "2 4 0 node[1-2]"}
-    done = run_in_allocation(bin_dir, nodes, allocation, ["--verbose", "--", "sh", "-c", REPORT])
+    done = run_in_allocation(hosts, bin_dir, "node1", allocation, ["--verbose", "--", "sh", "-c", REPORT])
     assert done.returncode == 0, done.stderr
     assert (
         "4 ranks on node1:2, node2:2 (hosts from the Flux allocation (flux resource list); launcher flux)"
         in (done.stderr)
     )
-    assert reports(done.stdout) == two_by_two(nodes)
+    assert f"rendezvous at {hosts['node1'].address}:" in done.stderr  # where node2's ranks reach node1
+    assert reports(done.stdout) == two_by_two(FLUX_NODES)
     calls = recorded(bin_dir, "flux")
     assert calls[0] == ["resource", "list", "-s", "up", "-no", "{nnodes} {ncores} {ngpus} {nodelist}"]
     assert launcher_part(calls[1]) == [
@@ -256,72 +265,75 @@ def test_flux_allocation_runs_one_flux_run_step(stand_ins) -> None:
     ]  # fmt: skip
 
 
-def test_pbs_with_pals_runs_one_mpiexec_step_and_ranks_meet(stand_ins, tmp_path: Path) -> None:
+ALLREDUCE = (
+    "import socket, numpy as np, hpcdl.common as c; c.init(); y = c.allreduce(np.array([c.rank() + 1.0])); "
+    "print(c.rank(), socket.gethostname(), float(y[0]), flush=True); c.shutdown()"
+)
+
+
+def test_pbs_with_pals_runs_one_mpiexec_step_and_ranks_meet(
+    hosts: VirtualHosts, stand_ins, tmp_path: Path
+) -> None:
     bin_dir = stand_ins("mpiexec")
-    nodes = ["x3001c0s1b0n0", "x3001c0s1b1n0"]
     nodefile = tmp_path / "nodefile"
-    nodefile.write_text("".join(f"{node}\n{node}\n" for node in nodes))  # PBS: one line per mpiprocs slot
-    code = (
-        "import numpy as np, hpcdl.common as c; c.init(); "
-        "y = c.allreduce(np.array([c.rank() + 1.0])); print(c.rank(), float(y[0]), flush=True); c.shutdown()"
-    )
-    done = run_in_allocation(bin_dir, nodes, {"PBS_NODEFILE": str(nodefile)}, ["python3", "-c", code])
+    nodefile.write_text("".join(f"{node}\n{node}\n" for node in PALS_NODES))  # one line per mpiprocs slot
+    allocation = {"PBS_NODEFILE": str(nodefile)}
+    done = run_in_allocation(hosts, bin_dir, PALS_NODES[0], allocation, ["python3", "-c", ALLREDUCE])
     assert done.returncode == 0, done.stderr
-    assert reports(done.stdout) == [f"{r} 10.0" for r in range(4)]
+    assert reports(done.stdout) == [f"{r} {PALS_NODES[r // 2]} 10.0" for r in range(4)]
     calls = recorded(bin_dir, "mpiexec")
     assert calls[0] == ["--version"]  # auto: is this mpiexec PALS'?
-    assert launcher_part(calls[1]) == ["-n", "4", "--ppn", "2", "--hosts", ",".join(nodes)]
+    assert launcher_part(calls[1]) == ["-n", "4", "--ppn", "2", "--hosts", ",".join(PALS_NODES)]
 
 
-def test_cobalt_allocation_runs_aprun_and_a_failing_rank_is_named(stand_ins, tmp_path: Path) -> None:
+def test_cobalt_allocation_runs_aprun_from_the_mom_node_and_a_failing_rank_is_named(
+    hosts: VirtualHosts, stand_ins, tmp_path: Path
+) -> None:
     bin_dir = stand_ins("aprun")
-    nodes = ["nid00012", "nid00013"]
     nodefile = tmp_path / "nodefile"
-    nodefile.write_text("\n".join(nodes) + "\n")
+    nodefile.write_text("\n".join(COBALT_NODES) + "\n")
     allocation = {"COBALT_NODEFILE": str(nodefile), "COBALT_JOBID": "4321"}
-    done = run_in_allocation(bin_dir, nodes, allocation, ["--slots-per-host", "2", "--", "sh", "-c", REPORT])
+    args = ["--slots-per-host", "2", "--", "python3", "-c", ALLREDUCE]
+    done = run_in_allocation(hosts, bin_dir, COBALT_MOM, allocation, args)
     assert done.returncode == 0, done.stderr
-    assert reports(done.stdout) == two_by_two(nodes)
+    assert reports(done.stdout) == [f"{r} {COBALT_NODES[r // 2]} 10.0" for r in range(4)]  # none on the MOM
     assert launcher_part(recorded(bin_dir, "aprun")[0]) == ["-n", "4", "-N", "2", "-L", "12,13"]
 
     fail = 'if [ "$HPCDL_RANK" = 2 ]; then echo "rank 2 gives up" >&2; exit 3; fi; sleep 30'
     started = time.monotonic()
-    done = run_in_allocation(bin_dir, nodes, allocation, ["--slots-per-host", "2", "--", "sh", "-c", fail])
+    args = ["--slots-per-host", "2", "--", "sh", "-c", fail]
+    done = run_in_allocation(hosts, bin_dir, COBALT_MOM, allocation, args)
     assert done.returncode == 3, done.stderr
     assert "hpcdl run: rank 2 on host nid00013 exited with code 3" in done.stderr
     assert "    rank 2 gives up" in done.stderr
     assert time.monotonic() - started < 20
 
 
-def test_lsf_with_csm_runs_jsrun_on_the_compute_nodes(stand_ins) -> None:
+def test_lsf_with_csm_runs_jsrun_on_the_compute_nodes(hosts: VirtualHosts, stand_ins) -> None:
     bin_dir = stand_ins("jsrun", "blaunch")
-    nodes = ["a01n01", "a01n02"]
-    allocation = {"LSB_JOBID": "77", "LSB_MCPU_HOSTS": "batch3 1 a01n01 2 a01n02 2"}
-    done = run_in_allocation(bin_dir, nodes, allocation, ["--", "sh", "-c", REPORT], hostname="batch3")
+    allocation = {"LSB_JOBID": "77", "LSB_MCPU_HOSTS": f"{CSM_LAUNCH} 1 a01n01 2 a01n02 2"}
+    done = run_in_allocation(hosts, bin_dir, CSM_LAUNCH, allocation, ["--", "python3", "-c", ALLREDUCE])
     assert done.returncode == 0, done.stderr
-    assert reports(done.stdout) == two_by_two(nodes)  # none on the launch node batch3, where hpcdl run runs
+    # none on the launch node, where hpcdl run runs
+    assert reports(done.stdout) == [f"{r} {CSM_NODES[r // 2]} 10.0" for r in range(4)]
     assert launcher_part(recorded(bin_dir, "jsrun")[0]) == [
         "--nrs", "4", "--rs_per_host", "2", "--tasks_per_rs", "1", "--launch_distribution", "packed",
     ]  # fmt: skip
 
 
-def test_lsf_without_csm_starts_each_rank_with_blaunch(stand_ins) -> None:
+def test_lsf_without_csm_starts_each_rank_with_blaunch(hosts: VirtualHosts, stand_ins) -> None:
     bin_dir = stand_ins("blaunch")
-    nodes = ["lsf1", "lsf2"]
     allocation = {"LSB_JOBID": "78", "LSB_MCPU_HOSTS": "lsf1 2 lsf2 2"}
-    done = run_in_allocation(bin_dir, nodes, allocation, ["--", "sh", "-c", REPORT])
+    done = run_in_allocation(hosts, bin_dir, "lsf1", allocation, ["--", "python3", "-c", ALLREDUCE])
     assert done.returncode == 0, done.stderr
-    assert reports(done.stdout) == two_by_two(nodes)
+    assert reports(done.stdout) == [f"{r} {LSF_NODES[r // 2]} 10.0" for r in range(4)]
     calls = sorted(launcher_part(call) for call in recorded(bin_dir, "blaunch"))
     assert calls == [["-no-shell", "lsf1"]] * 2 + [["-no-shell", "lsf2"]] * 2
 
 
-def test_ctrl_c_reaches_the_ranks_of_a_step(stand_ins, tmp_path: Path) -> None:
+def test_ctrl_c_reaches_the_ranks_of_a_step(hosts: VirtualHosts, stand_ins, tmp_path: Path) -> None:
     """Flux copies stdin to every task: the launcher's Ctrl-C travels as a control line to each agent."""
     bin_dir = stand_ins("flux")
-    nodes = ["node1", "node2"]
-    hosts = tmp_path / "hosts"
-    hosts.write_text(Path("/etc/hosts").read_text() + f"\n127.0.0.1 {' '.join(nodes)}\n")
     waiter = tmp_path / "wait.py"
     waiter.write_text(
         "import os, time\n"
@@ -331,25 +343,18 @@ def test_ctrl_c_reaches_the_ranks_of_a_step(stand_ins, tmp_path: Path) -> None:
     )
     out = tmp_path / "started"
     out.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PBS_", "LSB_", "COBALT_"))}
-    env.update(
-        FLUX_JOB_ID="f3x",
-        STANDIN_FLUX_RESOURCES="2 4 0 node[1-2]",
-        OUT=str(out),
-        PATH=f"{bin_dir}:{env['PATH']}",
-    )
-    inner = f'mount --bind {hosts} /etc/hosts && exec "$@"'
-    launcher = subprocess.Popen(
-        ["unshare", "--mount", "--propagation", "private", "sh", "-c", inner, "sh",
-         sys.executable, "-m", "hpcdl", "run", "python3", str(waiter)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    allocation = {"FLUX_JOB_ID": "f3x", "STANDIN_FLUX_RESOURCES": "2 4 0 node[1-2]", "OUT": str(out)}
+    launcher = hosts.popen(
+        "node1", [sys.executable, "-m", "hpcdl", "run", "python3", str(waiter)],
+        env=allocation_env(hosts, bin_dir, allocation), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
         while len(list(out.iterdir())) < 4 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert len(list(out.iterdir())) == 4, "the ranks did not start"
-        launcher.send_signal(signal.SIGINT)  # unshare and sh exec: this is hpcdl run
+        launcher.send_signal(signal.SIGINT)  # nsenter execs: this is hpcdl run
         stdout, stderr = launcher.communicate(timeout=30)
     finally:
         if launcher.poll() is None:
@@ -360,12 +365,14 @@ def test_ctrl_c_reaches_the_ranks_of_a_step(stand_ins, tmp_path: Path) -> None:
     assert "hpcdl run received SIGINT; stopped all ranks" in stderr
 
 
-def test_placement_a_block_launcher_cannot_express_is_refused(stand_ins, tmp_path: Path) -> None:
+def test_placement_a_block_launcher_cannot_express_is_refused(
+    hosts: VirtualHosts, stand_ins, tmp_path: Path
+) -> None:
     bin_dir = stand_ins("aprun")
     nodefile = tmp_path / "nodefile"
-    nodefile.write_text("nid00012\nnid00013\n")
+    nodefile.write_text("\n".join(COBALT_NODES) + "\n")
     done = run_in_allocation(
-        bin_dir, expand_hostlist("nid[00012-00013]"), {"COBALT_NODEFILE": str(nodefile)},
+        hosts, bin_dir, COBALT_MOM, {"COBALT_NODEFILE": str(nodefile)},
         ["-H", "nid00012:1,nid00013:2", "true"],
     )  # fmt: skip
     assert done.returncode == 2
