@@ -87,10 +87,14 @@ def serve(args: argparse.Namespace) -> int:
         return 1
     holder = reserve_port() if args.master_port else None
     master = f"{address} {holder.getsockname()[1]}" if holder is not None else "- -"
-    os.write(1, f"{address} {server.port} {master} {os.getpid()}\n".encode())
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)  # the script closes its end after reading the line
     try:
+        try:
+            os.write(1, f"{address} {server.port} {master} {os.getpid()}\n".encode())
+        except BrokenPipeError:
+            print("hpcdl: the job script that started this rendezvous server is gone", file=sys.stderr)
+            return 1
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)  # the script closes its end after reading the line
         while not stopping and os.getppid() == parent:
             time.sleep(PARENT_POLL_SECONDS)
     finally:

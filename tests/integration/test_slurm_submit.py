@@ -275,6 +275,14 @@ def _rendezvous_servers_of(job_id: str) -> list[int]:
     return found
 
 
+def _rendezvous_servers_gone(job_id: str, timeout: float = 10.0) -> bool:
+    """Whether the job's rendezvous servers end within `timeout` s (they stop within half a second)."""
+    deadline = time.monotonic() + timeout
+    while _rendezvous_servers_of(job_id) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return _rendezvous_servers_of(job_id) == []
+
+
 def test_the_rendezvous_server_lives_as_long_as_the_job(cluster: SlurmCluster, workdir: Path) -> None:
     marker = workdir / "running"
     job_id = submit(
@@ -293,10 +301,7 @@ def test_the_rendezvous_server_lives_as_long_as_the_job(cluster: SlurmCluster, w
     assert len(_rendezvous_servers_of(job_id)) == 1  # serving while the ranks run
     marker.unlink()
     assert cluster.wait_done(job_id) == "COMPLETED"
-    deadline = time.monotonic() + 10
-    while _rendezvous_servers_of(job_id) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _rendezvous_servers_of(job_id) == []  # and gone with the job
+    assert _rendezvous_servers_gone(job_id)  # and gone with the job
 
 
 def test_a_rendezvous_server_that_cannot_start_stops_the_job(cluster: SlurmCluster, workdir: Path) -> None:
@@ -351,7 +356,8 @@ def test_status_of_an_unknown_job_says_so(cluster: SlurmCluster, workdir: Path) 
 
 
 def test_signal_before_walltime_reaches_ranks_and_requeues(cluster: SlurmCluster, workdir: Path) -> None:
-    """Slurm itself signals the job 50 s before its 1-minute walltime (it checks about every 30 s)."""
+    """Slurm itself signals the job 90 s before its 2-minute walltime (it checks about every 30 s): the
+    ranks have at least 30 s to start (a loaded machine needs them) and 60 s to checkpoint and leave."""
     rank_code = (
         "import os, signal, sys, time\n"
         "rank = os.environ['SLURM_PROCID']\n"
@@ -362,17 +368,31 @@ def test_signal_before_walltime_reaches_ranks_and_requeues(cluster: SlurmCluster
         "time.sleep(120)\n"
     )
     job_id = submit(
-        cluster, workdir, "--ranks-per-node", "2", "-t", "1", "--signal", "USR2@50", "--requeue",
+        cluster, workdir, "--ranks-per-node", "2", "-t", "2", "--signal", "USR2@90", "--requeue",
         "python3", "-c", rank_code,
     )  # fmt: skip
     output = workdir / f"hpcdl-{job_id}.out"
     _wait_for_text(output, ["ready rank 0", "ready rank 1"])
-    _wait_for_text(output, ["checkpointed rank 0", "checkpointed rank 1", "requeueing the job"], timeout=90)
+    _wait_for_text(output, ["checkpointed rank 0", "checkpointed rank 1", "requeueing the job"], timeout=120)
     assert "TIMEOUT" not in cluster.job_field(job_id, "JobState")
     state = cluster.wait_state(job_id, {"PENDING", "REQUEUED", "RUNNING"}, timeout=30)
     assert int(cluster.job_field(job_id, "Restarts") or 0) >= 1, state
     cluster.run(["scancel", job_id])
     cluster.wait_done(job_id)
+
+
+def test_a_signal_during_set_up_keeps_the_ranks_from_starting(cluster: SlurmCluster, workdir: Path) -> None:
+    """The signal can come while the script still sets up (modules, the rendezvous server): it is kept, and
+    the ranks are not started so close to the walltime. Before, bash died of it at once, saying nothing."""
+    job_id = submit(
+        cluster, workdir, "-t", "5", "--signal", "USR2@60", "--setup", "kill -s USR2 $$",
+        "echo", "the ranks ran",
+    )  # fmt: skip
+    assert cluster.wait_done(job_id) == "FAILED"
+    output = (workdir / f"hpcdl-{job_id}.out").read_text()
+    assert "hpcdl: SIGUSR2 came before the ranks started (the walltime is near); not starting them" in output
+    assert "the ranks ran" not in output and "Traceback" not in output, output
+    assert _rendezvous_servers_gone(job_id)  # stopped with the script
 
 
 def test_pbs_script_runs_through_slurms_pbs_front_end(tmp_path: Path) -> None:

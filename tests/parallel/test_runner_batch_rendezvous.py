@@ -111,3 +111,13 @@ def test_it_ends_when_the_scripts_shell_is_gone() -> None:
         if shell.poll() is None:
             shell.kill()
             shell.wait()
+
+
+def test_a_script_gone_before_the_line_is_read_stops_the_server_without_a_traceback() -> None:
+    """The script can die before it reads the line (killed, or a signal it had no trap for yet)."""
+    server = start(2, "--master-port")
+    assert server.stdout is not None
+    server.stdout.close()  # the only reader of the line is gone
+    _, stderr = server.communicate(timeout=60)
+    assert server.returncode == 1
+    assert stderr.strip() == "hpcdl: the job script that started this rendezvous server is gone"
