@@ -19,9 +19,7 @@ others regroup.
 
 from __future__ import annotations
 
-import json
 import signal
-import socketserver
 import subprocess
 import sys
 import threading
@@ -49,6 +47,7 @@ class ElasticOptions:
     # --blacklist-cooldown-range: a failed host is usable again after MIN s, doubling per failure up to
     # MAX s; None blacklists it for good (Horovod's default).
     cooldown_range: tuple[float, float] | None = None
+    default_slots: int = 1  # --slots-per-host: slots of a host the discovery script prints without ':slots'
 
 
 def check_options(options: ElasticOptions, num_proc: int | None) -> None:
@@ -72,8 +71,9 @@ def check_options(options: ElasticOptions, num_proc: int | None) -> None:
             )
 
 
-def discover_hosts(script: Path) -> list[HostSlots]:
-    """Run the discovery script: one ``host`` or ``host:slots`` per line (Horovod's format)."""
+def discover_hosts(script: Path, default_slots: int = 1) -> list[HostSlots]:
+    """Run the discovery script: one ``host`` or ``host:slots`` per line (Horovod's format); a host without
+    slots gets `default_slots` (``--slots-per-host``)."""
     try:
         done = subprocess.run(
             [str(script.absolute())], capture_output=True, text=True, timeout=DISCOVERY_TIMEOUT, check=False
@@ -87,7 +87,7 @@ def discover_hosts(script: Path) -> list[HostSlots]:
     if not lines:
         return []
     try:
-        return parse_hosts_arg(",".join(line if ":" in line else f"{line}:1" for line in lines))
+        return parse_hosts_arg(",".join(line if ":" in line else f"{line}:{default_slots}" for line in lines))
     except LaunchError as exc:
         raise LaunchError(
             f"host discovery script {script} printed something else than host:slots lines ({exc})"
@@ -128,8 +128,7 @@ class Round:
 class RoundBoard:
     """The rounds as the workers see them: what the driver's request handler reads (thread-safe)."""
 
-    def __init__(self, secret: str) -> None:
-        self.secret = secret
+    def __init__(self) -> None:
         self._changed = threading.Condition()
         self._round: Round | None = None
         self._removed: set[int] = set()
@@ -172,34 +171,19 @@ class RoundBoard:
                 self._changed.wait(min(left, 1.0))
 
 
-class _Handler(socketserver.StreamRequestHandler):
-    server: DriverServer
+def driver_requests(board: RoundBoard, wait: float) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """The driver's answers to workers (served by ``hpcdl.runner.board.JsonLineServer``, which checks the
+    secret): ``round`` (the newest round's number) and ``assign`` (a worker's place in its next round,
+    waiting up to `wait` s for it)."""
 
-    def handle(self) -> None:
-        try:
-            request = json.loads(self.rfile.readline())
-        except ValueError:
-            return
-        board = self.server.board
-        if not isinstance(request, dict) or request.get("secret") != board.secret:
-            answer: dict[str, Any] = {"error": "wrong job secret"}
-        elif request.get("op") == "round":
-            answer = {"round": board.current()}
-        elif request.get("op") == "assign":
-            answer = board.assignment(int(request["worker"]), int(request["after"]), self.server.wait)
-        else:
-            answer = {"error": f"unknown request {request.get('op')!r}"}
-        self.wfile.write(json.dumps(answer).encode() + b"\n")
+    def respond(request: dict[str, Any]) -> dict[str, Any]:
+        if request.get("op") == "round":
+            return {"round": board.current()}
+        if request.get("op") == "assign":
+            return board.assignment(int(request["worker"]), int(request["after"]), wait)
+        return {"error": f"unknown request {request.get('op')!r}"}
 
-
-class DriverServer(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def __init__(self, board: RoundBoard, wait: float) -> None:
-        super().__init__(("0.0.0.0", 0), _Handler)
-        self.board = board
-        self.wait = wait
+    return respond
 
 
 @dataclass
@@ -278,7 +262,11 @@ class ElasticJob:
         }
         try:
             script = self.options.discovery_script
-            self._hosts = discover_hosts(script) if script is not None else list(self.initial_hosts)
+            self._hosts = (
+                discover_hosts(script, self.options.default_slots)
+                if script is not None
+                else list(self.initial_hosts)
+            )
             self._start_workers(self.num_proc if self.num_proc is not None else self.options.max_np)
             while not self._done():
                 self._step()
@@ -369,7 +357,7 @@ class ElasticJob:
     def _discover(self) -> list[HostSlots]:
         assert self.options.discovery_script is not None
         try:
-            return discover_hosts(self.options.discovery_script)
+            return discover_hosts(self.options.discovery_script, self.options.default_slots)
         except LaunchError as exc:
             print(f"hpcdl run: warning: {exc}; keeping the previous host list", file=sys.stderr)
             return self._hosts
