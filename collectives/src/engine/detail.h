@@ -39,9 +39,18 @@ constexpr std::chrono::microseconds kSettle{100};
 constexpr std::chrono::seconds kShutdownGrace{2};
 constexpr std::chrono::microseconds kSettleRecheck{100};
 
-// Bytes of data an allreduce carries inside its control message (0: none).
+// The longest a rank with device batches outstanding (decided, not yet reported done) stays idle without a
+// cycle: each such cycle is a heartbeat, in which a dead peer shows as a failed negotiation (its process
+// gone, its connection closed), so that the survivors fail a collective the GPU may never finish.
+constexpr std::chrono::milliseconds kDeviceHeartbeat{250};
+// How long a failed device batch looks for the member whose death caused it (a killed peer's sockets close
+// just before its process becomes a zombie; see Engine::device_failure).
+constexpr std::chrono::milliseconds kDeathGrace{200};
+
+// Bytes of data an allreduce carries inside its control message (0: none). Never for device data: the
+// engine cannot read it.
 inline int64_t inline_bytes(const OpRequest& r) {
-  if (r.op_type != HPCDL_OP_ALLREDUCE) return 0;
+  if (r.op_type != HPCDL_OP_ALLREDUCE || r.placement == HPCDL_PLACEMENT_DEVICE) return 0;
   int64_t bytes = r.num_elements() * dtype_size(r.dtype);
   return bytes > 0 && bytes <= kInlineMaxBytes ? bytes : 0;
 }
