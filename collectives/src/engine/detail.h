@@ -39,13 +39,14 @@ constexpr std::chrono::microseconds kSettle{100};
 constexpr std::chrono::seconds kShutdownGrace{2};
 constexpr std::chrono::microseconds kSettleRecheck{100};
 
-// The longest a rank with device batches outstanding (decided, not yet reported done) stays idle without a
-// cycle: each such cycle is a heartbeat, in which a dead peer shows as a failed negotiation (its process
-// gone, its connection closed), so that the survivors fail a collective the GPU may never finish.
-constexpr std::chrono::milliseconds kDeviceHeartbeat{250};
+// The longest a rank that waits for an operation (its peers' submissions, or a device batch's end) stays
+// idle without a cycle: each such cycle is a heartbeat, in which a dead peer shows as a failed negotiation
+// (its process gone, its connection closed). The survivors then fail at once, rather than at their
+// deadline, also when the collective they wait for runs on a GPU that will never finish it.
+constexpr std::chrono::milliseconds kHeartbeat{250};
 // How long a failed device batch looks for the member whose death caused it (a killed peer's sockets close
 // just before its process becomes a zombie; see Engine::device_failure).
-constexpr std::chrono::milliseconds kDeathGrace{200};
+constexpr std::chrono::milliseconds kDeathGrace{50};
 
 // Bytes of data an allreduce carries inside its control message (0: none). Never for device data: the
 // engine cannot read it.

@@ -4,9 +4,9 @@
 // executor starts its collectives in that order, a rank that submits in another order, skips a tensor or
 // calls another collective gets the engine's mismatch error or stall report instead of a hung NCCL call.
 //
-// While batches are outstanding the engine keeps a heartbeat (kDeviceHeartbeat) so that a dead peer fails
-// the survivors' operations even when the collective they wait for never finishes on the GPU, and a
-// deadline (timeout_s) on every batch; the executor learns of either from hpcdl_device_next and aborts.
+// While batches are outstanding the engine keeps a heartbeat (kHeartbeat) so that a dead peer fails the
+// survivors' operations even when the collective they wait for never finishes on the GPU, and a deadline
+// (timeout_s) on every batch; the executor learns of either from hpcdl_device_next and aborts.
 #include <cstring>
 #include <sstream>
 #include <string>
@@ -51,7 +51,6 @@ void Engine::hand_to_device(const std::vector<Ready>& batch, bool fused, const s
   b->members = first.members;
   b->op_type = head.op_type;
   b->fused = fused;
-  b->decided = first.decided;
   // What the executor cannot know from its own tensors: the other members' rows.
   std::vector<int64_t> table;
   if (head.op_type == HPCDL_OP_ALLGATHER) {
@@ -80,6 +79,7 @@ void Engine::hand_to_device(const std::vector<Ready>& batch, bool fused, const s
     b->words.push_back(e.local ? e.local->tag : 0);
     b->words.push_back(q.num_elements());
     b->tracks.push_back(track_of(q));
+    b->decided.push_back(e.decided);
     b->bytes += entry_bytes(e);
     if (e.local) b->ops.push_back(std::move(e.local));
   }
@@ -181,14 +181,15 @@ std::string Engine::device_failure(const DeviceBatch& b, const std::string& mess
   }
   if (dead.empty()) return b.what + " failed on the device: " + message;
   *code = HPCDL_ERR_PEER_LOST;
-  return b.what + ": " + ranks_text(dead) + " died (" + (dead.size() == 1 ? "its process is" : "their processes are") +
-         " gone) while the collective ran on the device; the collective failed on this rank (" + message + ")";
+  return b.what + " failed on the device: " + ranks_text(dead) + " died (" +
+         (dead.size() == 1 ? "its process is" : "their processes are") + " gone) while the collective ran (" +
+         message + ")";
 }
 
 // Under mutex_: the timeout of the oldest batch that waits for the executor or runs on the device too long.
 Status Engine::overdue_device_batch(Clock::time_point now) const {
   const auto limit = std::chrono::duration<double>(timeout_s_);
-  if (!device_queue_.empty() && now - device_queue_.front()->decided > limit) {
+  if (!device_queue_.empty() && now - device_queue_.front()->decided.back() > limit) {
     const DeviceBatch& b = *device_queue_.front();
     return Status::error(HPCDL_ERR_TIMEOUT,
                          "timed out after " + seconds_text(timeout_s_) + " s: every member submitted " + b.what +
@@ -211,8 +212,9 @@ void Engine::record_device_timeline(const DeviceBatch& b, const int64_t* times_n
                           end = monotonic(times_ns[2]), stop = monotonic(times_ns[3]);
   std::string args = "\"device\":true,\"bytes\":" + std::to_string(b.bytes);
   if (b.fused) args += ",\"fused_tensors\":" + std::to_string(b.tracks.size());
-  for (const std::string& track : b.tracks) {
-    timeline_.span(track, "QUEUE", b.decided, start);
+  for (size_t i = 0; i < b.tracks.size(); ++i) {
+    const std::string& track = b.tracks[i];
+    timeline_.span(track, "QUEUE", b.decided[i], start);
     if (b.fused && begin > start) timeline_.span(track, "MEMCPY_IN_FUSION_BUFFER", start, begin, args);
     timeline_.span(track, op_type_upper(b.op_type), begin, end, args);
     if (b.fused && stop > end) timeline_.span(track, "MEMCPY_OUT_FUSION_BUFFER", end, stop, args);

@@ -200,9 +200,9 @@ void Engine::loop() {
   timeline_.flush(true);
 }
 
-// Sleeps until this rank has work, a peer rang the doorbell, a heartbeat is due (device batches are
-// outstanding: see kDeviceHeartbeat) or a timer (stall check, timeline flush) is. Returns false when the
-// engine must stop.
+// Sleeps until this rank has work, a peer rang the doorbell, a heartbeat is due (this rank waits for an
+// operation: see kHeartbeat) or a timer (stall check, timeline flush) is. Returns false when the engine
+// must stop.
 bool Engine::wait_while_idle() {
   while (true) {
     bool local = false;
@@ -211,15 +211,17 @@ bool Engine::wait_while_idle() {
       std::lock_guard<std::mutex> lock(mutex_);
       if (!failed_.is_ok()) return false;
       local = !queue_.empty() || (shutdown_requested_ && !shutdown_sent_) || !aborts_to_send_.empty();
-      if (!device_queue_.empty() || !device_running_.empty()) {
-        const auto now = Clock::now();
-        Status overdue = overdue_device_batch(now);
+      const bool device = !device_queue_.empty() || !device_running_.empty();
+      if (device) {
+        Status overdue = overdue_device_batch(Clock::now());
         if (!overdue.is_ok()) {
           failed_ = overdue;
           return false;
         }
-        heartbeat = last_cycle_start_ + kDeviceHeartbeat;
-        local = local || now >= heartbeat;
+      }
+      if (device || unfinished_ > 0) {
+        heartbeat = last_cycle_start_ + kHeartbeat;
+        local = local || Clock::now() >= heartbeat;
       }
       if (!local) waiting_ = true;
     }
@@ -845,6 +847,7 @@ std::shared_ptr<EngineOp> Engine::mark_finished(std::shared_ptr<EngineOp> op, in
     else name->second.finished = true;
   }
   if (code != HPCDL_OK) op->error = message;
+  if (op->status.load(std::memory_order_relaxed) == HPCDL_PENDING) --unfinished_;
   op->status.store(code, std::memory_order_release);
   return op->waiters > 0 ? op : nullptr;
 }
@@ -979,6 +982,7 @@ void Engine::fail_everything(const Status& status) {
     op->status.store(failed_.code == HPCDL_OK ? HPCDL_ERR_SHUTDOWN : failed_.code, std::memory_order_release);
   }
   names_in_use_.clear();
+  unfinished_ = 0;  // every operation of this rank was in `ops`
   for (auto& op : ops)
     if (op->waiters > 0) op->done.notify_all();
 }

@@ -141,12 +141,13 @@ class Engine {
     std::vector<int64_t> words;                  // what hpcdl_device_next hands over
     std::vector<std::shared_ptr<EngineOp>> ops;  // this rank's operations in it
     std::vector<std::string> tracks;             // the timeline track of each entry
+    std::vector<Clock::time_point> decided;      // when each entry was decided (a group's members differ)
     std::string what;                            // names the batch in messages
     std::vector<int> members;                    // world ranks of its process set
     int op_type = 0;
     bool fused = false;
     int64_t bytes = 0;
-    Clock::time_point decided, taken;
+    Clock::time_point taken;
   };
   struct Abort {
     int process_set = 0;
@@ -253,6 +254,7 @@ class Engine {
   bool shutdown_requested_ = false;
   bool running_ = false;
   Status failed_;  // once set, the engine accepts no more work
+  int64_t unfinished_ = 0;  // operations this rank submitted that have not finished (see kHeartbeat)
   // Device batches: decided and waiting for the executor, and taken by it (running until it reports).
   std::deque<std::shared_ptr<DeviceBatch>> device_queue_;
   std::unordered_map<int64_t, std::shared_ptr<DeviceBatch>> device_running_;

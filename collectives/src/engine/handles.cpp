@@ -120,6 +120,7 @@ Status Engine::enqueue(const hpcdl_request& r, int64_t* handle) {
   *handle = op->id;
   use = NameUse{op->id, q.op_type, false, false};
   handles_.emplace(op->id, op);
+  ++unfinished_;
   queue_bytes_ += elements * dtype_size(q.dtype);
   last_enqueue_ = op->submitted;
   queue_.push_back(std::move(op));
