@@ -82,6 +82,7 @@ class Started:
     work: Any  # the process group's Work
     after: Callable[[], None]  # what runs once the collective's data is there
     begin: Optional[Marker]  # when the collective itself started (after packing), for the timeline
+    buffers: Sequence[torch.Tensor] = ()  # the lane's fusion buffers it holds until `after` ran
 
 
 Runner = Callable[[DeviceBatch, Sequence[Optional[DeviceOp]], Lane, Any], Started]
@@ -168,13 +169,15 @@ def allreduce(batch: DeviceBatch, ops: Sequence[Optional[DeviceOp]], lane: Lane,
     wire = _REDUCED_AS.get(dtype, dtype)
     lane.use([t for op in ops if op is not None for t in (op.input, op.output) if t is not None])
     only = ops[0] if len(ops) == 1 else None
+    held: list[torch.Tensor] = []
     if only is not None and only.output is not None and not batch.fused and wire == dtype:
         buffer = only.output.reshape(-1)
         if only.output.data_ptr() != only.input.data_ptr():
             buffer.copy_(only.input.reshape(-1))  # the backend reduces in place
         unpack: list[tuple[torch.Tensor, torch.Tensor]] = []
     else:
-        buffer = lane.fusion_buffer(wire, sum(batch.counts))
+        held.append(lane.fusion_buffer(wire, sum(batch.counts)))
+        buffer = held[0][: sum(batch.counts)]
         unpack = _pack(ops, batch.counts, buffer)
     begin = lane.mark(batch.timed)
     _scale(buffer, batch.prescale, dtype)
@@ -184,7 +187,7 @@ def allreduce(batch: DeviceBatch, ops: Sequence[Optional[DeviceOp]], lane: Lane,
         _finish_reduction(buffer, batch, dtype)
         _unpack(unpack)
 
-    return Started(work, after, begin)
+    return Started(work, after, begin, held)
 
 
 def allgather(batch: DeviceBatch, ops: Sequence[Optional[DeviceOp]], lane: Lane, group: Any) -> Started:

@@ -4,12 +4,12 @@ batch's end so that its handles complete and the timeline records its phases.
 
 Two threads. The launcher takes a batch (``DeviceQueue.next``), finds the operations by their tags, and on
 a lane (a CUDA stream and the process groups of that stream) waits for the callers' streams, packs, starts
-the collective and, on CUDA, queues what follows it on the stream, then records the batch's ``done``
-event. It never waits for the device. The completer takes the started batches in order, waits for each
-to end (CUDA: sleeps on its ``done`` event; CPU: waits for the work and runs what follows it) and
-reports it. When the engine fails (a dead peer seen by its heartbeat, a deadline, a failed batch),
-``next`` raises in the launcher, which aborts the process groups: a collective a dead peer will never
-join ends, and the GPU is free.
+the collective and, on CUDA, queues what follows it on the stream (after the next batch's packing, which
+so overlaps this collective), then records the batch's ``done`` event. It never waits for the device.
+The completer takes the started batches in order, waits for each to end (CUDA: sleeps on its ``done``
+event; CPU: waits for the work and runs what follows it) and reports it. When the engine fails (a dead
+peer seen by its heartbeat, a deadline, a failed batch), ``next`` raises in the launcher, which aborts
+the process groups: a collective a dead peer will never join ends, and the GPU is free.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Optional
 import torch
 
 from hpcdl.common.engine import DeviceBatch, DeviceQueue
-from hpcdl.common.exceptions import HpcdlError
+from hpcdl.common.exceptions import HpcdlError, HpcdlShutdownError
 from hpcdl.common.types import OpType
 from hpcdl.torch._gpu_collectives import RUNNERS, DeviceOp, Started
 from hpcdl.torch._gpu_groups import Groups
@@ -38,25 +38,42 @@ _DRAIN_S = 2.0  # how long stop() lets started batches end before it aborts them
 
 
 @dataclass
-class _Running:
-    """A started batch, until the completer reported its end."""
+class _InFlight:
+    """A batch whose collective started, until the completer reported its end."""
 
     batch: DeviceBatch
     lane: Lane
     started: Started
-    markers: list[Optional[Marker]]  # start, collective begin, (CUDA: collective end, end)
-    done: Optional[torch.cuda.Event]
+    ops: list[DeviceOp]  # this rank's operations in it
+    markers: list[Optional[Marker]]  # start and collective begin; then collective end and end
     nvtx_range: Optional[int]
+    done: Optional[torch.cuda.Event] = None
+
+    def follow(self) -> None:
+        """CUDA: queue on the lane's stream what follows the collective, then the batch's ``done`` event;
+        the fusion buffers go back to the lane (whatever uses them next is queued after this)."""
+        with self.lane.active():
+            self.started.work.wait()  # the lane's stream waits for the collective; the host does not
+            self.markers.append(self.lane.mark(self.batch.timed))
+            self.started.after()
+            self.markers.append(self.lane.mark(self.batch.timed))
+            self.done = self.lane.done_event()
+        for op in self.ops:
+            op.done = self.done
+        self.lane.release(self.started.buffers)
 
     def wait(self) -> Optional[list[int]]:
-        """Block until the batch ended (and on the CPU, finish it); its phase times when timed."""
+        """Block until the batch ended (on the CPU: wait for the collective, then run what follows it);
+        its phase times when timed."""
         if self.done is not None:
             self.done.synchronize()
             return phase_times(self.markers, time.monotonic_ns())
         self.started.work.wait()
-        collective_end = self.lane.mark(self.batch.timed)
+        self.markers.append(self.lane.mark(self.batch.timed))
         self.started.after()
-        return phase_times([*self.markers, collective_end, self.lane.mark(self.batch.timed)], 0)
+        self.markers.append(self.lane.mark(self.batch.timed))
+        self.lane.release(self.started.buffers)
+        return phase_times(self.markers, 0)
 
 
 class Executor:
@@ -72,8 +89,10 @@ class Executor:
         self._tags = itertools.count(1)
         self._lanes: dict[tuple[torch.device, int], Lane] = {}
         self._batches_per_set: Counter[int] = Counter()
-        self._running: queue.SimpleQueue[Optional[_Running]] = queue.SimpleQueue()
+        self._running: queue.SimpleQueue[Optional[_InFlight]] = queue.SimpleQueue()
         self._stopping = threading.Event()
+        self._drain_lock = threading.Lock()
+        self._drained = False
         self.failure: Optional[BaseException] = None  # why the engine stopped handing out batches
         self._launcher = threading.Thread(target=self._launch_loop, name="hpcdl-gpu-launcher", daemon=True)
         self._completer = threading.Thread(
@@ -100,28 +119,62 @@ class Executor:
         self._stopping.set()
         self._queue.interrupt()
         self._launcher.join()
+        self._drain()
+
+    def _drain(self) -> None:
+        """Let the started batches end and be reported, then close the groups; abort them instead when a
+        batch does not end within _DRAIN_S (its peers are gone or stuck)."""
+        with self._drain_lock:
+            if self._drained:
+                return
+            self._drained = True
         self._running.put(None)
         self._completer.join(_DRAIN_S)
         if self._completer.is_alive():
-            self._groups.abort()  # a collective that does not end: its peers are gone or stuck
+            self._groups.abort()
         else:
             self._groups.close()
 
     # ---- the launcher -----------------------------------------------------------------------------
 
     def _launch_loop(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                batch = self._queue.next(_POLL_S)
-            except HpcdlError as exc:  # the engine failed or shut down: its operations failed with it
-                self.failure = exc
-                if not self._stopping.is_set():
-                    self._groups.abort()
-                return
-            if batch is not None:
-                self._launch(batch)
+        # CUDA: a started batch whose follow-up (unpacking, the done event) waits until the next batch's
+        # packing is queued, so that the packing overlaps this batch's collective on the lane's stream.
+        following: Optional[_InFlight] = None
+        try:
+            while not self._stopping.is_set():
+                try:
+                    batch = self._queue.next(0.0 if following is not None else _POLL_S)
+                except HpcdlError as exc:  # the engine failed or the job shut down
+                    self._engine_stopped(exc)
+                    return
+                started = self._launch(batch) if batch is not None else None
+                if following is not None:
+                    self._follow(following)
+                    following = None
+                if started is not None and started.lane.stream is not None:
+                    following = started
+                elif started is not None:
+                    self._running.put(started)
+        finally:
+            if following is not None:
+                self._follow(following)
 
-    def _launch(self, batch: DeviceBatch) -> None:
+    def _engine_stopped(self, exc: HpcdlError) -> None:
+        """The engine hands out no more batches. When the job shut down, the batches started here still
+        end (every rank let its own end before leaving): let them, abort only what does not. Any other
+        failure has failed them already: abort at once, so that a collective waiting for a dead peer
+        ends and the GPU is free."""
+        self.failure = exc
+        if self._stopping.is_set():
+            return
+        if isinstance(exc, HpcdlShutdownError):
+            self._drain()
+        else:
+            self._groups.abort()
+
+    def _launch(self, batch: DeviceBatch) -> Optional[_InFlight]:
+        """Start the batch's collective (None when that failed: the batch is reported failed)."""
         nvtx_range = None
         try:
             ops = [self._operations.pop(tag) if tag else None for tag in batch.tags]
@@ -134,24 +187,23 @@ class Executor:
             group = self._groups.get(batch.process_set, lane_index)
             nvtx_range = self._nvtx.start(_label(batch))
             with lane.active():
-                start = lane.mark(batch.timed)
                 lane.wait_for_callers([op.ready for op in present])
+                start = lane.mark(batch.timed)  # QUEUE ends once the callers' streams reached it
                 started = RUNNERS[batch.op_type](batch, ops, lane, group)
-                markers: list[Optional[Marker]] = [start, started.begin]
-                done = None
-                if lane.stream is not None:
-                    started.work.wait()  # the lane's stream waits for the collective; the host does not
-                    markers.append(lane.mark(batch.timed))
-                    started.after()
-                    markers.append(lane.mark(batch.timed))
-                    done = lane.done_event()
-                    for op in present:
-                        op.done = done
         except Exception as exc:  # a bad batch or a failed launch: fail it (and with it the engine)
             self._nvtx.end(nvtx_range)
             self._report(batch, error=describe_exception(exc))
+            return None
+        return _InFlight(batch, lane, started, present, [start, started.begin], nvtx_range)
+
+    def _follow(self, inflight: _InFlight) -> None:
+        try:
+            inflight.follow()
+        except Exception as exc:
+            self._nvtx.end(inflight.nvtx_range)
+            self._report(inflight.batch, error=describe_exception(exc))
             return
-        self._running.put(_Running(batch, lane, started, markers, done, nvtx_range))
+        self._running.put(inflight)
 
     def _lane(self, device: torch.device, index: int) -> Lane:
         lane = self._lanes.get((device, index))
@@ -163,17 +215,17 @@ class Executor:
 
     def _complete_loop(self) -> None:
         while True:
-            running = self._running.get()
-            if running is None:
+            inflight = self._running.get()
+            if inflight is None:
                 return
             try:
-                times = running.wait()
+                times = inflight.wait()
             except Exception as exc:  # the collective failed (a peer lost, an abort)
-                self._report(running.batch, error=describe_exception(exc))
+                self._report(inflight.batch, error=describe_exception(exc))
             else:
-                self._report(running.batch, times=times)
+                self._report(inflight.batch, times=times)
             finally:
-                self._nvtx.end(running.nvtx_range)
+                self._nvtx.end(inflight.nvtx_range)
 
     def _report(
         self, batch: DeviceBatch, error: Optional[str] = None, times: Optional[Sequence[int]] = None

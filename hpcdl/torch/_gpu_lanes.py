@@ -11,6 +11,7 @@ the executor's threads.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -33,13 +34,15 @@ def caller_event(device: torch.device) -> Optional[torch.cuda.Event]:
 
 @dataclass
 class Lane:
-    """One of the executor's streams on one device, with its fusion buffers (one per dtype, grown as
-    needed, used on this lane's stream only)."""
+    """One of the executor's streams on one device, with its pool of fusion buffers: a batch takes one no
+    batch in flight uses and gives it back once it is unpacked (on CUDA: once the unpacking is queued on
+    the lane's stream, which orders every later use after it)."""
 
     index: int
     device: torch.device
     stream: Optional[torch.cuda.Stream] = None
-    _fusion: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)
+    _free: dict[torch.dtype, list[torch.Tensor]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @staticmethod
     def open(index: int, device: torch.device) -> Lane:
@@ -70,14 +73,24 @@ class Lane:
             t.record_stream(self.stream)
 
     def fusion_buffer(self, dtype: torch.dtype, count: int) -> torch.Tensor:
-        buffer = self._fusion.get(dtype)
-        if buffer is None or buffer.numel() < count:
-            buffer = torch.empty(max(count, 1), dtype=dtype, device=self.device)
-            self._fusion[dtype] = buffer
-        return buffer[:count]
+        """A buffer of at least ``count`` elements for one batch, until :meth:`release`. Free buffers too
+        small for it are dropped (a larger one replaces them), so the pool holds about as many buffers
+        as batches run at once, each as large as the largest batch."""
+        with self._lock:
+            free = self._free.get(dtype, [])
+            for i, buffer in enumerate(free):
+                if buffer.numel() >= count:
+                    return free.pop(i)
+            free.clear()
+        return torch.empty(max(count, 1), dtype=dtype, device=self.device)
+
+    def release(self, buffers: Sequence[torch.Tensor]) -> None:
+        with self._lock:
+            for buffer in buffers:
+                self._free.setdefault(buffer.dtype, []).append(buffer)
 
     def mark(self, timed: bool) -> Optional[Marker]:
-        """A phase boundary for the timeline: a timed event on the stream, or the host time."""
+        """A phase boundary for the timeline: a timed event on the lane's stream, or the host time."""
         if not timed:
             return None
         if self.stream is None:

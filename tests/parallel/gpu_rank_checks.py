@@ -155,6 +155,21 @@ def check_fused_burst_and_groups() -> None:
     same(in_place[1], everyone((2,), salt=8).max(0).values, "grouped_allreduce_")
 
 
+def check_fused_batches_in_flight_together() -> None:
+    """Steps of fused tensors submitted without waiting in between: several fusion batches are in flight at
+    once, and none may pack into a buffer another one still uses."""
+    r = hvd.rank()
+    handles = {
+        (step, i): hvd.allreduce_async(
+            value(r, (1 << 15,), salt=step * 10 + i), op=hvd.Sum, name=f"f{step}.{i}"
+        )
+        for step in range(8)
+        for i in range(6)
+    }
+    for (step, i), h in handles.items():
+        same(hvd.synchronize(h), sum_of((1 << 15,), salt=step * 10 + i), f"step {step} tensor {i}")
+
+
 def check_allgather_rows() -> None:
     r, n = hvd.rank(), hvd.size()
     for dtype in (torch.float32, torch.int16, torch.bool):
@@ -397,6 +412,7 @@ SCENARIOS: dict[str, list[Callable[[], None]]] = {
         check_runs_on_the_gpu_path,
         check_allreduce_ops_dtypes_and_scaling,
         check_fused_burst_and_groups,
+        check_fused_batches_in_flight_together,
         check_allgather_rows,
         check_broadcast_roots,
         check_alltoall_splits,

@@ -254,7 +254,9 @@ HPCDL_API int hpcdl_new_group_id(int process_set);
  *   element count; then the table: allgather, the rows of each member (N words); alltoall, the rows each
  *   member sends to this rank (N words); otherwise empty.
  * Returns the batch's length in words (> 0), 0 when none came within timeout_s, or a negative status:
- * the engine failed or shut down (hpcdl_last_error says why; every operation it held has failed), or
+ * the engine failed (hpcdl_last_error says why; every operation it held has failed, and the executor must
+ * abort what it runs) or the job shut down (HPCDL_ERR_SHUTDOWN: the batches the executor runs still
+ * complete when it reports them; it should let them end, then stop), or
  * HPCDL_ERR_INVALID when `capacity` is too small (the batch stays queued; batch[0] holds the length it
  * needs). */
 #define HPCDL_DEVICE_FUSED 1

@@ -969,12 +969,19 @@ void Engine::fail_everything(const Status& status) {
   for (auto& op : queue_) ops.push_back(op);
   queue_.clear();
   queue_bytes_ = 0;
-  // Device batches fail with the rest; the executor learns it from hpcdl_device_next and aborts what it
-  // still runs (a collective the GPU may never finish, e.g. because a peer died).
+  // Device batches not yet taken fail with the rest. Those the executor runs fail too (it learns why from
+  // hpcdl_device_next and aborts them: a collective the GPU may never finish, e.g. because a peer died),
+  // except when the job shut down: every rank let its own running collectives end before it left, so
+  // these end too, and their handles complete when the executor reports them.
   for (const auto& b : device_queue_) ops.insert(ops.end(), b->ops.begin(), b->ops.end());
-  for (const auto& kv : device_running_) ops.insert(ops.end(), kv.second->ops.begin(), kv.second->ops.end());
   device_queue_.clear();
-  device_running_.clear();
+  int64_t still_running = 0;
+  if (failed_.code == HPCDL_ERR_SHUTDOWN) {
+    for (const auto& kv : device_running_) still_running += static_cast<int64_t>(kv.second->ops.size());
+  } else {
+    for (const auto& kv : device_running_) ops.insert(ops.end(), kv.second->ops.begin(), kv.second->ops.end());
+    device_running_.clear();
+  }
   device_cv_.notify_all();
   for (auto& op : ops) {
     if (op->status.load() != HPCDL_PENDING) continue;
@@ -982,7 +989,7 @@ void Engine::fail_everything(const Status& status) {
     op->status.store(failed_.code == HPCDL_OK ? HPCDL_ERR_SHUTDOWN : failed_.code, std::memory_order_release);
   }
   names_in_use_.clear();
-  unfinished_ = 0;  // every operation of this rank was in `ops`
+  unfinished_ = still_running;  // every other operation of this rank was in `ops`
   for (auto& op : ops)
     if (op->waiters > 0) op->done.notify_all();
 }
