@@ -14,6 +14,8 @@ Each variant reduces the same 161 float32 tensors (25,557,032 parameters, 102 MB
   ``hvd.synchronize`` of each, as ``DistributedOptimizer``'s gradient hooks do;
 - ``flat``: the same bytes as one flat tensor, one allreduce on a process group of the same backend
   (the lower bound);
+- ``packed``: what a fusion buffer costs without the engine: the tensors copied into one flat buffer,
+  one allreduce, copied back (``hpcdl / packed`` is then the engine's and the executor's own overhead);
 - ``ddp``: DDP's buckets (``torch.distributed._compute_bucket_assignment_by_size`` with DDP's 1 MiB first
   and 25 MiB further caps, reduced last bucket first): each bucket packed into a flat tensor, its allreduce
   started, then all waited for and unpacked, as DDP's reducer does without gradient-as-bucket-view.
@@ -85,6 +87,16 @@ def worker(iterations: int, warmup: int) -> None:
         group.allreduce([flat]).wait()
         settle()
 
+    packed = torch.empty_like(flat)
+
+    def packed_step() -> None:
+        torch.cat([t.reshape(-1) for t in tensors], out=packed)
+        group.allreduce([packed]).wait()
+        torch._foreach_copy_(
+            [t.reshape(-1) for t in tensors], list(packed.split([t.numel() for t in tensors]))
+        )
+        settle()
+
     def ddp_step() -> None:
         started = []
         for members in bucket_tensors:
@@ -97,7 +109,12 @@ def worker(iterations: int, warmup: int) -> None:
             )
         settle()
 
-    steps: dict[str, Callable[[], None]] = {"hpcdl": hpcdl_step, "flat": flat_step, "ddp": ddp_step}
+    steps: dict[str, Callable[[], None]] = {
+        "hpcdl": hpcdl_step,
+        "flat": flat_step,
+        "packed": packed_step,
+        "ddp": ddp_step,
+    }
 
     def on_round(done: int) -> None:
         if hvd.rank() == 0:
@@ -130,6 +147,7 @@ def worker(iterations: int, warmup: int) -> None:
         else None,
         "hpcdl_vs_flat": round(paired("hpcdl", "flat"), 3),
         "hpcdl_vs_ddp": round(paired("hpcdl", "ddp"), 3),
+        "hpcdl_vs_packed": round(paired("hpcdl", "packed"), 3),
     }
     print("REPORT " + json.dumps(report), flush=True)
 
@@ -150,6 +168,7 @@ def render(report: dict) -> str:
         lines.append(f"flat allreduce bus bandwidth: {report['flat_busbw_gbs']} GB/s")
     lines.append(f"hpcdl / flat: {report['hpcdl_vs_flat']}  (target on NCCL <= 1.10)")
     lines.append(f"hpcdl / ddp:  {report['hpcdl_vs_ddp']}  (target on NCCL <= 1.00)")
+    lines.append(f"hpcdl / packed: {report['hpcdl_vs_packed']}  (the engine's and executor's own share)")
     return "\n".join(lines)
 
 

@@ -110,17 +110,22 @@ def takes(tensors: Sequence[torch.Tensor]) -> bool:
 # ---- submitting -----------------------------------------------------------------------------------
 
 
+def _detached(tensor: torch.Tensor) -> torch.Tensor:
+    # A gradient (what the optimizer's hooks submit) needs no detaching: one object less per tensor.
+    return tensor.detach() if tensor.requires_grad else tensor
+
+
 def _staged(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor's values as a contiguous tensor on its device (a copy on the caller's stream for any
     other layout; the caller's stream event recorded after it covers the copy)."""
-    t = tensor.detach()
+    t = _detached(tensor)
     return t if t.is_contiguous() else t.contiguous()
 
 
 def _result_buffer(target: torch.Tensor) -> torch.Tensor:
     """Where the executor writes a result meant for ``target``: itself, or a contiguous buffer that
     :func:`deliver` copies from."""
-    t = target.detach()
+    t = _detached(target)
     return t if t.is_contiguous() else torch.empty_like(t, memory_format=torch.contiguous_format)
 
 
@@ -147,10 +152,9 @@ def _submit(
     assert path is not None
     _check_device(path, [op.input for op in ops])
     events: dict[torch.device, Optional[torch.cuda.Event]] = {}
-    for op in ops:
-        if op.input.device not in events:
-            events[op.input.device] = caller_event(op.input.device)
-        op.ready = events[op.input.device]
+    for op in ops:  # one event per device and call: they are all on the caller's current stream
+        device = op.input.device
+        op.ready = events[device] if device in events else events.setdefault(device, caller_event(device))
     grouped = len(ops) > 1
     group_id = engine.new_group_id(process_set) if grouped else 0
     handles = []

@@ -50,7 +50,7 @@ _BACKEND_OPS = {
 }
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class DeviceOp:
     """One operation of the GPU path from its submission to its batch's end.
 
