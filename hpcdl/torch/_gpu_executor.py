@@ -98,8 +98,8 @@ class Executor:
         self._completer = threading.Thread(
             target=self._complete_loop, name="hpcdl-gpu-completer", daemon=True
         )
+        self._completer.start()  # first: the launcher may drain it at once (the job already shut down)
         self._launcher.start()
-        self._completer.start()
 
     # ---- the callers' side ------------------------------------------------------------------------
 

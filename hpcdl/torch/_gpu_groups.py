@@ -44,6 +44,9 @@ def _open_store(timeout: timedelta) -> Any:
     if store is None:
         host, port = bytes(address).rstrip(b"\0").decode().rsplit(":", 1)
         store = dist.TCPStore(host, int(port), common.size(), False, timeout=timeout)
+    # Every rank has connected before any returns: rank 0 may otherwise shut the job down (and the store
+    # with it) before a slower rank reached it.
+    common.barrier()
     return store
 
 

@@ -365,6 +365,24 @@ def check_steps_for_the_timeline() -> None:
     hvd.broadcast(value(r, (2,)), root_rank=0, name="tl.bcast")
 
 
+# ---- scenario: lifecycle ---------------------------------------------------------------------------
+
+
+def check_init_and_shutdown_in_quick_succession() -> None:
+    """Jobs started and ended back to back (also renumbered by init(comm=...)): each init() opens the
+    process groups' store, and a rank that ends its job at once must not leave another one connecting to a
+    store that is gone; a job that a peer already ended starts and stops its executor cleanly."""
+    n, world = hvd.size(), hvd.rank()
+    for round_ in range(6):
+        hvd.shutdown()
+        order = list(range(n)) if round_ % 2 else list(reversed(range(n)))
+        hvd.init(comm=order)
+        if round_ % 3 == 0:
+            out = hvd.allreduce(torch.ones(2), op=hvd.Sum, name=f"round.{round_}")
+            same(out, torch.full((2,), float(n)), f"round {round_}")
+        assert hvd.rank() == order.index(world)
+
+
 # ---- scenario: dead --------------------------------------------------------------------------------
 
 
@@ -424,6 +442,7 @@ SCENARIOS: dict[str, list[Callable[[], None]]] = {
     "mismatch": [check_mismatches_raise_on_every_rank],
     "stall": [check_stalled_rank_is_named],
     "timeline": [check_steps_for_the_timeline],
+    "lifecycle": [check_init_and_shutdown_in_quick_succession],
 }
 
 

@@ -77,6 +77,10 @@ def test_every_mismatch_raises_the_same_error_on_every_rank() -> None:
     assert "rank 2 has a host tensor" in messages["placement"]
 
 
+def test_jobs_started_and_ended_back_to_back() -> None:
+    run_scenario(3, "lifecycle")
+
+
 def test_a_stalled_rank_is_named_by_the_stall_inspector() -> None:
     done = run_scenario(3, "stall", HPCDL_STALL_CHECK_TIME_SECONDS="1")
     text = "\n".join(line for line in (done.stdout + done.stderr).splitlines() if "[0]<stderr>" in line)
