@@ -93,7 +93,6 @@ class Executor:
         self._stopping = threading.Event()
         self._drain_lock = threading.Lock()
         self._drained = False
-        self.failure: Optional[BaseException] = None  # why the engine stopped handing out batches
         self._launcher = threading.Thread(target=self._launch_loop, name="hpcdl-gpu-launcher", daemon=True)
         self._completer = threading.Thread(
             target=self._complete_loop, name="hpcdl-gpu-completer", daemon=True
@@ -146,6 +145,9 @@ class Executor:
                 try:
                     batch = self._queue.next(0.0 if following is not None else _POLL_S)
                 except HpcdlError as exc:  # the engine failed or the job shut down
+                    if following is not None:
+                        self._follow(following)  # before a drain, which ends the completer's queue
+                        following = None
                     self._engine_stopped(exc)
                     return
                 started = self._launch(batch) if batch is not None else None
@@ -165,7 +167,6 @@ class Executor:
         end (every rank let its own end before leaving): let them, abort only what does not. Any other
         failure has failed them already: abort at once, so that a collective waiting for a dead peer
         ends and the GPU is free."""
-        self.failure = exc
         if self._stopping.is_set():
             return
         if isinstance(exc, HpcdlShutdownError):
