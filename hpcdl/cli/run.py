@@ -195,6 +195,10 @@ def run_command(
     shm_chunk_bytes: Optional[int] = _tunable("shm_chunk_bytes", "--shm-chunk-bytes"),
     shm_stores: Optional[str] = _tunable("shm_stores", "--shm-stores"),
     gpu_operations: Optional[str] = _tunable("gpu_operations", "--gpu-operations"),
+    num_nccl_streams: Optional[int] = _tunable("num_nccl_streams", "--num-nccl-streams"),
+    disable_nvtx_ranges: Optional[bool] = _tunable(
+        "disable_nvtx_ranges", "--disable-nvtx-ranges/--nvtx-ranges"
+    ),
     dynamic_process_sets: Optional[bool] = _tunable(
         "dynamic_process_sets", "--dynamic-process-sets/--no-dynamic-process-sets"
     ),
