@@ -206,7 +206,6 @@ def run_command(
     autotune_bayes_opt_max_samples: Optional[int] = _no_effect("--autotune-bayes-opt-max-samples"),
     autotune_gaussian_process_noise: Optional[float] = _no_effect("--autotune-gaussian-process-noise"),
     mpi_threads_disable: Optional[bool] = _no_effect("--mpi-threads-disable/--no-mpi-threads-disable"),
-    num_nccl_streams: Optional[int] = _no_effect("--num-nccl-streams"),
     thread_affinity: Optional[int] = _no_effect("--thread-affinity"),
     log_with_timestamp: Optional[bool] = _no_effect(
         "--log-with-timestamp/--log-without-timestamp", "--no-log-hide-timestamp/--log-hide-timestamp"
