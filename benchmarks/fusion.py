@@ -28,6 +28,7 @@ assert.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -74,6 +75,11 @@ def resnet50_gradient_shapes() -> list[tuple[int, ...]]:
 
 SHAPES = resnet50_gradient_shapes()
 assert len(SHAPES) == 161 and sum(int(np.prod(s)) for s in SHAPES) == 25_557_032
+
+
+def paired_ratio(results: dict[str, list[float]], a: str, b: str) -> float:
+    """Median over the rounds of a's step over b's step in the same round (from :func:`timed_rounds`)."""
+    return statistics.median(x / y for x, y in zip(results[a], results[b]))
 
 
 def timed_rounds(
@@ -234,10 +240,7 @@ def worker(iterations: int, warmup: int, latency_repeats: int, skip: set[str]) -
     if rank != 0:
         return
     median = {name: statistics.median(seconds) for name, seconds in results.items()}
-
-    def paired(a: str, b: str) -> float:
-        """Median over the rounds of a's step over b's step in the same round."""
-        return statistics.median(x / y for x, y in zip(results[a], results[b]))
+    paired = functools.partial(paired_ratio, results)
 
     report = {
         "ranks": size,

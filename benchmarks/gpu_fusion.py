@@ -28,6 +28,7 @@ round, in a shuffled order) and each ratio is the median over the rounds of the 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -35,10 +36,10 @@ from typing import Callable, Optional
 
 try:
     from ._launch import NO_PROGRESS_HELP, report_progress, run_ranks
-    from .fusion import SHAPES, timed_rounds
+    from .fusion import SHAPES, paired_ratio, timed_rounds
 except ImportError:  # run as a script: python benchmarks/gpu_fusion.py
     from _launch import NO_PROGRESS_HELP, report_progress, run_ranks  # type: ignore[no-redef]
-    from fusion import SHAPES, timed_rounds  # type: ignore[no-redef]
+    from fusion import SHAPES, paired_ratio, timed_rounds  # type: ignore[no-redef]
 
 DDP_FIRST_BUCKET_BYTES = 1 << 20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 DDP_BUCKET_BYTES = 25 << 20  # DistributedDataParallel(bucket_cap_mb=25)
@@ -127,9 +128,7 @@ def worker(iterations: int, warmup: int) -> None:
     if rank != 0:
         return
     median = {name: statistics.median(seconds) for name, seconds in results.items()}
-
-    def paired(a: str, b: str) -> float:
-        return statistics.median(x / y for x, y in zip(results[a], results[b]))
+    paired = functools.partial(paired_ratio, results)
 
     nbytes = flat.numel() * flat.element_size()
     report = {
