@@ -1,5 +1,11 @@
 #include "engine/autotune.h"
 
+#include <unistd.h>
+
+#include <cmath>
+
+#include "engine/output_file.h"
+
 namespace hpcdl {
 
 namespace {
@@ -24,22 +30,29 @@ void Knobs::set(const std::string& name, double value) {
 }
 
 Autotuner::Autotuner(const Knobs& start, const std::set<std::string>& fixed, int warmup_samples,
-                     int steps_per_sample, const std::string& log_path)
+                     int steps_per_sample)
     : current_(start),
       warmup_samples_(warmup_samples < 0 ? 0 : warmup_samples),
       steps_per_sample_(steps_per_sample < 1 ? 1 : steps_per_sample) {
   for (const char* knob : {"fusion_threshold", "cycle_time_ms", "small_message_bytes"})
     if (fixed.count(knob) == 0) knobs_.push_back(knob);
-  if (!log_path.empty()) {
-    log_ = std::fopen(log_path.c_str(), "w");
-    if (log_ != nullptr) {
-      std::fprintf(log_, "sample,phase,fusion_threshold,cycle_time_ms,small_message_bytes,bytes,seconds,"
-                         "bytes_per_second\n");
-      std::fflush(log_);
-    }
-  }
   converged_ = knobs_.empty();
   if (!converged_) begin_knob();
+}
+
+Status Autotuner::open_log(const std::string& path) {
+  int fd = -1;
+  Status opened = open_output_file(path, "autotune log", &fd);
+  if (!opened.is_ok()) return opened;
+  log_ = fdopen(fd, "w");
+  if (log_ == nullptr) {
+    close(fd);
+    return Status::error(HPCDL_ERR_INTERNAL, "cannot write the autotune log to " + path + ": out of memory");
+  }
+  std::fprintf(log_, "sample,phase,fusion_threshold,cycle_time_ms,small_message_bytes,bytes,seconds,"
+                     "bytes_per_second\n");
+  std::fflush(log_);
+  return Status::ok();
 }
 
 Autotuner::~Autotuner() {

@@ -62,8 +62,11 @@ Status Engine::start() {
   if (rank_ == 0 && o.get_bool("autotune", false)) {
     autotuner_ = std::make_unique<Autotuner>(knobs_, split_commas(o.get("autotune_fixed")),
                                              static_cast<int>(o.get_int("autotune_warmup_samples", 3)),
-                                             static_cast<int>(o.get_int("autotune_steps_per_sample", 10)),
-                                             o.get("autotune_log"));
+                                             static_cast<int>(o.get_int("autotune_steps_per_sample", 10)));
+    if (!o.get("autotune_log").empty()) {
+      Status s = autotuner_->open_log(o.get("autotune_log"));
+      if (!s.is_ok()) return s;
+    }
   }
   if (rank_ == 0 && !o.get("timeline").empty()) {
     Status s = timeline_.start(o.get("timeline"), o.get_bool("timeline_mark_cycles", false));
