@@ -23,6 +23,11 @@ double Knobs::get(const std::string& name) const {
   return small_message_bytes;
 }
 
+bool Knobs::plausible() const {
+  auto within = [](double v, double most) { return std::isfinite(v) && v >= 0 && v <= most; };
+  return within(fusion_threshold, 1e15) && within(cycle_time_ms, 60e3) && within(small_message_bytes, 1e15);
+}
+
 void Knobs::set(const std::string& name, double value) {
   if (name == "fusion_threshold") fusion_threshold = value;
   else if (name == "cycle_time_ms") cycle_time_ms = value;
