@@ -1,13 +1,15 @@
 """The check-build matrix (``hpcdl check-build``): what this installation can really do, probed now.
 
-Frameworks are probed by importing them; controllers and CPU tensor operations come from the compiled
-runtime; NCCL and Gloo from the installed PyTorch, which hpcdl uses for them.
+Frameworks are probed by importing them and hpcdl's API for them (Keras also by its backend:
+``hpcdl.keras`` serves TensorFlow and PyTorch); controllers and CPU tensor operations come from the
+compiled runtime; NCCL and Gloo from the installed PyTorch, which hpcdl uses for them.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 from dataclasses import asdict, dataclass, field
 
 from hpcdl._version import __version__
@@ -50,6 +52,45 @@ def _torch_capability() -> Capability:
     return Capability("PyTorch", True, detail=f"torch {version}")
 
 
+def _tensorflow_capability() -> Capability:
+    version = _module_version("tensorflow")
+    if version is None:
+        return Capability("TensorFlow", False, "TensorFlow is not installed; pip install 'hpcdl[tensorflow]'")
+    try:
+        importlib.import_module("hpcdl.tensorflow")
+    except Exception as exc:
+        reason = f"tensorflow {version} is installed but hpcdl.tensorflow fails to import: {exc}"
+        return Capability("TensorFlow", False, reason)
+    return Capability("TensorFlow", True, detail=f"tensorflow {version}")
+
+
+def _keras_capability() -> Capability:
+    if importlib.util.find_spec("keras") is None:
+        return Capability("Keras", False, "Keras is not installed; Keras 3 comes with 'hpcdl[tensorflow]'")
+    try:
+        keras = importlib.import_module("keras")
+    except Exception as exc:  # e.g. KERAS_BACKEND names a framework that is not installed
+        backend = os.environ.get("KERAS_BACKEND", "its configured backend")
+        return Capability("Keras", False, f"Keras is installed but fails to import on {backend}: {exc}")
+    version = str(getattr(keras, "__version__", "0"))
+    if int(version.split(".")[0]) < 3:
+        return Capability("Keras", False, f"keras {version} is installed; hpcdl.keras needs Keras 3")
+    backend = keras.backend.backend()
+    if backend not in ("tensorflow", "torch"):
+        return Capability(
+            "Keras",
+            False,
+            f"keras {version} runs on the {backend} backend, which hpcdl.keras does not serve; "
+            "set KERAS_BACKEND=tensorflow or KERAS_BACKEND=torch",
+        )
+    try:
+        importlib.import_module("hpcdl.keras")
+    except Exception as exc:
+        reason = f"keras {version} ({backend} backend) is installed but hpcdl.keras fails to import: {exc}"
+        return Capability("Keras", False, reason)
+    return Capability("Keras", True, detail=f"keras {version} on the {backend} backend")
+
+
 def _unsupported_framework(display: str, module: str) -> Capability:
     version = _module_version(module)
     if version is None:
@@ -83,9 +124,9 @@ def _torch_distributed_backend(display: str, backend: str) -> Capability:
 def check_build() -> Matrix:
     runtime = built()
     frameworks = [
-        _unsupported_framework("TensorFlow", "tensorflow"),
+        _tensorflow_capability(),
         _torch_capability(),
-        _unsupported_framework("Keras", "keras"),
+        _keras_capability(),
         _unsupported_framework("JAX", "jax"),
         _unsupported_framework("MXNet", "mxnet"),
     ]

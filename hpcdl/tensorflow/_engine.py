@@ -1,0 +1,241 @@
+"""The collectives of ``hpcdl.tensorflow`` on NumPy views of tensors, through hpcdl's engine.
+
+TensorFlow hands these functions NumPy arrays: eagerly the tensors' own memory, inside a ``tf.function``
+the arguments of a ``tf.numpy_function``. Every function submits all of its operations first (so the engine
+negotiates and fuses them in one cycle), then waits for each with the runtime's deadline, whose error names
+the ranks and the tensor that were missing, and releases every handle however it ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Callable, Optional, TypeVar
+
+import numpy as np
+
+from hpcdl.common import basics, engine
+from hpcdl.common.ops import reducescatter_rows
+from hpcdl.common.reduce_ops import runtime_op
+from hpcdl.common.types import OpType
+from hpcdl.tensorflow._dtypes import Wire
+
+Names = Sequence[Optional[str]]
+T = TypeVar("T")
+
+
+# TensorFlow adopts an array a tf.numpy_function returns without copying it when its data is 64-byte
+# aligned; NumPy aligns large arrays to 16 bytes only.
+_ALIGNMENT = 64
+
+
+def _empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An uninitialized C-contiguous array whose data starts on a 64-byte boundary."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + _ALIGNMENT, dtype=np.uint8)
+    start = -raw.ctypes.data % _ALIGNMENT
+    return raw[start : start + nbytes].view(dtype).reshape(shape)
+
+
+def _groups(sizes: Sequence[int]) -> list[tuple[int, int]]:
+    """(group id, group size) for each operation of consecutive groups of ``sizes`` operations that must
+    run together; (0, 0) for an operation alone."""
+    placed = []
+    for size in sizes:
+        group = (engine.new_group_id(), size) if size > 1 else (0, 0)
+        placed.extend([group] * size)
+    return placed
+
+
+def _submit_all(submit: Callable[[int], engine.Handle], count: int) -> list[engine.Handle]:
+    """``submit(i)`` for every i; when one is refused, the handles already made are released (their
+    buffers stay alive until the engine is done with them) and the refusal is raised."""
+    handles: list[engine.Handle] = []
+    try:
+        for i in range(count):
+            handles.append(submit(i))
+    except BaseException:
+        for handle in handles:
+            handle.release()
+        raise
+    return handles
+
+
+def _finish(
+    handles: list[engine.Handle], collect: Optional[Callable[[int, engine.Handle], T]] = None
+) -> list[T]:
+    """Wait for every handle (the first failure raises), ``collect(i, handle)`` each one's result, and
+    release all of them."""
+    try:
+        for handle in handles:
+            handle.wait()
+        return [collect(i, h) for i, h in enumerate(handles)] if collect is not None else []
+    finally:
+        for handle in handles:
+            handle.release()
+
+
+def _engine_output(handle: engine.Handle, wire: Wire, dtype: np.dtype) -> np.ndarray:
+    """An engine-allocated output (allgather, alltoall) as an array of the tensor's dtype."""
+    shape = handle.output_shape()
+    if wire.pairs:
+        shape = shape[:-1]
+    return wire.receive(handle.output(), dtype, shape)
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """How a batch of reductions runs: the op, the scale factors, the process set, and ``groups``: the sizes
+    of the consecutive groups of operations that run atomically (summing to the batch's length)."""
+
+    op: int
+    prescale: float
+    postscale: float
+    process_set: int
+    groups: Sequence[int]
+
+
+def _reduce(
+    op_type: OpType,
+    sources: list[np.ndarray],
+    outputs: list[np.ndarray],
+    wires: Sequence[Wire],
+    names: Names,
+    how: Reduction,
+) -> None:
+    """Reduce every source into its output (allreduce or reducescatter)."""
+    placed = _groups(how.groups)
+    reduce_op = runtime_op(how.op)
+
+    def submit(i: int) -> engine.Handle:
+        return engine.submit(
+            op_type,
+            names[i],
+            how.process_set,
+            wires[i].runtime,
+            sources[i],
+            outputs[i],
+            sources[i].shape,
+            reduce_op=reduce_op,
+            prescale=how.prescale,
+            postscale=how.postscale,
+            group_id=placed[i][0],
+            group_size=placed[i][1],
+            keep=(sources[i], outputs[i]),
+            value=outputs[i],
+        )
+
+    _finish(_submit_all(submit, len(sources)))
+
+
+def allreduce(
+    arrays: Sequence[np.ndarray], wires: Sequence[Wire], names: Names, how: Reduction
+) -> list[np.ndarray]:
+    """Reduce each array over the process set."""
+    sources = [w.send(a) for a, w in zip(arrays, wires)]
+    outputs = [_empty(src.shape, src.dtype) for src in sources]
+    _reduce(OpType.ALLREDUCE, sources, outputs, wires, names, how)
+    return [w.receive(out, a.dtype, a.shape) for out, a, w in zip(outputs, arrays, wires)]
+
+
+def allgather(
+    arrays: Sequence[np.ndarray], wires: Sequence[Wire], names: Names, process_set: int, groups: Sequence[int]
+) -> list[np.ndarray]:
+    """Concatenate every member's arrays along dimension 0 (``groups`` as for :func:`allreduce`)."""
+    placed = _groups(groups)
+    sources = [w.send(a) for a, w in zip(arrays, wires)]
+
+    def submit(i: int) -> engine.Handle:
+        src, wire = sources[i], wires[i]
+        return engine.submit(
+            OpType.ALLGATHER,
+            names[i],
+            process_set,
+            wire.runtime,
+            src,
+            None,
+            src.shape,
+            group_id=placed[i][0],
+            group_size=placed[i][1],
+            keep=(src,),
+        )
+
+    return _finish(
+        _submit_all(submit, len(arrays)), lambda i, h: _engine_output(h, wires[i], arrays[i].dtype)
+    )
+
+
+def broadcast(
+    arrays: Sequence[np.ndarray], wires: Sequence[Wire], names: Names, root: int, process_set: int
+) -> list[np.ndarray]:
+    """World rank ``root``'s arrays on every member (the inputs are left alone)."""
+    buffers = []
+    for a, w in zip(arrays, wires):
+        sent = w.send(a)
+        buffers.append(_empty(sent.shape, sent.dtype))
+        np.copyto(buffers[-1], sent)
+
+    def submit(i: int) -> engine.Handle:
+        buffer, wire = buffers[i], wires[i]
+        return engine.submit(
+            OpType.BROADCAST,
+            names[i],
+            process_set,
+            wire.runtime,
+            buffer,
+            buffer,
+            buffer.shape,
+            root=root,
+            keep=(buffer,),
+            value=buffer,
+        )
+
+    _finish(_submit_all(submit, len(arrays)))
+    return [w.receive(b, a.dtype, a.shape) for b, a, w in zip(buffers, arrays, wires)]
+
+
+def alltoall(
+    array: np.ndarray, wire: Wire, splits: Optional[list[int]], name: Optional[str], process_set: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Send ``splits[i]`` rows to member i (even split when None); returns (rows received, rows received
+    from each member as int32)."""
+    src = wire.send(array)
+
+    def submit(_: int) -> engine.Handle:
+        return engine.submit(
+            OpType.ALLTOALL, name, process_set, wire.runtime, src, None, src.shape, splits=splits, keep=(src,)
+        )
+
+    [(output, received)] = _finish(
+        _submit_all(submit, 1),
+        lambda _, h: (_engine_output(h, wire, array.dtype), np.asarray(h.received_splits(), dtype=np.int32)),
+    )
+    return output, received
+
+
+def reducescatter(
+    arrays: Sequence[np.ndarray], wires: Sequence[Wire], names: Names, how: Reduction
+) -> list[np.ndarray]:
+    """Reduce each array over the set and keep this member's block of rows (the first ``rows % size``
+    members get one row more, as in Horovod)."""
+    size, me = basics.process_set_size(how.process_set), basics.process_set_rank(how.process_set)
+    if me < 0:
+        raise ValueError(f"this rank ({basics.rank()}) is not a member of process set {how.process_set}")
+    sources = [w.send(a) for a, w in zip(arrays, wires)]
+    outputs = [
+        _empty((reducescatter_rows(src.shape[0], size, me), *src.shape[1:]), src.dtype) for src in sources
+    ]
+    _reduce(OpType.REDUCESCATTER, sources, outputs, wires, names, how)
+    return [
+        w.receive(out, a.dtype, (out.shape[0], *a.shape[1:])) for out, a, w in zip(outputs, arrays, wires)
+    ]
+
+
+def barrier(process_set: int) -> None:
+    _finish([engine.barrier_async(process_set=process_set)])
+
+
+def join(process_set: int) -> int:
+    """Declare this rank out of data; returns the last rank to join."""
+    return engine.join(process_set)

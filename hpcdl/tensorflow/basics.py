@@ -1,0 +1,92 @@
+"""Lifecycle and build facts of ``hpcdl.tensorflow`` (Horovod's ``hvd.init()``, ``hvd.nccl_built()``, ...);
+the topology (``rank``, ``size``, ...) is ``hpcdl.common``'s own.
+
+Everything delegates to ``hpcdl.common``. TensorFlow tensors reach the runtime through host memory (a
+GPU tensor is copied to the host and back), so the GPU build facts of Horovod's TensorFlow extension (NCCL,
+CUDA, ROCm, DDL, CCL) are all False here, whatever the installed TensorFlow was built with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Optional, Union
+
+from hpcdl import common
+from hpcdl.common import engine
+from hpcdl.common import process_sets as _sets
+from hpcdl.common.process_sets import ProcessSet
+
+
+def init(
+    comm: Optional[Union[Sequence[int], Any]] = None,
+    process_sets: Optional[Union[Sequence[ProcessSet], str]] = None,
+) -> None:
+    """Start hpcdl in this process: find the other ranks, connect, start the background engine.
+
+    Args:
+        comm: None (all ranks), a list of world ranks or an mpi4py communicator. hpcdl's world is
+            always every rank the launcher started, so a list or communicator must cover all of them;
+            use ``process_sets`` to run collectives on a subset.
+        process_sets: None, a list of ``ProcessSet`` to register now (every rank passes the same list),
+            or ``"dynamic"`` to allow ``add_process_set``/``remove_process_set`` later.
+    """
+    if common.is_initialized():
+        return  # a second init() is a no-op, as in Horovod
+    requested_world = _sets.requested_world(comm)
+    sets, registered = _sets.init_argument(process_sets)
+    common.init(process_sets=registered)
+    _sets.check_world(requested_world)
+    _sets.bind_registered(sets)
+
+
+def shutdown() -> None:
+    """Stop hpcdl in this process. Safe to call twice."""
+    if common.is_initialized():
+        common.shutdown()
+
+
+def mpi_built() -> bool:
+    """True when the compiled runtime was built with MPI support."""
+    return common.built().mpi.available
+
+
+def gloo_built() -> bool:
+    """True when the runtime has its TCP controller, which plays Gloo's role in Horovod."""
+    return common.built().tcp.available
+
+
+def gloo_enabled() -> bool:
+    """True when the job runs on the runtime's non-MPI (TCP/shared memory) controller."""
+    return common.is_initialized() and not common.mpi_enabled()
+
+
+def nccl_built() -> bool:
+    return False
+
+
+def ddl_built() -> bool:
+    return False
+
+
+def ccl_built() -> bool:
+    return False
+
+
+def cuda_built() -> bool:
+    return False
+
+
+def rocm_built() -> bool:
+    return False
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Start writing a Chrome-trace timeline of the engine's operations to ``file_path`` (rank 0 writes)."""
+    if not file_path:
+        raise ValueError("start_timeline needs a file path, e.g. hvd.start_timeline('/tmp/timeline.json')")
+    engine.start_timeline(str(file_path), mark_cycles)
+
+
+def stop_timeline() -> None:
+    """Stop the timeline started by ``start_timeline`` (or ``HPCDL_TIMELINE``) and close the file."""
+    engine.stop_timeline()

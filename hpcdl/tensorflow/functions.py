@@ -1,0 +1,98 @@
+"""Broadcasting variables and arbitrary Python objects (Horovod's ``horovod.tensorflow.functions``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Callable, Optional
+
+import cloudpickle
+import numpy as np
+import tensorflow as tf
+
+from hpcdl.common import basics
+from hpcdl.common.process_sets import ProcessSet, global_process_set, id_of
+from hpcdl.tensorflow import _engine
+from hpcdl.tensorflow._dtypes import wire_of
+from hpcdl.tensorflow.mpi_ops import _broadcast, _check_root
+
+_BYTES = wire_of(tf.uint8)
+_LENGTH = wire_of(tf.int64)
+
+
+def broadcast_variables(
+    variables: Sequence[Any],
+    root_rank: int,
+    process_set: ProcessSet = global_process_set,
+    inplace: bool = False,
+) -> Any:
+    """Overwrite every rank's ``variables`` (``tf.Variable`` or Keras variables) with their values on
+    global rank ``root_rank``, all in one batch of broadcasts. Returns the grouped assignments (an op in a
+    graph; None eagerly). ``inplace`` is accepted for compatibility: the values are always assigned."""
+    variables = list(variables)
+    if not variables:
+        return tf.no_op() if not tf.executing_eagerly() else None
+    for v in variables:
+        if not hasattr(v, "assign"):
+            raise ValueError(f"broadcast_variables takes variables, got {type(v).__name__}")
+    root = _check_root(root_rank, process_set)
+    names = [f"broadcast_variables.{i}" for i in range(len(variables))]
+    received = _broadcast([tf.convert_to_tensor(v) for v in variables], names, root, process_set)
+    assignments = [v.assign(r) for v, r in zip(variables, received)]
+    return None if tf.executing_eagerly() else tf.group(*assignments)
+
+
+def _payload(obj: Any) -> np.ndarray:
+    return np.frombuffer(cloudpickle.dumps(obj), dtype=np.uint8)
+
+
+def broadcast_object(
+    obj: Any,
+    root_rank: int = 0,
+    session: Any = None,
+    name: Optional[str] = None,
+    process_set: ProcessSet = global_process_set,
+) -> Any:
+    """Return ``root_rank``'s ``obj`` on every rank of the set (serialized with cloudpickle).
+
+    Other ranks may pass anything (e.g. None): the operation's name does not depend on the object's type.
+    ``session`` (TensorFlow 1) is accepted for compatibility and not needed.
+    """
+    ps = id_of(process_set)
+    root = _check_root(root_rank, process_set)
+    name = name or "broadcast_object"
+    is_root = basics.rank() == root
+    payload = _payload(obj) if is_root else np.zeros(0, dtype=np.uint8)
+    [length] = _engine.broadcast(
+        [np.array([payload.size], dtype=np.int64)], [_LENGTH], [f"{name}.sz"], root, ps
+    )
+    buffer = payload if is_root else np.zeros(int(length[0]), dtype=np.uint8)
+    [received] = _engine.broadcast([buffer], [_BYTES], [f"{name}.t"], root, ps)
+    return obj if is_root else cloudpickle.loads(received.tobytes())
+
+
+def broadcast_object_fn(
+    root_rank: int = 0,
+    session: Any = None,
+    name: Optional[str] = None,
+    process_set: ProcessSet = global_process_set,
+) -> Callable[[Any], Any]:
+    """A function that broadcasts an object from ``root_rank`` (Horovod's TensorFlow 1 helper)."""
+    return lambda obj: broadcast_object(obj, root_rank, name=name, process_set=process_set)
+
+
+def allgather_object(
+    obj: Any, session: Any = None, name: Optional[str] = None, process_set: ProcessSet = global_process_set
+) -> list[Any]:
+    """Return the list of every rank's ``obj`` (in the set's rank order); objects may differ in type."""
+    ps = id_of(process_set)
+    name = name or "allgather_object"
+    payload = _payload(obj)
+    [lengths] = _engine.allgather(
+        [np.array([payload.size], dtype=np.int64)], [_LENGTH], [f"{name}.sz"], ps, [1]
+    )
+    [gathered] = _engine.allgather([payload], [_BYTES], [f"{name}.t"], ps, [1])
+    objects, start = [], 0
+    for length in lengths.tolist():
+        objects.append(cloudpickle.loads(gathered[start : start + length].tobytes()))
+        start += length
+    return objects

@@ -1,0 +1,564 @@
+"""Horovod's TensorFlow collectives (``horovod.tensorflow.mpi_ops``) on hpcdl's engine.
+
+No compiled TensorFlow op is involved, so nothing is tied to one TensorFlow version. Eagerly, an op hands
+NumPy views of its tensors to the engine and waits. Inside a ``tf.function`` it becomes a stateful
+``tf.numpy_function``: TensorFlow runs stateful ops in program order, so every rank submits its collectives
+in the order the program wrote them, and outputs get the static shapes known when tracing. Neither works
+under XLA (``jit_compile=True``), which compiles no Python: such a trace is refused with what to do.
+
+Gradients follow Horovod 0.28 (``tf.custom_gradient``): allreduce's gradient is the same allreduce of the
+incoming gradient; allgather's the Average-allreduce of it, sliced to this rank's rows; broadcast's the
+Average-allreduce on the root and zeros elsewhere; alltoall's the reverse alltoall; reducescatter's the
+allgather of it (times the set size for Sum, times the scale factors).
+
+Unnamed operations are named as Horovod names them: in a graph after the tensor (``HorovodAllreduce_<tensor
+name>``), eagerly by the engine's deterministic counter.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any, Callable, Optional
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.ops import control_flow_util
+
+from hpcdl.common import basics
+from hpcdl.common.exceptions import HpcdlUnsupportedError
+from hpcdl.common.process_sets import ProcessSet, global_process_set, id_of
+from hpcdl.common.reduce_ops import Adasum, Average, Sum, check_op
+from hpcdl.tensorflow import _engine
+from hpcdl.tensorflow._dtypes import reduction_dtype, wire_of
+
+Tensors = Sequence[Any]
+
+
+# ---- running engine work on tensors ------------------------------------------------------------------
+
+
+def _run(
+    kind: str,
+    work: Callable[..., Sequence[np.ndarray]],
+    inputs: Sequence[tf.Tensor],
+    dtypes: Sequence[tf.DType],
+    shapes: Sequence[Any],
+) -> list[tf.Tensor]:
+    """``work`` on NumPy views of ``inputs``: at once when eager, else as a stateful numpy_function whose
+    outputs get ``shapes``."""
+    if tf.executing_eagerly():
+        return [tf.convert_to_tensor(out) for out in work(*[np.asarray(t) for t in inputs])]
+    if control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
+        raise HpcdlUnsupportedError(
+            f"hpcdl's {kind} cannot run inside an XLA-compiled function: XLA compiles no Python, and "
+            "hpcdl's TensorFlow ops reach the engine through tf.numpy_function. Use "
+            "tf.function(jit_compile=False), or model.compile(..., jit_compile=False) with Keras"
+        )
+    outputs = tf.numpy_function(work, list(inputs), list(dtypes), stateful=True, name=f"Hpcdl{kind}")
+    for out, shape in zip(outputs, shapes):
+        out.set_shape(shape)
+    return list(outputs)
+
+
+def _tensors(values: Tensors, what: str) -> list[tf.Tensor]:
+    if isinstance(values, (tf.Tensor, tf.Variable)) or not isinstance(values, (list, tuple)):
+        raise ValueError(f"{what} takes a list of tensors, got {type(values).__name__}")
+    if not values:
+        raise ValueError(f"{what} needs a non-empty list of tensors")
+    return [_tensor(v, what) for v in values]
+
+
+def _tensor(value: Any, what: str) -> tf.Tensor:
+    if isinstance(value, tf.IndexedSlices):
+        raise ValueError(f"{what} takes dense tensors; hvd.allreduce handles tf.IndexedSlices")
+    try:
+        return tf.convert_to_tensor(value)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{what} takes a tf.Tensor (or a value convertible to one): {exc}") from None
+
+
+def _rows(tensor: tf.Tensor, what: str) -> None:
+    if tensor.shape.rank == 0:
+        raise ValueError(
+            f"{what} works on the first dimension, but got a 0-d tensor; reshape it, e.g. tf.reshape(t, [1])"
+        )
+
+
+def _normalize_name(name: str) -> str:
+    """Normalizes an operation name to TensorFlow's rules (as Horovod does)."""
+    return re.sub("[^a-zA-Z0-9_]", "_", name)
+
+
+def _names(kind: str, name: Optional[str], tensors: Sequence[tf.Tensor]) -> list[Optional[str]]:
+    """The engine names of one operation (one tensor) or of a group's members."""
+    if name is not None and not isinstance(name, str):
+        raise ValueError(f"name must be a string or None, got {name!r}")
+    if len(tensors) == 1 and name:
+        return [name]
+    if name:
+        return [f"{name}.{i}" for i in range(len(tensors))]
+    if tf.executing_eagerly():
+        return [None] * len(tensors)
+    prefix = f"Horovod{kind}" if len(tensors) == 1 else f"HorovodGrouped{kind}"
+    suffix = [_normalize_name(t.name) for t in tensors]
+    if len(tensors) == 1:
+        return [f"{prefix}_{suffix[0]}"]
+    return [f"{prefix}_{i}_{s}" for i, s in enumerate(suffix)]
+
+
+def _differentiable(
+    forward: Callable[[list[tf.Tensor]], list[tf.Tensor]],
+    backward: Callable[[list[tf.Tensor]], list[Optional[tf.Tensor]]],
+    tensors: Sequence[tf.Tensor],
+) -> list[tf.Tensor]:
+    """``forward(tensors)``, whose gradient is ``backward(the outputs' incoming gradients)``."""
+
+    @tf.custom_gradient
+    def op(*xs: tf.Tensor) -> Any:
+        ys = forward(list(xs))
+
+        def gradient(*dys: tf.Tensor) -> list[Optional[tf.Tensor]]:
+            return backward(list(dys))
+
+        return ys, gradient
+
+    return list(op(*tensors))
+
+
+def _gradients(
+    dys: Sequence[tf.Tensor], gradient: Callable[[list[int]], list[tf.Tensor]]
+) -> list[Optional[tf.Tensor]]:
+    """``gradient(indices)`` for the floating-point and complex incoming gradients (in order); None for
+    the others, which have no gradient."""
+    wanted = [i for i, d in enumerate(dys) if d.dtype.is_floating or d.dtype.is_complex]
+    grads: list[Optional[tf.Tensor]] = [None] * len(dys)
+    for i, g in zip(wanted, gradient(wanted) if wanted else []):
+        grads[i] = g
+    return grads
+
+
+# ---- allreduce, reducescatter ------------------------------------------------------------------------
+
+
+def _reductions(
+    kind: str,
+    tensors: list[tf.Tensor],
+    names: list[Optional[str]],
+    op: int,
+    prescale_factor: float,
+    postscale_factor: float,
+    process_set: ProcessSet,
+    groups: Sequence[int],
+) -> list[tf.Tensor]:
+    """The (non-differentiable) allreduce (``kind`` "Allreduce") or reducescatter ("Reducescatter") of
+    ``tensors``, uint16/uint32 reduced in a wider type."""
+    if op == Adasum:
+        raise NotImplementedError(
+            "hpcdl.tensorflow does not implement the Adasum reduction; use op=hvd.Average (or hpcdl.torch, "
+            "which has Adasum)"
+        )
+    how = _engine.Reduction(op, float(prescale_factor), float(postscale_factor), id_of(process_set), groups)
+    originals = [t.dtype for t in tensors]
+    widened = [tf.cast(t, reduction_dtype(t.dtype, op)) for t in tensors]
+    wires = [wire_of(t.dtype) for t in widened]
+    if kind == "Allreduce":
+        run, shapes = _engine.allreduce, [t.shape for t in widened]
+    else:
+        run, shapes = (
+            _engine.reducescatter,
+            [tf.TensorShape([None]).concatenate(t.shape[1:]) for t in widened],
+        )
+
+    def work(*arrays: np.ndarray) -> list[np.ndarray]:
+        return run(arrays, wires, names, how)
+
+    reduced = _run(kind, work, widened, [t.dtype for t in widened], shapes)
+    return [r if r.dtype == d else tf.cast(r, d) for r, d in zip(reduced, originals)]
+
+
+def reduce_tensors(
+    tensors: list[tf.Tensor],
+    names: list[Optional[str]],
+    op: int,
+    prescale_factor: float,
+    postscale_factor: float,
+    process_set: ProcessSet,
+    groups: Sequence[int],
+) -> list[tf.Tensor]:
+    """The (non-differentiable) allreduce of ``tensors``; ``groups``: the sizes of consecutive groups that
+    run atomically."""
+    return _reductions(
+        "Allreduce", tensors, names, op, prescale_factor, postscale_factor, process_set, groups
+    )
+
+
+def _allreduce_group(
+    tensors: list[tf.Tensor],
+    names: list[Optional[str]],
+    op: int,
+    prescale_factor: float,
+    postscale_factor: float,
+    process_set: ProcessSet,
+    grouped: bool,
+) -> list[tf.Tensor]:
+    """Differentiable allreduce of ``tensors``, one atomic group when ``grouped``; the gradient is the
+    same allreduce of the incoming gradients."""
+
+    def groups(count: int) -> list[int]:
+        return [count] if grouped else [1] * count
+
+    def backward(dys: list[tf.Tensor]) -> list[Optional[tf.Tensor]]:
+        def reduce(wanted: list[int]) -> list[tf.Tensor]:
+            chosen = [dys[i] for i in wanted]
+            names = _names("Allreduce", None, chosen)
+            return _allreduce_group(
+                chosen, names, op, prescale_factor, postscale_factor, process_set, grouped
+            )
+
+        return _gradients(dys, reduce)
+
+    def forward(xs: list[tf.Tensor]) -> list[tf.Tensor]:
+        return reduce_tensors(xs, names, op, prescale_factor, postscale_factor, process_set, groups(len(xs)))
+
+    return _differentiable(forward, backward, tensors)
+
+
+def _grouped_allreduce(
+    tensors: Tensors,
+    name: Optional[str] = None,
+    op: int = Sum,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    ignore_name_scope: bool = False,
+    process_set: ProcessSet = global_process_set,
+) -> list[tf.Tensor]:
+    """Reduce a list of tensors as one atomic group over the ranks of ``process_set``."""
+    tensors = _tensors(tensors, "grouped_allreduce")
+    names = _names("Allreduce", name, tensors)
+    return _allreduce_group(
+        tensors, names, check_op(op), prescale_factor, postscale_factor, process_set, grouped=True
+    )
+
+
+def _allreduce(
+    tensor: Any,
+    name: Optional[str] = None,
+    op: int = Sum,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    ignore_name_scope: bool = False,
+    process_set: ProcessSet = global_process_set,
+) -> tf.Tensor:
+    """Reduce ``tensor`` over the ranks of ``process_set`` (shape and dtype must agree on every rank)."""
+    tensors = [_tensor(tensor, "allreduce")]
+    names = _names("Allreduce", name, tensors)
+    op = check_op(op)
+    return _allreduce_group(tensors, names, op, prescale_factor, postscale_factor, process_set, False)[0]
+
+
+def _reducescatter_group(
+    tensors: list[tf.Tensor],
+    names: list[Optional[str]],
+    op: int,
+    prescale_factor: float,
+    postscale_factor: float,
+    process_set: ProcessSet,
+) -> list[tf.Tensor]:
+    """Differentiable reducescatter of ``tensors`` (one group); the gradient is the allgather of the
+    incoming gradient, times the set size for Sum and times the scale factors."""
+    for t in tensors:
+        _rows(t, "reducescatter")
+    if op == Adasum:
+        raise ValueError("reducescatter does not support Adasum; use hvd.Average or hvd.Sum")
+    factor = float(prescale_factor) * float(postscale_factor)
+
+    def gradient(dy: tf.Tensor) -> tf.Tensor:
+        if op == Sum:
+            dy = dy * basics.process_set_size(id_of(process_set))
+        return allgather(dy * factor if factor != 1.0 else dy, process_set=process_set)
+
+    def forward(xs: list[tf.Tensor]) -> list[tf.Tensor]:
+        args = (names, op, prescale_factor, postscale_factor, process_set, [len(xs)])
+        return _reductions("Reducescatter", xs, *args)
+
+    return _differentiable(
+        forward, lambda dys: _gradients(dys, lambda wanted: [gradient(dys[i]) for i in wanted]), tensors
+    )
+
+
+def _grouped_reducescatter(
+    tensors: Tensors,
+    name: Optional[str] = None,
+    op: int = Sum,
+    ignore_name_scope: bool = False,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> list[tf.Tensor]:
+    """Reduce each tensor over the set and keep this rank's block of rows, as one group."""
+    tensors = _tensors(tensors, "grouped_reducescatter")
+    names = _names("Reducescatter", name, tensors)
+    return _reducescatter_group(tensors, names, check_op(op), prescale_factor, postscale_factor, process_set)
+
+
+def _reducescatter(
+    tensor: Any,
+    name: Optional[str] = None,
+    op: int = Sum,
+    ignore_name_scope: bool = False,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> tf.Tensor:
+    """Reduce ``tensor`` over the set and keep this rank's block of rows (the first ``rows % size`` ranks
+    get one row more)."""
+    tensors = [_tensor(tensor, "reducescatter")]
+    names = _names("Reducescatter", name, tensors)
+    op = check_op(op)
+    return _reducescatter_group(tensors, names, op, prescale_factor, postscale_factor, process_set)[0]
+
+
+# ---- allgather ------------------------------------------------------------------------------------
+
+
+def _my_rows(gradient: tf.Tensor, tensor: tf.Tensor, process_set: ProcessSet) -> tf.Tensor:
+    """Allgather's gradient: the Average-allreduce of the incoming gradient, this rank's rows of it."""
+    reduced = _allreduce(gradient, op=Average, process_set=process_set)
+    rows = allgather(tf.shape(tensor, out_type=tf.int64)[:1], process_set=process_set)
+    me = basics.process_set_rank(id_of(process_set))
+    start = tf.reduce_sum(rows[:me])
+    return reduced[start : start + rows[me]]
+
+
+def _allgather_group(
+    tensors: list[tf.Tensor], names: list[Optional[str]], process_set: ProcessSet
+) -> list[tf.Tensor]:
+    """Differentiable allgather of ``tensors`` (one group)."""
+    for t in tensors:
+        _rows(t, "allgather")
+    ps = id_of(process_set)
+    wires = [wire_of(t.dtype) for t in tensors]
+
+    def work(*arrays: np.ndarray) -> list[np.ndarray]:
+        return _engine.allgather(arrays, wires, names, ps, [len(arrays)])
+
+    def forward(xs: list[tf.Tensor]) -> list[tf.Tensor]:
+        shapes = [tf.TensorShape([None]).concatenate(t.shape[1:]) for t in xs]
+        return _run("Allgather", work, xs, [t.dtype for t in xs], shapes)
+
+    def backward(dys: list[tf.Tensor]) -> list[Optional[tf.Tensor]]:
+        return _gradients(dys, lambda wanted: [_my_rows(dys[i], tensors[i], process_set) for i in wanted])
+
+    return _differentiable(forward, backward, tensors)
+
+
+def allgather(
+    tensor: Any,
+    name: Optional[str] = None,
+    ignore_name_scope: bool = False,
+    process_set: ProcessSet = global_process_set,
+) -> tf.Tensor:
+    """Concatenate ``tensor`` from every rank of the set along dimension 0 (which may differ per rank)."""
+    tensors = [_tensor(tensor, "allgather")]
+    return _allgather_group(tensors, _names("Allgather", name, tensors), process_set)[0]
+
+
+def grouped_allgather(
+    tensors: Tensors,
+    name: Optional[str] = None,
+    ignore_name_scope: bool = False,
+    process_set: ProcessSet = global_process_set,
+) -> list[tf.Tensor]:
+    """Allgather a list of tensors as one group."""
+    tensors = _tensors(tensors, "grouped_allgather")
+    return _allgather_group(tensors, _names("Allgather", name, tensors), process_set)
+
+
+# ---- broadcast ----------------------------------------------------------------------------------------
+
+
+def _check_root(root_rank: Any, process_set: ProcessSet) -> int:
+    if not isinstance(root_rank, (int, np.integer)) or isinstance(root_rank, bool):
+        raise ValueError(f"root_rank must be an int (a global rank), got {root_rank!r}")
+    members = basics.process_set_ranks(id_of(process_set))
+    if int(root_rank) not in members:
+        raise ValueError(
+            f"root_rank {root_rank} is not a member of {process_set} (ranks {members}); "
+            "broadcast roots are global ranks, as in Horovod"
+        )
+    return int(root_rank)
+
+
+def _broadcast(
+    tensors: list[tf.Tensor], names: list[Optional[str]], root: int, process_set: ProcessSet
+) -> list[tf.Tensor]:
+    ps = id_of(process_set)
+    wires = [wire_of(t.dtype) for t in tensors]
+
+    def work(*arrays: np.ndarray) -> list[np.ndarray]:
+        return _engine.broadcast(arrays, wires, names, root, ps)
+
+    return _run("Broadcast", work, tensors, [t.dtype for t in tensors], [t.shape for t in tensors])
+
+
+def broadcast(
+    tensor: Any,
+    root_rank: int,
+    name: Optional[str] = None,
+    ignore_name_scope: bool = False,
+    process_set: ProcessSet = global_process_set,
+) -> tf.Tensor:
+    """``tensor`` as it is on global rank ``root_rank``, on every rank of the set."""
+    tensor = _tensor(tensor, "broadcast")
+    root = _check_root(root_rank, process_set)
+    names = _names("Broadcast", name, [tensor])
+
+    def gradient(dy: tf.Tensor) -> tf.Tensor:
+        reduced = _allreduce(dy, op=Average, process_set=process_set)
+        return reduced if basics.rank() == root else reduced * 0
+
+    def backward(dys: list[tf.Tensor]) -> list[Optional[tf.Tensor]]:
+        return _gradients(dys, lambda wanted: [gradient(dys[i]) for i in wanted])
+
+    return _differentiable(lambda xs: _broadcast(xs, names, root, process_set), backward, [tensor])[0]
+
+
+def broadcast_(
+    variables: Sequence[tf.Variable],
+    root_rank: int,
+    name: Optional[str] = None,
+    process_set: ProcessSet = global_process_set,
+) -> list[tf.Tensor]:
+    """Overwrite ``variables`` in place with their values on global rank ``root_rank``; returns the new
+    values."""
+    variables = list(variables)
+    if not variables:
+        return []
+    if not all(isinstance(v, tf.Variable) for v in variables):
+        raise ValueError("broadcast_ works in place and takes a list of tf.Variable")
+    root = _check_root(root_rank, process_set)
+    values = [tf.convert_to_tensor(v) for v in variables]
+    base = name or "HorovodBroadcastInplace"
+    names = [f"{base}.{i}" for i in range(len(values))]
+    received = _broadcast(values, names, root, process_set)
+    return [v.assign(r) for v, r in zip(variables, received)]
+
+
+# ---- alltoall -----------------------------------------------------------------------------------------
+
+
+def _static_splits(splits: Any) -> Optional[list[int]]:
+    """Splits given as Python/NumPy integers (checked now); None for a tensor (checked when it runs)."""
+    if isinstance(splits, (tf.Tensor, tf.Variable)) and not tf.executing_eagerly():
+        return None
+    return [int(s) for s in np.asarray(splits).reshape(-1)]
+
+
+def _checked_splits(splits: Optional[list[int]], rows: int, set_size: int) -> Optional[list[int]]:
+    if splits is None:
+        if rows % set_size:
+            raise ValueError(
+                f"alltoall without splits divides dim 0 evenly, but {rows} rows do not divide among "
+                f"{set_size} ranks; pass splits=[rows for each rank]"
+            )
+        return None
+    if len(splits) != set_size or any(s < 0 for s in splits) or sum(splits) != rows:
+        raise ValueError(
+            f"alltoall splits {splits} must have one non-negative entry per rank of the set ({set_size}) "
+            f"and sum to the tensor's first dimension ({rows})"
+        )
+    return splits
+
+
+def alltoall(
+    tensor: Any,
+    splits: Any = None,
+    name: Optional[str] = None,
+    ignore_name_scope: bool = False,
+    process_set: ProcessSet = global_process_set,
+) -> Any:
+    """Send ``splits[i]`` rows of ``tensor`` to rank i of the set (an even split when None). Returns the
+    rows received, and when ``splits`` was given also the rows received from each rank (int32)."""
+    tensor = _tensor(tensor, "alltoall")
+    _rows(tensor, "alltoall")
+    ps = id_of(process_set)
+    set_size = basics.process_set_size(ps)
+    wire = wire_of(tensor.dtype)
+    [op_name] = _names("Alltoall", name, [tensor])
+    known = _static_splits(splits) if splits is not None else None
+    if tensor.shape[0] is not None and (splits is None or known is not None):
+        _checked_splits(known, int(tensor.shape[0]), set_size)
+    inputs = [tensor] if splits is None else [tensor, tf.cast(tf.reshape(splits, [-1]), tf.int64)]
+
+    def work(array: np.ndarray, *given: np.ndarray) -> list[np.ndarray]:
+        wanted = [int(s) for s in given[0]] if given else None
+        checked = _checked_splits(wanted, array.shape[0], basics.process_set_size(ps))
+        return list(_engine.alltoall(array, wire, checked, op_name, ps))
+
+    def forward(xs: list[tf.Tensor]) -> list[tf.Tensor]:
+        shapes = [tf.TensorShape([None]).concatenate(tensor.shape[1:]), tf.TensorShape([set_size])]
+        return _run("Alltoall", work, xs, [tensor.dtype, tf.int32], shapes)
+
+    def backward(dys: list[tf.Tensor]) -> list[Optional[tf.Tensor]]:
+        def reverse(wanted: list[int]) -> list[tf.Tensor]:
+            return [alltoall(dys[0], splits=received, process_set=process_set)[0]]
+
+        return _gradients(dys[:1], reverse) + [None] * (len(inputs) - 1)
+
+    output, received = _differentiable(forward, backward, inputs)
+    return (output, received) if splits is not None else output
+
+
+# ---- join, barrier, values read when a graph runs -----------------------------------------------------
+
+
+def join(process_set: ProcessSet = global_process_set) -> tf.Tensor:
+    """Declare that this rank has no more data. Until every rank joined, this rank takes part in the
+    others' allreduces with zeros. Returns the last rank to join (an int32 scalar)."""
+    ps = id_of(process_set)
+    [last] = _run(
+        "Join", lambda: [np.asarray(_engine.join(ps), dtype=np.int32)], [], [tf.int32], [tf.TensorShape([])]
+    )
+    return last
+
+
+def barrier(process_set: ProcessSet = global_process_set) -> None:
+    """Block until every rank of the set has reached this barrier."""
+    ps = id_of(process_set)
+
+    def work() -> list[np.ndarray]:
+        _engine.barrier(ps)
+        return [np.zeros((), dtype=np.int32)]
+
+    _run("Barrier", work, [], [tf.int32], [tf.TensorShape([])])
+
+
+def _value_op(kind: str, read: Callable[[], int]) -> tf.Tensor:
+    [value] = _run(kind, lambda: [np.asarray(read(), dtype=np.int32)], [], [tf.int32], [tf.TensorShape([])])
+    return value
+
+
+def size_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
+    """The number of ranks of the set, read when the graph runs (an int32 scalar)."""
+    return _value_op("Size", lambda: basics.process_set_size(process_set_id))
+
+
+def local_size_op(name: Optional[str] = None) -> tf.Tensor:
+    """The number of ranks on this host, read when the graph runs."""
+    return _value_op("LocalSize", basics.local_size)
+
+
+def rank_op(name: Optional[str] = None) -> tf.Tensor:
+    """This rank, read when the graph runs."""
+    return _value_op("Rank", basics.rank)
+
+
+def local_rank_op(name: Optional[str] = None) -> tf.Tensor:
+    """This rank's index on its host, read when the graph runs."""
+    return _value_op("LocalRank", basics.local_rank)
+
+
+def process_set_included_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
+    """1 when this rank belongs to the set, else 0, read when the graph runs."""
+    return _value_op("ProcessSetIncluded", lambda: int(basics.process_set_rank(process_set_id) >= 0))
