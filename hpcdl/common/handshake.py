@@ -152,7 +152,7 @@ def connect(
         if reply == REFUSAL:
             raise HpcdlAuthError(f"{what}: it does not accept this job's secret (HPCDL_SECRET differs)")
         if not hmac.compare_digest(reply, _mac(key, b"server", nonce_c, nonce_s, header)):
-            raise HpcdlAuthError(f"{what}: the server does not know this job's secret; refusing to talk to it")
+            raise HpcdlAuthError(f"{what}: the server does not know this job's secret; refusing it")
         return sock, Session(_session_key(key, nonce_s, nonce_c), "client")
     except BaseException:
         sock.close()

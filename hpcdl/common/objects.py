@@ -20,8 +20,11 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import hmac
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Union
+from typing import Any, Union
+
+import cloudpickle
 
 from hpcdl.common import library
 from hpcdl.common.exceptions import HpcdlIntegrityError
@@ -51,6 +54,24 @@ class ObjectOperation:
         if not hmac.compare_digest(mac.tobytes(), self._mac(sender, payload)):
             raise self._refusal(sender, "its MAC does not match")
         return payload
+
+    def pickle(self, sender: int, obj: Any) -> bytes:
+        """``obj`` serialized with cloudpickle and sealed, as rank ``sender`` sends it."""
+        return self.seal(sender, cloudpickle.dumps(obj))
+
+    def unpickle(self, sender: int, sealed: BytesLike) -> Any:
+        """The object rank ``sender`` sent, unpickled only once its MAC checked out."""
+        return cloudpickle.loads(self.open(sender, sealed))
+
+    def unpickle_pieces(self, lengths: Sequence[int], gathered: BytesLike) -> list[Any]:
+        """Every member's object from the concatenation of their sealed payloads (member i's is lengths[i]
+        bytes long): all are checked before any is unpickled."""
+        view, pieces, start = memoryview(gathered).cast("B"), [], 0
+        for sender, length in enumerate(lengths):
+            self.check_length(sender, length)
+            pieces.append(self.open(sender, view[start : start + length]))
+            start += length
+        return [cloudpickle.loads(piece) for piece in pieces]
 
     def check_length(self, sender: int, length: int) -> int:
         """A sealed payload's length as announced before it travels (at least its MAC)."""

@@ -5,11 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
-import cloudpickle
 import numpy as np
 import tensorflow as tf
 
-from hpcdl.common import basics
+from hpcdl.common import basics, objects
 from hpcdl.common.process_sets import ProcessSet, global_process_set, id_of
 from hpcdl.tensorflow import _engine
 from hpcdl.tensorflow._dtypes import wire_of
@@ -41,8 +40,8 @@ def broadcast_variables(
     return None if tf.executing_eagerly() else tf.group(*assignments)
 
 
-def _payload(obj: Any) -> np.ndarray:
-    return np.frombuffer(cloudpickle.dumps(obj), dtype=np.uint8)
+def _bytes(sealed: bytes) -> np.ndarray:
+    return np.frombuffer(sealed, dtype=np.uint8)
 
 
 def broadcast_object(
@@ -55,19 +54,21 @@ def broadcast_object(
     """Return ``root_rank``'s ``obj`` on every rank of the set (serialized with cloudpickle).
 
     Other ranks may pass anything (e.g. None): the operation's name does not depend on the object's type.
-    ``session`` (TensorFlow 1) is accepted for compatibility and not needed.
+    ``session`` (TensorFlow 1) is accepted for compatibility and not needed. The payload travels with a
+    MAC that receivers check before unpickling it (:mod:`hpcdl.common.objects`).
     """
     ps = id_of(process_set)
     root = _check_root(root_rank, process_set)
     name = name or "broadcast_object"
+    operation = objects.operation("broadcast_object", ps, name)
     is_root = basics.rank() == root
-    payload = _payload(obj) if is_root else np.zeros(0, dtype=np.uint8)
+    payload = _bytes(operation.pickle(root, obj)) if is_root else np.zeros(0, dtype=np.uint8)
     [length] = _engine.broadcast(
         [np.array([payload.size], dtype=np.int64)], [_LENGTH], [f"{name}.sz"], root, ps
     )
-    buffer = payload if is_root else np.zeros(int(length[0]), dtype=np.uint8)
+    buffer = payload if is_root else np.zeros(operation.check_length(root, int(length[0])), dtype=np.uint8)
     [received] = _engine.broadcast([buffer], [_BYTES], [f"{name}.t"], root, ps)
-    return obj if is_root else cloudpickle.loads(received.tobytes())
+    return obj if is_root else operation.unpickle(root, received)
 
 
 def broadcast_object_fn(
@@ -83,16 +84,14 @@ def broadcast_object_fn(
 def allgather_object(
     obj: Any, session: Any = None, name: Optional[str] = None, process_set: ProcessSet = global_process_set
 ) -> list[Any]:
-    """Return the list of every rank's ``obj`` (in the set's rank order); objects may differ in type."""
+    """Return the list of every rank's ``obj`` (in the set's rank order); objects may differ in type.
+    Every piece is checked against its MAC before any is unpickled (:mod:`hpcdl.common.objects`)."""
     ps = id_of(process_set)
     name = name or "allgather_object"
-    payload = _payload(obj)
+    operation = objects.operation("allgather_object", ps, name)
+    payload = _bytes(operation.pickle(process_set.rank(), obj))
     [lengths] = _engine.allgather(
         [np.array([payload.size], dtype=np.int64)], [_LENGTH], [f"{name}.sz"], ps, [1]
     )
     [gathered] = _engine.allgather([payload], [_BYTES], [f"{name}.t"], ps, [1])
-    objects, start = [], 0
-    for length in lengths.tolist():
-        objects.append(cloudpickle.loads(gathered[start : start + length].tobytes()))
-        start += length
-    return objects
+    return operation.unpickle_pieces(lengths.tolist(), gathered)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import collections
 from typing import Any, Callable, Optional
 
-import cloudpickle
 import torch
 
 from hpcdl.common import objects
@@ -134,8 +133,7 @@ def broadcast_object(
     name = name or "broadcast_object"
     operation = objects.operation("broadcast_object", id_of(process_set), name)
     if rank() == root_rank:
-        sealed = operation.seal(root_rank, cloudpickle.dumps(obj))
-        payload = torch.frombuffer(bytearray(sealed), dtype=torch.uint8)
+        payload = torch.frombuffer(bytearray(operation.pickle(root_rank, obj)), dtype=torch.uint8)
         length = torch.tensor([payload.numel()], dtype=torch.int64)
         broadcast_(length, root_rank, name + ".sz", process_set)
     else:
@@ -145,7 +143,7 @@ def broadcast_object(
     broadcast_(payload, root_rank, name + ".t", process_set)
     if rank() == root_rank:
         return obj
-    return cloudpickle.loads(operation.open(root_rank, payload.numpy()))
+    return operation.unpickle(root_rank, payload.numpy())
 
 
 def allgather_object(
@@ -155,15 +153,10 @@ def allgather_object(
     Every piece is checked against its MAC before any is unpickled (:mod:`hpcdl.common.objects`)."""
     name = name or "allgather_object"
     operation = objects.operation("allgather_object", id_of(process_set), name)
-    sealed = operation.seal(process_set.rank(), cloudpickle.dumps(obj))
+    sealed = operation.pickle(process_set.rank(), obj)
     payload = torch.frombuffer(bytearray(sealed), dtype=torch.uint8)
     lengths = allgather(
         torch.tensor([payload.numel()], dtype=torch.int64), name=name + ".sz", process_set=process_set
     )
-    gathered = memoryview(allgather(payload, name=name + ".t", process_set=process_set).numpy())
-    pieces, start = [], 0
-    for sender, length in enumerate(lengths.tolist()):
-        operation.check_length(sender, length)
-        pieces.append(operation.open(sender, gathered[start : start + length]))
-        start += length
-    return [cloudpickle.loads(piece) for piece in pieces]
+    gathered = allgather(payload, name=name + ".t", process_set=process_set)
+    return operation.unpickle_pieces(lengths.tolist(), gathered.numpy())

@@ -1,13 +1,14 @@
 """Rank program for test_security_objects.py: rank 0 tampers with what its object collectives put on the
 wire, as something on the path between the ranks could, and rank 1 reports what became of it.
 
-    python object_attack_checks.py MODE MARKER
+    python object_attack_checks.py FRAMEWORK MODE MARKER
 
-MODE: ``altered-broadcast`` (the payload of broadcast_object replaced by a pickle that would create MARKER),
-``replayed-broadcast`` (the second broadcast_object of a name gets the first's payload) or
-``altered-allgather`` (rank 0's piece of allgather_object replaced like the first). Rank 1 prints
-``RESULT {"outcome": ..., "unpickled": n, "marker": bool}``: what the tampered call returned or raised, how
-many times cloudpickle.loads ran in it, and whether MARKER exists.
+FRAMEWORK: ``torch`` or ``tensorflow`` (each has its own object collectives). MODE: ``altered-broadcast``
+(the payload of broadcast_object replaced by a pickle that would create MARKER), ``replayed-broadcast`` (the
+second broadcast_object of a name gets the first's payload) or ``altered-allgather`` (rank 0's piece of
+allgather_object replaced like the first). Rank 1 prints ``RESULT {"outcome": ..., "unpickled": n,
+"marker": bool}``: what the tampered call returned or raised, how many times cloudpickle.loads ran in it,
+and whether MARKER exists.
 """
 
 from __future__ import annotations
@@ -16,15 +17,15 @@ import json
 import os
 import pickle
 import sys
-from typing import Any
+from typing import Any, Callable
 
 import cloudpickle
-import torch
 
-import hpcdl.torch as hvd
-import hpcdl.torch.functions as functions
-
-MODE, MARKER = sys.argv[1], sys.argv[2]
+FRAMEWORK, MODE, MARKER = sys.argv[1], sys.argv[2], sys.argv[3]
+if FRAMEWORK == "torch":
+    import hpcdl.torch as hvd
+else:
+    import hpcdl.tensorflow as hvd
 
 
 class Planted:
@@ -34,32 +35,62 @@ class Planted:
         return (os.mkdir, (MARKER,))
 
 
-def plant(payload: torch.Tensor) -> None:
-    forged = pickle.dumps(Planted())
-    assert len(forged) < payload.numel()
-    payload[: len(forged)] = torch.frombuffer(bytearray(forged), dtype=torch.uint8)  # the rest is ignored
+class Tamper:
+    """What rank 0 does to the bytes of each payload (``name.t``) it sends."""
+
+    def __init__(self) -> None:
+        self.first: bytes | None = None
+
+    def __call__(self, payload: bytes) -> bytes:
+        if MODE == "replayed-broadcast":
+            self.first = self.first or payload
+            return self.first
+        forged = pickle.dumps(Planted())
+        assert len(forged) < len(payload)
+        return forged + payload[len(forged) :]  # pickle ignores what follows its end
 
 
-def tamper_on_rank_zero() -> None:
-    sent: list[torch.Tensor] = []
+def tamper_torch(change: Callable[[bytes], bytes]) -> None:
+    import torch
+
+    import hpcdl.torch.functions as functions
+
     real_broadcast, real_allgather = functions.broadcast_, functions.allgather
 
-    def broadcast(tensor: torch.Tensor, root: int, name: str, process_set: Any) -> Any:
+    def altered(tensor: torch.Tensor, name: str) -> None:
         if name.endswith(".t"):
-            if MODE == "altered-broadcast":
-                plant(tensor)
-            elif MODE == "replayed-broadcast":
-                sent.append(tensor.clone())
-                tensor.copy_(sent[0])
+            tensor.copy_(torch.frombuffer(bytearray(change(tensor.numpy().tobytes())), dtype=torch.uint8))
+
+    def broadcast(tensor: torch.Tensor, root: int, name: str, process_set: Any) -> Any:
+        altered(tensor, name)
         return real_broadcast(tensor, root, name, process_set)
 
     def allgather(tensor: torch.Tensor, name: str, process_set: Any) -> Any:
-        if name.endswith(".t"):
-            plant(tensor)
+        altered(tensor, name)
         return real_allgather(tensor, name=name, process_set=process_set)
 
-    functions.broadcast_ = broadcast
-    functions.allgather = allgather
+    functions.broadcast_, functions.allgather = broadcast, allgather
+
+
+def tamper_tensorflow(change: Callable[[bytes], bytes]) -> None:
+    import numpy as np
+
+    from hpcdl.tensorflow import _engine
+
+    real_broadcast, real_allgather = _engine.broadcast, _engine.allgather
+
+    def altered(arrays: Any, names: Any) -> list:
+        if not names[0].endswith(".t"):
+            return list(arrays)
+        return [np.frombuffer(change(arrays[0].tobytes()), dtype=np.uint8)]
+
+    def broadcast(arrays: Any, wires: Any, names: Any, root: int, process_set: int) -> Any:
+        return real_broadcast(altered(arrays, names), wires, names, root, process_set)
+
+    def allgather(arrays: Any, wires: Any, names: Any, process_set: int, groups: Any) -> Any:
+        return real_allgather(altered(arrays, names), wires, names, process_set, groups)
+
+    _engine.broadcast, _engine.allgather = broadcast, allgather
 
 
 def count_unpickling() -> list[int]:
@@ -77,7 +108,7 @@ def count_unpickling() -> list[int]:
 def main() -> None:
     hvd.init()
     if hvd.rank() == 0:
-        tamper_on_rank_zero()
+        (tamper_torch if FRAMEWORK == "torch" else tamper_tensorflow)(Tamper())
     if MODE == "replayed-broadcast":
         assert hvd.broadcast_object("a" * 1000, root_rank=0, name="state") == "a" * 1000
     calls = count_unpickling()
@@ -89,7 +120,7 @@ def main() -> None:
         else:  # the second broadcast of the name, which rank 0 replaces by the first's payload
             outcome = hvd.broadcast_object("b" * 1000, root_rank=0, name="state")
         outcome = ["returned", repr(outcome)[:12]]
-    except hvd.HpcdlError as exc:
+    except RuntimeError as exc:
         outcome = ["raised", type(exc).__name__, str(exc)]
     report = {"outcome": outcome, "unpickled": calls[0], "marker": os.path.exists(MARKER)}
     print("RESULT " + json.dumps(report), flush=True)

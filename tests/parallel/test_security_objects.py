@@ -1,7 +1,8 @@
 """What object collectives send is unpickled by the ranks that receive it. Rank 0 of a real two-rank job
 tampers with the bytes it puts on the wire (object_attack_checks.py), as something on the network between
 the ranks could: rank 1 must refuse the payload before cloudpickle.loads runs, so the forged pickle's code
-never runs, and a payload replayed from an earlier operation is refused like an altered one."""
+never runs, and a payload replayed from an earlier operation is refused like an altered one. Both
+frameworks' object collectives (hpcdl.torch, hpcdl.tensorflow) are attacked."""
 
 from __future__ import annotations
 
@@ -14,9 +15,13 @@ CHECKS = str(Path(__file__).with_name("object_attack_checks.py"))
 
 
 @pytest.mark.parametrize("mode", ["altered-broadcast", "altered-allgather", "replayed-broadcast"])
-def test_a_tampered_object_payload_is_refused_before_unpickling(mode: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("framework", ["torch", "tensorflow"])
+def test_a_tampered_object_payload_is_refused_before_unpickling(
+    framework: str, mode: str, tmp_path: Path
+) -> None:
+    pytest.importorskip(framework)
     marker = tmp_path / "planted"
-    results = run_ranks(2, CHECKS, args=(mode, str(marker)), timeout=120)
+    results = run_ranks(2, CHECKS, args=(framework, mode, str(marker)), timeout=180)
     report = results[1].result
     assert report is not None, results[1].stderr
     assert report["outcome"][:2] == ["raised", "HpcdlIntegrityError"], report
