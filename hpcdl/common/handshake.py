@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import secrets
 import socket
 import struct
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from hpcdl.common.exceptions import HpcdlAuthError, HpcdlError, HpcdlTimeoutError
 
@@ -171,3 +173,30 @@ def recv_frame(sock: socket.socket, session: Session, max_bytes: int, timeout: f
         return session.open(body, mac)
     except HpcdlAuthError as exc:
         raise HpcdlAuthError(f"{what}: {exc}") from None
+
+
+MAX_ANSWER = 1 << 20
+
+
+def request(address: tuple[str, int], secret: str, message: dict[str, Any], timeout: float, what: str) -> Any:
+    """One request to a service of the launcher (``hpcdl.runner.service``): sent as the handshake's header,
+    answered with one authenticated JSON frame, which is returned. A connection that fails before the
+    server answered the handshake (it is not listening yet, or shed it) is tried again until ``timeout``;
+    the server then has what is left of ``timeout`` to answer."""
+    header = json.dumps(message).encode()
+    deadline = time.monotonic() + timeout
+    backoff = 0.01
+    while True:
+        try:
+            sock, session = connect(address, secret, header, max(0.1, deadline - time.monotonic()), what)
+            break
+        except HpcdlAuthError:
+            raise
+        except HpcdlError:
+            if time.monotonic() + backoff >= deadline:
+                raise
+            time.sleep(backoff)
+            backoff = min(2 * backoff, 0.5)
+    with sock:
+        answer = recv_frame(sock, session, MAX_ANSWER, max(0.1, deadline - time.monotonic()), what)
+    return json.loads(answer)

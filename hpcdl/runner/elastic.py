@@ -19,9 +19,7 @@ others regroup.
 
 from __future__ import annotations
 
-import json
 import signal
-import socketserver
 import subprocess
 import sys
 import threading
@@ -128,8 +126,7 @@ class Round:
 class RoundBoard:
     """The rounds as the workers see them: what the driver's request handler reads (thread-safe)."""
 
-    def __init__(self, secret: str) -> None:
-        self.secret = secret
+    def __init__(self) -> None:
         self._changed = threading.Condition()
         self._round: Round | None = None
         self._removed: set[int] = set()
@@ -172,34 +169,19 @@ class RoundBoard:
                 self._changed.wait(min(left, 1.0))
 
 
-class _Handler(socketserver.StreamRequestHandler):
-    server: DriverServer
+def driver_requests(board: RoundBoard, wait: float) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """The driver's answers to workers (served by ``hpcdl.runner.service.ServiceServer``, which hears only
+    clients that prove the secret): ``round`` (the newest round's number) and ``assign`` (a worker's place
+    in its next round, waiting up to `wait` s for it)."""
 
-    def handle(self) -> None:
-        try:
-            request = json.loads(self.rfile.readline())
-        except ValueError:
-            return
-        board = self.server.board
-        if not isinstance(request, dict) or request.get("secret") != board.secret:
-            answer: dict[str, Any] = {"error": "wrong job secret"}
-        elif request.get("op") == "round":
-            answer = {"round": board.current()}
-        elif request.get("op") == "assign":
-            answer = board.assignment(int(request["worker"]), int(request["after"]), self.server.wait)
-        else:
-            answer = {"error": f"unknown request {request.get('op')!r}"}
-        self.wfile.write(json.dumps(answer).encode() + b"\n")
+    def respond(request: dict[str, Any]) -> dict[str, Any]:
+        if request.get("op") == "round":
+            return {"round": board.current()}
+        if request.get("op") == "assign":
+            return board.assignment(int(request["worker"]), int(request["after"]), wait)
+        return {"error": f"unknown request {request.get('op')!r}"}
 
-
-class DriverServer(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def __init__(self, board: RoundBoard, wait: float) -> None:
-        super().__init__(("0.0.0.0", 0), _Handler)
-        self.board = board
-        self.wait = wait
+    return respond
 
 
 @dataclass

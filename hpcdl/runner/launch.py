@@ -6,18 +6,17 @@ from __future__ import annotations
 import os
 import socket
 import sys
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hpcdl.runner.allocation import detect_allocation
 from hpcdl.runner.elastic import (
-    DriverServer,
     ElasticJob,
     ElasticOptions,
     RoundBoard,
     check_options,
+    driver_requests,
     worker_slot,
 )
 from hpcdl.runner.errors import LaunchError
@@ -28,6 +27,7 @@ from hpcdl.runner.output import OutputOptions, OutputRouter, RankOutput
 from hpcdl.runner.procs import AgentRank, SshOptions
 from hpcdl.runner.rank_env import Rendezvous, forwarded_environment, rank_variables
 from hpcdl.runner.rendezvous_host import host_rendezvous
+from hpcdl.runner.service import ServiceServer, capacity_for
 from hpcdl.runner.supervisor import JobProcess, Supervisor
 from hpcdl.runner.tunables import tunable_environment
 
@@ -250,13 +250,15 @@ def _launch_elastic(spec: LaunchSpec, options: ElasticOptions, environ: dict[str
     secret = make_secret()
     remote = [h.name for h in hosts if not is_local_host(h.name)]
     addr = _rendezvous_address(spec, remote)
-    board = RoundBoard(secret)
+    board = RoundBoard()
     start_timeout = resolve_start_timeout(spec.start_timeout, environ)
-    driver = DriverServer(board, options.timeout)
-    threading.Thread(target=driver.serve_forever, daemon=True).start()
+    driver = ServiceServer(
+        secret, driver_requests(board, options.timeout), addr, capacity_for(options.max_np)
+    )
+    driver.start()
     common_env = {
         **rank_settings_env(spec),
-        "HPCDL_ELASTIC_DRIVER": f"{addr}:{driver.server_address[1]}",
+        "HPCDL_ELASTIC_DRIVER": f"{addr}:{driver.port}",
         "HPCDL_ELASTIC_TIMEOUT": str(options.timeout),
         "HPCDL_SECRET": secret,
     }
@@ -280,5 +282,4 @@ def _launch_elastic(spec: LaunchSpec, options: ElasticOptions, environ: dict[str
     try:
         return job.run()
     finally:
-        driver.shutdown()
-        driver.server_close()
+        driver.stop()

@@ -57,7 +57,7 @@ def test_discovery_failures_say_what_the_script_did(tmp_path: Path) -> None:
 
 
 def test_a_worker_gets_its_place_in_the_first_newer_round_that_includes_it() -> None:
-    board = RoundBoard("secret")
+    board = RoundBoard()
     assert board.assignment(0, after=0, timeout=0.05) == {"error": "no new round for worker 0 within 0.05 s"}
     board.publish(Round(1, [3, 0], {0: "a", 3: "b"}, "10.0.0.1", 5000))
     assert board.assignment(0, after=0, timeout=1) == {
