@@ -176,7 +176,7 @@ def launch(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> int:
 
 
 def _ssh_options(spec: LaunchSpec, start_timeout: float) -> SshOptions:
-    return SshOptions(spec.ssh.port, spec.ssh.identity_file, spec.ssh.config_file, min(start_timeout, 30.0))
+    return replace(spec.ssh, connect_timeout=min(start_timeout, 30.0))
 
 
 def _start_agent(

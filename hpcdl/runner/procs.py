@@ -62,24 +62,46 @@ class Failure:
     stderr_tail: list[str]
 
 
+# --ssh-host-key-policy: OpenSSH's StrictHostKeyChecking. Without one, ssh does what the user's ssh
+# configuration says, and OpenSSH's default there ("ask", which BatchMode turns into "yes") refuses a host
+# whose key is not in the user's known_hosts: no key is trusted on first use unless asked for.
+HOST_KEY_POLICIES = ("yes", "accept-new", "no")
+
+
 @dataclass(frozen=True)
 class SshOptions:
     port: int | None = None
     identity_file: Path | None = None
     config_file: Path | None = None
     connect_timeout: float = 30.0
+    host_key_policy: str | None = None  # one of HOST_KEY_POLICIES, None: as the ssh configuration says
 
-    def argv(self, host: str) -> list[str]:
-        """``ssh`` and its options up to the host (the remote command follows)."""
-        argv = ["ssh", "-T", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new"]
-        argv += ["-o", f"ConnectTimeout={max(1, round(self.connect_timeout))}"]
+    def options(self) -> list[str]:
+        """The options of ``ssh -T`` for every host (also what mpirun's ssh gets)."""
+        argv = ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, round(self.connect_timeout))}"]
+        if self.host_key_policy is not None:
+            argv += ["-o", f"StrictHostKeyChecking={self.host_key_policy}"]
         if self.config_file is not None:
             argv += ["-F", str(self.config_file)]
         if self.port is not None:
             argv += ["-p", str(self.port)]
         if self.identity_file is not None:
             argv += ["-i", str(self.identity_file)]
-        return [*argv, host]
+        return argv
+
+    def lost(self, host: str, returncode: int) -> str:
+        """What ssh's own exit status (255) says about a rank that never reported its status."""
+        if returncode != 255:
+            return ""
+        return (
+            f"ssh to {host} failed: the host is unreachable, refused the connection or the login, or its "
+            "host key is not in your known_hosts (see --ssh-host-key-policy); its stderr above says which"
+        )
+
+    def argv(self, host: str) -> list[str]:
+        """``ssh`` and its options up to the host (the remote command follows); ``--`` ends the options,
+        so that no host name can be read as one."""
+        return ["ssh", "-T", *self.options(), "--", host]
 
 
 def _spawn_error(argv: list[str], exc: OSError) -> LaunchError:
@@ -173,7 +195,7 @@ class AgentRank:
         if self._status is not None:
             self._outcome = Outcome.from_returncode(self._status)
         elif returncode == 255 and self._ssh is not None:
-            self._outcome = Outcome(exit_code=255, note=f"ssh to {self.slot.host} failed; see its stderr")
+            self._outcome = Outcome(exit_code=255, note=self._ssh.lost(self.slot.host, returncode))
         else:
             self._outcome = Outcome(
                 exit_code=returncode, note="the rank agent did not report the rank's status"
