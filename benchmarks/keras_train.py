@@ -24,23 +24,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import statistics
-import time
 from typing import Any, Callable, Optional
 
 try:
-    from ._launch import run_ranks
+    from . import _training
+    from ._launch import free_port
 except ImportError:  # run as a script: python benchmarks/keras_train.py
-    from _launch import run_ranks  # type: ignore[no-redef]
+    import _training  # type: ignore[no-redef]
+    from _launch import free_port  # type: ignore[no-redef]
 
 VARIANTS = ("hpcdl_fit", "hpcdl_tape", "mwms", "local")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _small_cnn(keras: Any) -> Any:
@@ -64,25 +57,6 @@ def _small_cnn(keras: Any) -> Any:
     )
 
 
-def _interleaved(steps: dict[str, Callable[[], None]], args: argparse.Namespace, barrier: Callable) -> dict:
-    """Median seconds per step of each variant: timed windows of ``args.steps`` steps, taking turns in
-    alternating order (ABCD DCBA ...) so that changes in machine load hit them alike."""
-    for step in steps.values():
-        for _ in range(args.warmup):
-            step()
-    windows: dict[str, list[float]] = {name: [] for name in steps}
-    order = list(steps.items())
-    for round_index in range(args.repeats):
-        for name, step in order if round_index % 2 == 0 else reversed(order):
-            barrier()
-            started = time.perf_counter()
-            for _ in range(args.steps):
-                step()
-            barrier()
-            windows[name].append((time.perf_counter() - started) / args.steps)
-    return {name: statistics.median(seconds) for name, seconds in windows.items()}
-
-
 def worker(args: argparse.Namespace) -> Optional[dict]:
     import hpcdl.tensorflow as hvd
 
@@ -90,12 +64,12 @@ def worker(args: argparse.Namespace) -> Optional[dict]:
     rank, size = hvd.rank(), hvd.size()
     # MultiWorkerMirroredStrategy must exist before TensorFlow runs its first op; hpcdl's object broadcast
     # runs none, so it can hand every worker the cluster's ports.
-    ports = hvd.broadcast_object([_free_port() for _ in range(size)] if rank == 0 else None, root_rank=0)
+    ports = hvd.broadcast_object([free_port() for _ in range(size)] if rank == 0 else None, root_rank=0)
     cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
     os.environ["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": rank}})
     import tensorflow as tf
 
-    threads = args.threads or max(1, (os.cpu_count() or 1) // hvd.local_size())
+    threads = _training.threads_per_rank(args, hvd.local_size())
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(threads)
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
@@ -143,7 +117,7 @@ def worker(args: argparse.Namespace) -> Optional[dict]:
         # The strategy averages by summing gradients: each replica's loss is divided by their number.
         strategy.run(replica_step, args=(x, y, strategy.num_replicas_in_sync))
 
-    step_s = _interleaved(
+    step_s = _training.interleaved(
         {
             "hpcdl_fit": fit_step,
             "hpcdl_tape": lambda: tape_step(images, labels),
@@ -152,6 +126,7 @@ def worker(args: argparse.Namespace) -> Optional[dict]:
         },
         args,
         hvd.barrier,
+        args.report_progress and rank == 0,
     )
     hvd.shutdown()
     if rank != 0:
@@ -170,27 +145,9 @@ def worker(args: argparse.Namespace) -> Optional[dict]:
     return result
 
 
-def _efficiency(results: dict[int, dict], ranks: int, key: str) -> str:
-    single = results.get(1, {}).get(f"{key}_samples_per_s")
-    if not single:
-        return "n/a"
-    return f"{100 * results[ranks][f'{key}_samples_per_s'] / (ranks * single):.1f}%"
-
-
-def launch(args: argparse.Namespace) -> None:
-    """Run the worker under ``hpcdl run -np N`` for each N and print the combined table."""
-    counts = [int(n) for n in args.launch.split(",")]
-    threads = args.threads or max(1, (os.cpu_count() or 1) // max(counts))
-    results = {}
-    for ranks in counts:
-        worker_args = ["--json", "--steps", str(args.steps), "--warmup", str(args.warmup)]
-        worker_args += ["--repeats", str(args.repeats), "--batch-size", str(args.batch_size)]
-        worker_args += ["--threads", str(threads)]
-        results[ranks] = json.loads(run_ranks(__file__, ranks, worker_args, "RESULT")[0])
-    if args.json:
-        print(json.dumps({"results": results}, indent=2))
-        return
-    first = results[counts[0]]
+def table(args: argparse.Namespace, results: dict[int, dict]) -> None:
+    """The table of every run (one per rank count)."""
+    first = results[next(iter(results))]
     print(
         f"Keras SmallCNN ({first['parameters']:,} parameters), synthetic 3x32x32 images, batch "
         f"{args.batch_size} per rank, {first['threads_per_rank']} thread(s) per rank, TensorFlow "
@@ -210,35 +167,18 @@ def launch(args: argparse.Namespace) -> None:
     for ranks, r in results.items():
         cells = [str(ranks)] + [f"{r[f'{name}_samples_per_s']:.1f}" for name in VARIANTS]
         cells.append(f"{r['hpcdl_tape_samples_per_s'] / r['mwms_samples_per_s']:.3f}")
-        cells += [_efficiency(results, ranks, key) for key in ("hpcdl_fit", "hpcdl_tape", "mwms")]
+        cells += [
+            _training.efficiency(results, ranks, f"{key}_samples_per_s")
+            for key in ("hpcdl_fit", "hpcdl_tape", "mwms")
+        ]
         for key in ("hpcdl_tape", "mwms"):
             cells.append(f"{100 * r[f'{key}_samples_per_s'] / r['local_samples_per_s']:.1f}%")
         print("| " + " | ".join(cells) + " |")
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--launch", help="comma list of rank counts to launch with hpcdl run, e.g. 1,2")
-    parser.add_argument("--batch-size", type=int, default=32, help="samples per rank per step")
-    parser.add_argument("--steps", type=int, default=5, help="steps per timed window")
-    parser.add_argument("--repeats", type=int, default=10, help="timed windows per variant (median kept)")
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument(
-        "--threads", type=int, default=0, help="TensorFlow threads per rank (0: cores / ranks)"
-    )
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args(argv)
-    if args.launch:
-        launch(args)
-        return
-    result = worker(args)
-    if result is None:
-        return
-    if args.json:
-        print("RESULT " + json.dumps(result), flush=True)
-    else:
-        for key, value in result.items():
-            print(f"{key}: {value}")
+    options = _training.parser(__doc__.split("\n\n")[0], steps=5, repeats=10, framework="TensorFlow")
+    _training.main(argv, options, __file__, worker, table)
 
 
 if __name__ == "__main__":

@@ -20,11 +20,7 @@ run directly; ``--threads`` overrides it. Benchmarks do not assert.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import socket
-import statistics
-import time
 from typing import Callable, Optional
 
 import torch
@@ -33,33 +29,11 @@ import torch.nn.functional as F
 from hpcdl.scaling.models import SmallCNN
 
 try:
-    from ._launch import NO_PROGRESS_HELP, free_port, report_progress, run_ranks
+    from . import _training
+    from ._launch import free_port
 except ImportError:  # run as a script: python benchmarks/train.py
-    from _launch import NO_PROGRESS_HELP, free_port, report_progress, run_ranks  # type: ignore[no-redef]
-
-
-def _interleaved(
-    steps_by_name: dict[str, Callable[[], None]], args: argparse.Namespace, barrier, report: bool
-) -> dict:
-    """Median seconds per step of each variant. The variants take turns, one timed window of
-    ``args.steps`` steps each per round, in alternating order (ABBA...), so that changes in machine load
-    and any first-in-round effect hit them alike."""
-    for step in steps_by_name.values():
-        for _ in range(args.warmup):
-            step()
-    windows: dict[str, list[float]] = {name: [] for name in steps_by_name}
-    for round_index in range(args.repeats):
-        order = list(steps_by_name.items())
-        for name, step in order if round_index % 2 == 0 else reversed(order):
-            barrier()
-            started = time.perf_counter()
-            for _ in range(args.steps):
-                step()
-            barrier()
-            windows[name].append((time.perf_counter() - started) / args.steps)
-        if report:
-            report_progress(round_index + 1, args.repeats)
-    return {name: statistics.median(seconds) for name, seconds in windows.items()}
+    import _training  # type: ignore[no-redef]
+    from _launch import free_port  # type: ignore[no-redef]
 
 
 def worker(args: argparse.Namespace) -> Optional[dict]:
@@ -69,7 +43,7 @@ def worker(args: argparse.Namespace) -> Optional[dict]:
 
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
-    threads = args.threads or max(1, (os.cpu_count() or 1) // hvd.local_size())
+    threads = _training.threads_per_rank(args, hvd.local_size())
     torch.set_num_threads(threads)
     gen = torch.Generator().manual_seed(rank)
     images = torch.randn(args.batch_size, 3, 32, 32, generator=gen)
@@ -107,7 +81,7 @@ def worker(args: argparse.Namespace) -> Optional[dict]:
     local_model = SmallCNN()
     local_optimizer = torch.optim.SGD(local_model.parameters(), lr=0.01, momentum=0.9)
 
-    step_s = _interleaved(
+    step_s = _training.interleaved(
         {
             "hpcdl": train_step(model, optimizer),
             "ddp": train_step(ddp_model, ddp_optimizer),
@@ -135,39 +109,16 @@ def worker(args: argparse.Namespace) -> Optional[dict]:
     }
 
 
-def launch(args: argparse.Namespace) -> None:
-    """Run the worker under ``hpcdl run -np N`` for each N and print the combined table."""
-    results = {}
-    counts = [int(n) for n in args.launch.split(",")]
-    # The same share of the machine per rank in every run, so that N ranks are compared with one of them.
-    threads = args.threads or max(1, (os.cpu_count() or 1) // max(counts))
-    for ranks in counts:
-        worker_args = [
-            "--json",
-            "--report-progress",
-            "--steps",
-            str(args.steps),
-            "--warmup",
-            str(args.warmup),
-            "--repeats",
-            str(args.repeats),
-        ]
-        worker_args += ["--batch-size", str(args.batch_size), "--threads", str(threads)]
-        texts = run_ranks(__file__, ranks, worker_args, "RESULT", no_progress=args.no_progress)
-        results[ranks] = json.loads(texts[0])
-    base = results.get(1)
+def table(args: argparse.Namespace, results: dict[int, dict]) -> None:
+    """The table of every run (one per rank count)."""
     rows = []
     for ranks, r in results.items():
-        eff = {}
-        for key in ("hpcdl", "ddp_gloo"):
-            single = base[f"{key}_samples_per_s"] if base else None
-            eff[key] = f"{100 * r[f'{key}_samples_per_s'] / (ranks * single):.1f}%" if single else "n/a"
+        eff = {
+            key: _training.efficiency(results, ranks, f"{key}_samples_per_s") for key in ("hpcdl", "ddp_gloo")
+        }
         eff["hpcdl_local"] = f"{100 * r['hpcdl_vs_no_communication']:.1f}%"
         eff["ddp_local"] = f"{100 * r['ddp_vs_no_communication']:.1f}%"
         rows.append((ranks, r["hpcdl_samples_per_s"], r["ddp_gloo_samples_per_s"], r["hpcdl_over_ddp"], eff))
-    if args.json:
-        print(json.dumps({"results": results}, indent=2))
-        return
     first = results[next(iter(results))]
     print(
         f"SmallCNN ({first['parameters']:,} parameters), synthetic 3x32x32 images, "
@@ -193,30 +144,8 @@ def launch(args: argparse.Namespace) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--launch", help="comma list of rank counts to launch with hpcdl run, e.g. 1,2")
-    parser.add_argument("--batch-size", type=int, default=32, help="samples per rank per step")
-    parser.add_argument("--steps", type=int, default=2, help="steps per timed window")
-    parser.add_argument("--repeats", type=int, default=20, help="timed windows per variant (median kept)")
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument(
-        "--threads", type=int, default=0, help="torch threads per rank (0: cores / local ranks)"
-    )
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
-    parser.add_argument("--report-progress", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.launch:
-        launch(args)
-        return
-    result = worker(args)
-    if result is None:
-        return
-    if args.json:
-        print("RESULT " + json.dumps(result), flush=True)
-    else:
-        for key, value in result.items():
-            print(f"{key}: {value}")
+    options = _training.parser(__doc__.split("\n\n")[0], steps=2, repeats=20, framework="torch")
+    _training.main(argv, options, __file__, worker, table)
 
 
 if __name__ == "__main__":

@@ -179,9 +179,13 @@ def remove_process_set(process_set_id: int) -> None:
 
 
 def _set_query(fn: str, process_set_id: int) -> int:
-    value = getattr(library.load(), fn)(int(process_set_id))
-    if value < 0 and library.last_error():
-        raise HpcdlConfigError(library.last_error())
+    """A process set query; -1 is an answer (not a member) unless the runtime reported an error: not
+    initialised, or no set with this id."""
+    lib = library.load()
+    value = getattr(lib, fn)(int(process_set_id))
+    message = library.last_error() if value < 0 else ""
+    if message:
+        raise (HpcdlConfigError if lib.hpcdl_is_initialized() else HpcdlNotInitializedError)(message)
     return int(value)
 
 

@@ -1,8 +1,8 @@
 """Elastic training state for every framework API (Horovod's ``horovod.common.elastic``): state objects
 that commit, restore and synchronize, and the retry loop behind each framework's ``hvd.elastic.run``.
 
-A framework supplies how objects travel (``bcast_object``, ``gather_object``) and how hpcdl restarts
-(``reset``); nothing here knows a framework. ``run_fn`` catches ``HorovodInternalError`` (a collective
+A framework supplies how its variables travel and how hpcdl restarts (``reset``); nothing here knows a
+framework. ``run_fn`` catches ``HorovodInternalError`` (a collective
 failed or timed out), restores the last committed state, re-initializes and synchronizes the state from
 rank 0 before calling the training function again. Under ``hpcdl run --min-np A --max-np B`` the
 re-initialization joins the launcher's next round of workers (:mod:`hpcdl.common.elastic`), and
@@ -16,32 +16,25 @@ from typing import Any, Callable
 
 import numpy as np
 
+from hpcdl.common import basics, engine, objects
 from hpcdl.common import elastic as driver
-from hpcdl.common.exceptions import HpcdlInternalError
+from hpcdl.common.exceptions import HostsUpdatedInterrupt, HpcdlInternalError
+from hpcdl.common.types import ReduceOp
 
 
-class HostsUpdatedInterrupt(RuntimeError):
-    """The set of hosts changed: reset without restoring the committed state (``skip_sync`` when only
-    hosts were removed, so the survivors' state is already consistent)."""
-
-    def __init__(self, skip_sync: bool) -> None:
-        super().__init__("the set of hosts in the job changed")
-        self.skip_sync = skip_sync
+def _any_rank(flag: bool, name: str) -> bool:
+    """Whether ``flag`` is True on any rank of the job (one maximum allreduce through the engine)."""
+    votes = engine.allreduce_async(np.array([int(flag)], dtype=np.int32), name=name, op=ReduceOp.MAX)
+    return bool(engine.synchronize(votes)[0])
 
 
 class State:
     """Base class: ``commit()`` saves and checks for host changes; ``restore()``, ``sync()`` and
     ``reset()`` are provided by subclasses; ``register_reset_callbacks`` adds hooks run after a reset."""
 
-    def __init__(
-        self,
-        bcast_object: Callable[[Any], Any],
-        get_rank: Callable[[], int],
-        gather_object: Callable[[Any], list[Any]],
-    ) -> None:
+    def __init__(self, bcast_object: Callable[[Any], Any], get_rank: Callable[[], int]) -> None:
         self._bcast_object = bcast_object
         self._rank = get_rank
-        self._gather_object = gather_object
         self._reset_callbacks: list[Callable[[], None]] = []
         self._hosts_updated = False
 
@@ -66,9 +59,8 @@ class State:
         by ``notify_hosts_updated`` or, under ``hpcdl run --min-np/--max-np``, by the driver having formed a
         newer round (workers joined). The ranks agree, so all of them reset at the same commit."""
         mine = self._hosts_updated or driver.round_changed()
-        updated = any(self._gather_object(mine))
         self._hosts_updated = False
-        if updated:
+        if _any_rank(mine, "elastic.hosts_updated"):
             raise HostsUpdatedInterrupt(False)
 
     def save(self) -> None:
@@ -85,18 +77,19 @@ class State:
 
 
 class ObjectState(State):
-    """State made of plain Python attributes, given as keyword arguments."""
+    """State made of plain Python attributes, given as keyword arguments. They travel as pickled objects,
+    which needs no framework: ``bcast_object`` and ``get_rank`` (Horovod's arguments) default to
+    :mod:`hpcdl.common`'s own, so ``hvd.elastic.ObjectState(epoch=0)`` works in every API."""
 
     def __init__(
         self,
-        bcast_object: Callable[[Any], Any],
-        get_rank: Callable[[], int],
-        gather_object: Callable[[Any], list[Any]],
+        bcast_object: Callable[[Any], Any] = objects.broadcast_object,
+        get_rank: Callable[[], int] = basics.rank,
         **kwargs: Any,
     ) -> None:
         self._saved_state = kwargs
         self._set_attrs()
-        super().__init__(bcast_object=bcast_object, get_rank=get_rank, gather_object=gather_object)
+        super().__init__(bcast_object=bcast_object, get_rank=get_rank)
 
     def save(self) -> None:
         self._saved_state = {attr: getattr(self, attr) for attr in self._saved_state}
@@ -116,8 +109,8 @@ class ObjectState(State):
 
 def run_fn(func: Callable[..., Any], reset: Callable[[], None]) -> Callable[..., Any]:
     """Wrap ``func(state, ...)``: sync ``state`` from rank 0 and call ``func``; on a failed collective
-    restore the committed state, ``reset()`` hpcdl and try again. No collective may run before the wrapped
-    function is called (new ranks would deadlock)."""
+    restore the committed state, ``reset()`` hpcdl and try again; on a change of hosts reset without
+    restoring. No collective may run before the wrapped function is called (new ranks would deadlock)."""
 
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
@@ -149,13 +142,12 @@ class VariablesState(ObjectState):
         broadcast_variables: Callable[[list[Any], int], Any],
         bcast_object: Callable[[Any], Any],
         get_rank: Callable[[], int],
-        gather_object: Callable[[Any], list[Any]],
         **kwargs: Any,
     ) -> None:
         self._variables = list(variables)
         self._broadcast_variables = broadcast_variables
         self._saved_values = self._values()
-        super().__init__(bcast_object=bcast_object, get_rank=get_rank, gather_object=gather_object, **kwargs)
+        super().__init__(bcast_object=bcast_object, get_rank=get_rank, **kwargs)
 
     def _values(self) -> list[Any]:
         return [np.array(v.numpy(), copy=True) for v in self._variables]

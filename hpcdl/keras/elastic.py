@@ -50,7 +50,6 @@ class KerasState(VariablesState):
             framework.broadcast_variables,
             bcast_object=framework.hvd.broadcast_object,
             get_rank=rank,
-            gather_object=framework.hvd.allgather_object,
             **kwargs,
         )
 

@@ -30,8 +30,7 @@ from hpcdl.common.basics import (
     rank,
     size,
 )
-from hpcdl.common.elastic_state import HostsUpdatedInterrupt
-from hpcdl.common.exceptions import HpcdlInternalError
+from hpcdl.common.exceptions import HostsUpdatedInterrupt, HpcdlInternalError
 from hpcdl.common.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from hpcdl.common.reduce_ops import Adasum, Average, Max, Min, Product, Sum
 from hpcdl.common.reduce_ops import resolve_op as handle_average_backwards_compatibility

@@ -8,35 +8,24 @@ CUDA, ROCm, DDL, CCL) are all False here, whatever the installed TensorFlow was 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Optional, Union
-
 from hpcdl import common
 from hpcdl.common import engine
-from hpcdl.common import process_sets as _sets
-from hpcdl.common.process_sets import ProcessSet
+from hpcdl.common.process_sets import init
 
-
-def init(
-    comm: Optional[Union[Sequence[int], Any]] = None,
-    process_sets: Optional[Union[Sequence[ProcessSet], str]] = None,
-) -> None:
-    """Start hpcdl in this process: find the other ranks, connect, start the background engine.
-
-    Args:
-        comm: None (all ranks), a list of world ranks or an mpi4py communicator. hpcdl's world is
-            always every rank the launcher started, so a list or communicator must cover all of them;
-            use ``process_sets`` to run collectives on a subset.
-        process_sets: None, a list of ``ProcessSet`` to register now (every rank passes the same list),
-            or ``"dynamic"`` to allow ``add_process_set``/``remove_process_set`` later.
-    """
-    if common.is_initialized():
-        return  # a second init() is a no-op, as in Horovod
-    requested_world = _sets.requested_world(comm)
-    sets, registered = _sets.init_argument(process_sets)
-    common.init(process_sets=registered)
-    _sets.check_world(requested_world)
-    _sets.bind_registered(sets)
+__all__ = [
+    "ccl_built",
+    "cuda_built",
+    "ddl_built",
+    "gloo_built",
+    "gloo_enabled",
+    "init",
+    "mpi_built",
+    "nccl_built",
+    "rocm_built",
+    "shutdown",
+    "start_timeline",
+    "stop_timeline",
+]
 
 
 def shutdown() -> None:

@@ -14,12 +14,16 @@ from typing import Any, Callable, Optional
 
 import tensorflow as tf
 
-from hpcdl.common import elastic_state
 from hpcdl.common.basics import rank
-from hpcdl.common.elastic_state import HostsUpdatedInterrupt, State, VariablesState, run_fn
-from hpcdl.common.exceptions import HpcdlInternalError, HpcdlMismatchError, HpcdlTimeoutError
+from hpcdl.common.elastic_state import ObjectState, State, VariablesState, run_fn
+from hpcdl.common.exceptions import (
+    HostsUpdatedInterrupt,
+    HpcdlInternalError,
+    HpcdlMismatchError,
+    HpcdlTimeoutError,
+)
 from hpcdl.tensorflow.basics import init, shutdown
-from hpcdl.tensorflow.functions import allgather_object, broadcast_object, broadcast_variables
+from hpcdl.tensorflow.functions import broadcast_object, broadcast_variables
 
 # How a failed collective inside a tf.function shows in TensorFlow's error message.
 _INTERNAL_ERRORS = tuple(cls.__name__ for cls in (HpcdlInternalError, HpcdlTimeoutError, HpcdlMismatchError))
@@ -47,19 +51,6 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
     return run_fn(internal_errors, _reset)
 
 
-class ObjectState(elastic_state.ObjectState):
-    """State made of plain Python attributes, given as keyword arguments, synchronized with hpcdl.tensorflow's
-    ``broadcast_object``."""
-
-    def __init__(
-        self,
-        bcast_object: Callable[[Any], Any] = broadcast_object,
-        get_rank: Callable[[], int] = rank,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(bcast_object, get_rank, allgather_object, **kwargs)
-
-
 class TensorFlowState(VariablesState):
     """State of a list of ``tf.Variable`` (TensorFlow 2, eager), plus plain attributes given as keyword
     arguments. ``session`` (TensorFlow 1) is accepted for compatibility and not needed."""
@@ -74,7 +65,6 @@ class TensorFlowState(VariablesState):
             broadcast_variables,
             bcast_object=broadcast_object,
             get_rank=rank,
-            gather_object=allgather_object,
             **kwargs,
         )
 

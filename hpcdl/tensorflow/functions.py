@@ -5,17 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
-import numpy as np
 import tensorflow as tf
 
-from hpcdl.common import basics, objects
+from hpcdl.common import objects
 from hpcdl.common.process_sets import ProcessSet, global_process_set, id_of
-from hpcdl.tensorflow import _engine
-from hpcdl.tensorflow._dtypes import wire_of
 from hpcdl.tensorflow.mpi_ops import _broadcast, _check_root
-
-_BYTES = wire_of(tf.uint8)
-_LENGTH = wire_of(tf.int64)
 
 
 def broadcast_variables(
@@ -40,10 +34,6 @@ def broadcast_variables(
     return None if tf.executing_eagerly() else tf.group(*assignments)
 
 
-def _bytes(sealed: bytes) -> np.ndarray:
-    return np.frombuffer(sealed, dtype=np.uint8)
-
-
 def broadcast_object(
     obj: Any,
     root_rank: int = 0,
@@ -54,21 +44,10 @@ def broadcast_object(
     """Return ``root_rank``'s ``obj`` on every rank of the set (serialized with cloudpickle).
 
     Other ranks may pass anything (e.g. None): the operation's name does not depend on the object's type.
-    ``session`` (TensorFlow 1) is accepted for compatibility and not needed. The payload travels with a
-    MAC that receivers check before unpickling it (:mod:`hpcdl.common.objects`).
+    ``session`` (TensorFlow 1) is accepted for compatibility and not needed.
     """
-    ps = id_of(process_set)
     root = _check_root(root_rank, process_set)
-    name = name or "broadcast_object"
-    operation = objects.operation("broadcast_object", ps, name)
-    is_root = basics.rank() == root
-    payload = _bytes(operation.pickle(root, obj)) if is_root else np.zeros(0, dtype=np.uint8)
-    [length] = _engine.broadcast(
-        [np.array([payload.size], dtype=np.int64)], [_LENGTH], [f"{name}.sz"], root, ps
-    )
-    buffer = payload if is_root else np.zeros(operation.check_length(root, int(length[0])), dtype=np.uint8)
-    [received] = _engine.broadcast([buffer], [_BYTES], [f"{name}.t"], root, ps)
-    return obj if is_root else operation.unpickle(root, received)
+    return objects.broadcast_object(obj, root, name, id_of(process_set))
 
 
 def broadcast_object_fn(
@@ -84,14 +63,5 @@ def broadcast_object_fn(
 def allgather_object(
     obj: Any, session: Any = None, name: Optional[str] = None, process_set: ProcessSet = global_process_set
 ) -> list[Any]:
-    """Return the list of every rank's ``obj`` (in the set's rank order); objects may differ in type.
-    Every piece is checked against its MAC before any is unpickled (:mod:`hpcdl.common.objects`)."""
-    ps = id_of(process_set)
-    name = name or "allgather_object"
-    operation = objects.operation("allgather_object", ps, name)
-    payload = _bytes(operation.pickle(process_set.rank(), obj))
-    [lengths] = _engine.allgather(
-        [np.array([payload.size], dtype=np.int64)], [_LENGTH], [f"{name}.sz"], ps, [1]
-    )
-    [gathered] = _engine.allgather([payload], [_BYTES], [f"{name}.t"], ps, [1])
-    return operation.unpickle_pieces(lengths.tolist(), gathered)
+    """Return the list of every rank's ``obj`` (in the set's rank order); objects may differ in type."""
+    return objects.allgather_object(obj, name, id_of(process_set))

@@ -8,7 +8,6 @@ that ``init``/``shutdown`` reset.
 from __future__ import annotations
 
 import atexit
-import operator
 from collections.abc import Sequence
 from typing import Any, Optional, Union
 
@@ -17,10 +16,9 @@ import torch.distributed as dist
 
 from hpcdl import common
 from hpcdl.common import engine
-from hpcdl.common.exceptions import HpcdlConfigError
+from hpcdl.common import process_sets as _sets
+from hpcdl.common.process_sets import ProcessSet
 from hpcdl.torch import _gpu, _handles
-from hpcdl.torch import process_sets as _sets
-from hpcdl.torch.process_sets import ProcessSet
 
 _atexit_registered = False
 
@@ -29,56 +27,19 @@ def init(
     comm: Optional[Union[Sequence[int], Any]] = None,
     process_sets: Optional[Union[Sequence[ProcessSet], str]] = None,
 ) -> None:
-    """Start hpcdl in this process: find the other ranks, connect, start the background engine.
-
-    Args:
-        comm: None (the job is every rank the launcher started), or a list of world ranks or an mpi4py
-            communicator: as in Horovod, the job is then those ranks only, ``rank()`` being this
-            process's position among them (a process outside the list must pass the list of its own job).
-            Every process the launcher started calls ``init``: they all meet once before splitting.
-        process_sets: None, a list of ``ProcessSet`` to register now (every rank passes the same list),
-            or ``"dynamic"`` to allow ``add_process_set``/``remove_process_set`` later.
-    """
+    """Start hpcdl in this process (Horovod's ``hvd.init``; ``comm`` and ``process_sets`` as in
+    :func:`hpcdl.common.process_sets.init`: a list of world ranks or an mpi4py communicator makes those
+    ranks a job of their own). Also sets up what PyTorch's tensors need (the handle table, NCCL for
+    CUDA tensors). A second call is a no-op."""
     global _atexit_registered
     if common.is_initialized():
         return  # a second init() is a no-op, as in Horovod
-    members = _requested_world(comm)
-    sets: list[ProcessSet] = []
-    if isinstance(process_sets, str):
-        if process_sets.lower() != "dynamic":
-            raise HpcdlConfigError(
-                f'process_sets must be a list of ProcessSet or "dynamic", got {process_sets!r}'
-            )
-        common.init(process_sets="dynamic", members=members)
-    else:
-        sets = list(process_sets or [])
-        for ps in sets:
-            if not isinstance(ps, ProcessSet):
-                raise HpcdlConfigError(
-                    f"process_sets must contain hpcdl.torch.ProcessSet objects, got {ps!r}"
-                )
-        ranks = [_sets.ranks_of(ps) for ps in sets]
-        common.init(process_sets=ranks or None, members=members)
+    _sets.init(comm, process_sets)
     _handles.reset()
-    _sets.bind_registered(sets)
     _gpu.on_init()
     if not _atexit_registered:
         atexit.register(shutdown)
         _atexit_registered = True
-
-
-def _requested_world(comm: Any) -> Optional[list[int]]:
-    if comm is None:
-        return None
-    if hasattr(comm, "Get_group") and hasattr(comm, "Get_size"):
-        return _sets.comm_world_ranks(comm)
-    try:
-        ranks = [operator.index(r) for r in comm]
-    except TypeError:
-        raise HpcdlConfigError(
-            "Invalid type of argument comm. Expected list of rank integers or mpi4py.MPI.Comm object."
-        ) from None
-    return ranks or None
 
 
 def shutdown() -> None:

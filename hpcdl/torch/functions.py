@@ -7,7 +7,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from hpcdl.common import objects
+from hpcdl.common import payloads
 from hpcdl.torch.async_ops import broadcast_async_, synchronize
 from hpcdl.torch.basics import rank
 from hpcdl.torch.ops import allgather, broadcast_
@@ -128,10 +128,10 @@ def broadcast_object(
 
     Non-root ranks may pass anything (e.g. None): unlike Horovod, the default operation name does not
     depend on the object's type, so ``broadcast_object(x if rank == 0 else None)`` works. The payload
-    travels with a MAC that receivers check before unpickling it (:mod:`hpcdl.common.objects`).
+    travels with a MAC that receivers check before unpickling it (:mod:`hpcdl.common.payloads`).
     """
     name = name or "broadcast_object"
-    operation = objects.operation("broadcast_object", id_of(process_set), name)
+    operation = payloads.operation("broadcast_object", id_of(process_set), name)
     if rank() == root_rank:
         payload = torch.frombuffer(bytearray(operation.pickle(root_rank, obj)), dtype=torch.uint8)
         length = torch.tensor([payload.numel()], dtype=torch.int64)
@@ -150,9 +150,9 @@ def allgather_object(
     obj: Any, name: Optional[str] = None, process_set: ProcessSet = global_process_set
 ) -> list:
     """Return the list of every rank's ``obj`` (in rank order of the set); objects may differ in type.
-    Every piece is checked against its MAC before any is unpickled (:mod:`hpcdl.common.objects`)."""
+    Every piece is checked against its MAC before any is unpickled (:mod:`hpcdl.common.payloads`)."""
     name = name or "allgather_object"
-    operation = objects.operation("allgather_object", id_of(process_set), name)
+    operation = payloads.operation("allgather_object", id_of(process_set), name)
     sealed = operation.pickle(process_set.rank(), obj)
     payload = torch.frombuffer(bytearray(sealed), dtype=torch.uint8)
     lengths = allgather(

@@ -10,12 +10,13 @@ torch.optim.SGD)`` still holds), built on the wrapped optimizer's ``param_groups
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from contextlib import contextmanager
 from typing import Any, Callable, Optional, Union
 
 import torch
 
+from hpcdl.common.reduce_ops import split_list
 from hpcdl.torch import _adasum
 from hpcdl.torch.async_ops import (
     allreduce_async_,
@@ -37,12 +38,6 @@ ZERO_GRAD_TOO_EARLY = (
     "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
     "optimizer.synchronize(). This is prohibited as it can cause a race condition."
 )
-
-
-def split_list(items: Sequence[Any], parts: int) -> list[list[Any]]:
-    """Split ``items`` into ``parts`` contiguous pieces whose lengths differ by at most one."""
-    d, r = divmod(len(items), parts)
-    return [list(items[i * d + min(i, r) : (i + 1) * d + min(i + 1, r)]) for i in range(parts)]
 
 
 def _named(named_parameters: Optional[Iterable], param_groups: list[dict]) -> dict[torch.Tensor, str]:

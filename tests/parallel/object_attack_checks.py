@@ -72,25 +72,27 @@ def tamper_torch(change: Callable[[bytes], bytes]) -> None:
     functions.broadcast_, functions.allgather = broadcast, allgather
 
 
-def tamper_tensorflow(change: Callable[[bytes], bytes]) -> None:
+def tamper_common(change: Callable[[bytes], bytes]) -> None:
+    """hpcdl.tensorflow's object collectives are hpcdl.common.objects', over the engine's numpy calls."""
     import numpy as np
 
-    from hpcdl.tensorflow import _engine
+    from hpcdl.common import engine
 
-    real_broadcast, real_allgather = _engine.broadcast, _engine.allgather
+    real_broadcast, real_allgather = engine.broadcast_async, engine.allgather_async
 
-    def altered(arrays: Any, names: Any) -> list:
-        if not names[0].endswith(".t"):
-            return list(arrays)
-        return [np.frombuffer(change(arrays[0].tobytes()), dtype=np.uint8)]
+    def altered(array: np.ndarray, name: str | None) -> None:
+        if name is not None and name.endswith(".t"):
+            array[:] = np.frombuffer(change(array.tobytes()), dtype=np.uint8)
 
-    def broadcast(arrays: Any, wires: Any, names: Any, root: int, process_set: int) -> Any:
-        return real_broadcast(altered(arrays, names), wires, names, root, process_set)
+    def broadcast(array: np.ndarray, root: int = 0, name: str | None = None, process_set: int = 0) -> Any:
+        altered(array, name)
+        return real_broadcast(array, root, name, process_set)
 
-    def allgather(arrays: Any, wires: Any, names: Any, process_set: int, groups: Any) -> Any:
-        return real_allgather(altered(arrays, names), wires, names, process_set, groups)
+    def allgather(array: np.ndarray, name: str | None = None, process_set: int = 0) -> Any:
+        altered(array, name)
+        return real_allgather(array, name, process_set)
 
-    _engine.broadcast, _engine.allgather = broadcast, allgather
+    engine.broadcast_async, engine.allgather_async = broadcast, allgather
 
 
 def count_unpickling() -> list[int]:
@@ -108,7 +110,7 @@ def count_unpickling() -> list[int]:
 def main() -> None:
     hvd.init()
     if hvd.rank() == 0:
-        (tamper_torch if FRAMEWORK == "torch" else tamper_tensorflow)(Tamper())
+        (tamper_torch if FRAMEWORK == "torch" else tamper_common)(Tamper())
     if MODE == "replayed-broadcast":
         assert hvd.broadcast_object("a" * 1000, root_rank=0, name="state") == "a" * 1000
     calls = count_unpickling()

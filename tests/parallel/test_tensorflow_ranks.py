@@ -1,7 +1,7 @@
 """hpcdl.tensorflow and hpcdl.keras on real ranks started by ``hpcdl run``: every op and TensorFlow dtype
-against NumPy truth, eagerly and in tf.function, gradients, errors, process sets, and training that matches
-one process with the whole batch (DistributedGradientTape and Keras' model.fit, at 3 and 2 ranks; Keras on
-the PyTorch backend too).
+against NumPy truth, eagerly and in tf.function, gradients, errors, process sets, jobs of a subset of the
+ranks (``init(comm=[...])``), and training that matches one process with the whole batch
+(DistributedGradientTape and Keras' model.fit, at 3 and 2 ranks; Keras on the PyTorch backend too).
 
 The checks live in ``tf_rank_checks.py`` and ``keras_rank_checks.py`` and run inside each rank; a job
 runs many of them because starting ranks (importing TensorFlow takes seconds) is the slow part.
@@ -51,6 +51,13 @@ def test_tape_and_keras_training_match_one_process_with_the_whole_batch() -> Non
     with DistributedOptimizer and the callbacks, load_model, elastic state after failures."""
     pytest.importorskip("tensorflow", reason=NO_TENSORFLOW)
     run_checks("tf_rank_checks.py", "training", 2)
+
+
+def test_init_with_comm_lists_forms_independent_jobs_as_in_torch() -> None:
+    """hvd.init(comm=[...]) on 4 ranks: two jobs of two, as tests/parallel/test_torch_lifecycle.py runs
+    them with hpcdl.torch."""
+    pytest.importorskip("tensorflow", reason=NO_TENSORFLOW)
+    run_checks("tf_rank_checks.py", "subsets", 4)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("keras") is None, reason="Keras 3 is not installed")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import time
 from typing import Any, Callable
 
 import keras
@@ -19,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 import hpcdl.tensorflow as hvd
-from hpcdl.common import engine
+from hpcdl.common import discovery, engine
 from hpcdl.common.exceptions import HpcdlError
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -580,6 +581,45 @@ def check_elastic_tensorflow_state_restores_after_a_failure_in_a_graph() -> None
     assert_close(weight, np.full(2, 3.0 * hvd.size()), "three epochs counted once each, from rank 0's start")
 
 
+# ---- init(comm=[...]): jobs made of a subset of the ranks (4 ranks) -------------------------------------
+
+GROUPS = [[0, 2], [3, 1]]  # two jobs; the second one's rank 0 is world rank 3
+
+
+def check_init_with_a_comm_list_forms_a_job_of_its_own() -> None:
+    """As with hpcdl.torch: each rank is its position in its list, and everything (eager and graph ops,
+    objects, dynamic process sets, an elastic commit) runs within its job; one job's shutdown leaves the
+    other working."""
+    world = discovery.discover().rank
+    members = next(group for group in GROUPS if world in group)
+    hvd.init(comm=members, process_sets="dynamic")
+    r = hvd.rank()
+    assert (r, hvd.size(), hvd.local_size()) == (members.index(world), 2, 2), (r, hvd.size())
+    assert hvd.global_process_set.ranks == [0, 1] and hvd.global_process_set.included()
+    assert [int(v) for v in tf.function(lambda: [hvd.rank_op(), hvd.size_op()])()] == [r, 2]
+    for mode, run in both_modes(lambda x: hvd.allreduce(x, op=hvd.Sum)):
+        assert_close(run(tf.constant([float(world)])), [float(sum(members))], f"{mode} allreduce in the job")
+    got = hvd.broadcast(tf.constant([world]), root_rank=1)  # a rank of this job
+    assert got.numpy().tolist() == [members[1]], got
+    assert hvd.allgather_object(world) == members
+    alone = hvd.add_process_set([0])  # collective over this job only
+    if r == 0:
+        assert_close(hvd.allreduce(tf.ones(1), op=hvd.Sum, process_set=alone), [1.0], "a set of the job")
+    assert hvd.remove_process_set(alone)
+    state = hvd.elastic.ObjectState(world=world)
+    state.sync()
+    assert state.world == members[0], state.world
+    state.commit()  # the ranks of this job agree that no host changed
+    hvd.barrier()
+    if members == GROUPS[0]:
+        hvd.shutdown()
+        return
+    time.sleep(1.0)  # the first job has shut down by now
+    for _ in range(20):
+        assert_close(hvd.allreduce(tf.ones(8), op=hvd.Sum), np.full(8, 2.0), "after the other job ended")
+    hvd.shutdown()
+
+
 SCENARIOS: dict[str, list[Check]] = {
     "collectives": [
         check_topology_and_build_facts,
@@ -608,6 +648,7 @@ SCENARIOS: dict[str, list[Check]] = {
         check_elastic_tensorflow_state_restores_after_a_failure_in_a_graph,
         *keras_rank_checks.SCENARIOS["keras"],
     ],
+    "subsets": [check_init_with_a_comm_list_forms_a_job_of_its_own],  # each check calls init itself
 }
 
 
@@ -617,7 +658,7 @@ def main(scenario: str) -> None:
     if scenario == "collectives":
         SETS.update(evens=hvd.ProcessSet([2, 0]), odds=hvd.ProcessSet([1]))
         hvd.init(process_sets=list(SETS.values()))
-    else:
+    elif scenario != "subsets":
         hvd.init()
     keras_rank_checks.run_checks(SCENARIOS[scenario])
     hvd.shutdown()

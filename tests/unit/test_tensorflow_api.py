@@ -11,7 +11,7 @@ tf = pytest.importorskip("tensorflow", reason="TensorFlow is not installed: pip 
 keras = pytest.importorskip("keras", reason="Keras 3 is not installed (it comes with TensorFlow 2.16+)")
 
 import hpcdl.tensorflow as hvd  # noqa: E402
-from hpcdl.common.exceptions import HpcdlError, HpcdlNotInitializedError, HpcdlUnsupportedError  # noqa: E402
+from hpcdl.common.exceptions import HpcdlNotInitializedError, HpcdlUnsupportedError  # noqa: E402
 from hpcdl.common.reduce_ops import group_order, split_list  # noqa: E402
 from hpcdl.keras.optimizer import is_distributed  # noqa: E402
 from hpcdl.stack.check_build import check_build  # noqa: E402
@@ -152,7 +152,7 @@ def test_collectives_before_init_say_what_to_do() -> None:
     with tf.GradientTape() as tape:
         variable = tf.Variable(1.0)
         loss = variable * 2
-    with pytest.raises(HpcdlError, match=r"call hpcdl.init\(\)"):  # (common reports a HpcdlConfigError here)
+    with pytest.raises(HpcdlNotInitializedError, match=r"call hpcdl.init\(\)"):
         hvd.DistributedGradientTape(tape).gradient(loss, [variable])
 
 

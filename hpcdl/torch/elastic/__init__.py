@@ -6,15 +6,15 @@ state, re-initializes hpcdl (``shutdown(); init()``) and synchronizes the state 
 the training function again. Under ``hpcdl run --min-np A --max-np B [--host-discovery-script S]`` the
 re-initialization joins the launcher's next round of workers (``hpcdl.common.elastic``): a failed worker is
 dropped, new workers join, and ``State.commit`` raises ``HostsUpdatedInterrupt`` on every rank when a newer
-round has formed.
+round has formed. The protocol is :mod:`hpcdl.common.elastic_state`'s, shared with ``hpcdl.tensorflow``.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable
 
-from hpcdl.common.exceptions import HostsUpdatedInterrupt, HpcdlInternalError
+from hpcdl.common.elastic_state import run_fn
+from hpcdl.common.exceptions import HostsUpdatedInterrupt
 from hpcdl.torch.basics import init, shutdown
 from hpcdl.torch.elastic.sampler import ElasticSampler
 from hpcdl.torch.elastic.state import ObjectState, State, TorchState
@@ -29,24 +29,7 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
     """Decorate ``train(state, ...)``: sync ``state`` from rank 0, call ``train``; on a failed collective
     restore the committed state, re-initialize and try again. No collective may run before the decorated
     function is called (new ranks would deadlock)."""
-
-    @functools.wraps(func)
-    def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
-        skip_sync = False
-        while True:
-            try:
-                if not skip_sync:
-                    state.sync()
-                return func(state, *args, **kwargs)
-            except HpcdlInternalError:
-                state.restore()
-                skip_sync = False
-            except HostsUpdatedInterrupt as exc:
-                skip_sync = exc.skip_sync
-            _reset()
-            state.on_reset()
-
-    return wrapper
+    return run_fn(func, _reset)
 
 
 __all__ = ["ElasticSampler", "HostsUpdatedInterrupt", "ObjectState", "State", "TorchState", "run"]
