@@ -12,11 +12,6 @@ import numpy as np
 from hpcdl.common import basics, engine, payloads
 
 
-def _payload(sealed: bytes) -> np.ndarray:
-    """A sealed payload in a writeable array (a broadcast's root buffer is also its output)."""
-    return np.frombuffer(bytearray(sealed), dtype=np.uint8)
-
-
 def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None, process_set: int = 0) -> Any:
     """Return ``root_rank``'s ``obj`` (``root_rank`` is a rank of the job, a member of the set) on every
     member of the process set. Other ranks may pass anything (e.g. None): the operations' names do not
@@ -24,8 +19,9 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None, p
     name = name or "broadcast_object"
     operation = payloads.operation("broadcast_object", process_set, name)
     is_root = basics.rank() == root_rank
-    payload = _payload(operation.pickle(root_rank, obj)) if is_root else np.zeros(0, dtype=np.uint8)
-    length = np.array([payload.size], dtype=np.int64)
+    if is_root:  # the root's buffer is also its output: writeable
+        payload = np.frombuffer(operation.pickle(root_rank, obj), dtype=np.uint8)
+    length = np.array([payload.size if is_root else 0], dtype=np.int64)
     engine.synchronize(engine.broadcast_async(length, root_rank, f"{name}.sz", process_set))
     if not is_root:
         payload = np.empty(operation.check_length(root_rank, int(length[0])), dtype=np.uint8)
@@ -38,7 +34,7 @@ def allgather_object(obj: Any, name: Optional[str] = None, process_set: int = 0)
     is checked against its MAC before any is unpickled."""
     name = name or "allgather_object"
     operation = payloads.operation("allgather_object", process_set, name)
-    payload = _payload(operation.pickle(basics.process_set_rank(process_set), obj))
+    payload = np.frombuffer(operation.pickle(basics.process_set_rank(process_set), obj), dtype=np.uint8)
     lengths = engine.allgather_async(np.array([payload.size], dtype=np.int64), f"{name}.sz", process_set)
     gathered = engine.synchronize(engine.allgather_async(payload, f"{name}.t", process_set))
     return operation.unpickle_pieces(engine.synchronize(lengths).tolist(), gathered)

@@ -41,9 +41,12 @@ class ObjectOperation:
     context: bytes  # kind, process set, sequence number and name, each delimited
     description: str  # for messages: "broadcast_object 'x' on process set 0"
 
-    def seal(self, sender: int, payload: BytesLike) -> bytes:
-        """``payload`` followed by its MAC as sent by rank ``sender`` (its rank in the set)."""
-        return bytes(payload) + self._mac(sender, payload)
+    def seal(self, sender: int, payload: BytesLike) -> bytearray:
+        """``payload`` followed by its MAC as sent by rank ``sender`` (its rank in the set), in a new
+        writeable buffer (what a broadcast's root sends is also where it receives)."""
+        sealed = bytearray(payload)
+        sealed += self._mac(sender, payload)
+        return sealed
 
     def open(self, sender: int, sealed: BytesLike) -> memoryview:
         """The payload inside ``sealed``, which rank ``sender`` sent; raises when its MAC is wrong."""
@@ -55,7 +58,7 @@ class ObjectOperation:
             raise self._refusal(sender, "its MAC does not match")
         return payload
 
-    def pickle(self, sender: int, obj: Any) -> bytes:
+    def pickle(self, sender: int, obj: Any) -> bytearray:
         """``obj`` serialized with cloudpickle and sealed, as rank ``sender`` sends it."""
         return self.seal(sender, cloudpickle.dumps(obj))
 

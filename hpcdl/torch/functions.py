@@ -133,7 +133,7 @@ def broadcast_object(
     name = name or "broadcast_object"
     operation = payloads.operation("broadcast_object", id_of(process_set), name)
     if rank() == root_rank:
-        payload = torch.frombuffer(bytearray(operation.pickle(root_rank, obj)), dtype=torch.uint8)
+        payload = torch.frombuffer(operation.pickle(root_rank, obj), dtype=torch.uint8)
         length = torch.tensor([payload.numel()], dtype=torch.int64)
         broadcast_(length, root_rank, name + ".sz", process_set)
     else:
@@ -153,8 +153,7 @@ def allgather_object(
     Every piece is checked against its MAC before any is unpickled (:mod:`hpcdl.common.payloads`)."""
     name = name or "allgather_object"
     operation = payloads.operation("allgather_object", id_of(process_set), name)
-    sealed = operation.pickle(process_set.rank(), obj)
-    payload = torch.frombuffer(bytearray(sealed), dtype=torch.uint8)
+    payload = torch.frombuffer(operation.pickle(process_set.rank(), obj), dtype=torch.uint8)
     lengths = allgather(
         torch.tensor([payload.numel()], dtype=torch.int64), name=name + ".sz", process_set=process_set
     )
