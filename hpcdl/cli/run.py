@@ -1,25 +1,31 @@
-"""``hpcdl run``: start a job's ranks here, on other hosts over ssh, or through mpirun."""
+"""``hpcdl run``: start a job's ranks here, on other hosts over ssh, through the batch allocation's own
+launcher (srun, flux run, ...), or through mpirun. Accepts every flag of Horovod 0.28's ``horovodrun``."""
 
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
 
+from hpcdl._version import __version__
 from hpcdl.common.exceptions import HpcdlError
 from hpcdl.runner.elastic import ElasticOptions
 from hpcdl.runner.errors import LaunchError
+from hpcdl.runner.horovodrun import NO_EFFECT, no_effect_notes
 from hpcdl.runner.hosts import parse_hostfile, parse_hosts_arg
 from hpcdl.runner.launch import LaunchSpec, MpiOptions, launch
+from hpcdl.runner.launchers import LAUNCHER_CHOICES
 from hpcdl.runner.output import OutputOptions
 from hpcdl.runner.procs import HOST_KEY_POLICIES, SshOptions
 from hpcdl.runner.rank_env import parse_extra_env
-from hpcdl.runner.tunables import TUNABLES, check_value, load_config_file
+from hpcdl.runner.tunables import TUNABLES, check_value, load_config_file, merge_hierarchical
 
 _TUNING = "Runtime tunables (set the HPCDL_* variable of each rank)"
 _ELASTIC = "Elastic training (workers may fail or join; see hvd.elastic.run)"
+_HOROVODRUN = "horovodrun flags without effect here (accepted so Horovod command lines run; each says why)"
 _HELP = {
     t.key: f"{t.help}{' (' + '|'.join(t.choices) + ')' if t.choices else ''} [{t.env}]" for t in TUNABLES
 }
@@ -27,6 +33,17 @@ _HELP = {
 
 def _tunable(key: str, *names: str) -> Any:
     return typer.Option(None, *names, help=_HELP[key], rich_help_panel=_TUNING, show_default=False)
+
+
+def _no_effect(*names: str) -> Any:
+    key = names[0].lstrip("-").split("/")[0].replace("-", "_")
+    return typer.Option(None, *names, help=NO_EFFECT[key][1] + ".", rich_help_panel=_HOROVODRUN)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"hpcdl {__version__}")
+        raise typer.Exit()
 
 
 def run_command(
@@ -43,7 +60,30 @@ def run_command(
         None, "--hostfile", "-hostfile", help="Hostfile with lines 'host slots=N'."
     ),
     slots_per_host: Optional[int] = typer.Option(
-        None, "--slots-per-host", min=1, help="Slots of every allocation host (overrides the scheduler's)."
+        None,
+        "--slots-per-host",
+        "--slots",
+        min=1,
+        help="Slots of every allocation host (overrides the scheduler's), and of hosts the discovery script "
+        "prints without ':slots'.",
+    ),
+    launcher: str = typer.Option(
+        "auto",
+        "--launcher",
+        help=f"What starts the ranks: {'|'.join(LAUNCHER_CHOICES)}. auto: the allocation's own launcher "
+        "(srun, flux run, PALS mpiexec, aprun, jsrun/blaunch) inside one, else ssh for other hosts.",
+    ),
+    launcher_args: str = typer.Option(
+        "", "--launcher-args", help="Extra arguments for srun / flux run / mpiexec / aprun / jsrun / blaunch."
+    ),
+    use_jsrun: bool = typer.Option(False, "--jsrun", help="Same as --launcher jsrun (horovodrun's flag)."),
+    use_gloo: bool = typer.Option(
+        False, "--gloo", help="hpcdl's own TCP controller, the default (horovodrun's flag; not with --mpi)."
+    ),
+    binding_args: str = typer.Option(
+        "",
+        "--binding-args",
+        help="Process binding arguments for mpirun (--mpi) or the allocation's launcher.",
     ),
     ssh_port: Optional[int] = typer.Option(None, "-p", "--ssh-port", help="ssh port of the other hosts."),
     ssh_identity_file: Optional[Path] = typer.Option(None, "-i", "--ssh-identity-file", help="ssh key."),
@@ -62,10 +102,18 @@ def run_command(
     mpi_args: str = typer.Option("", "--mpi-args", help="Extra arguments for mpirun (with --mpi)."),
     tcp: bool = typer.Option(False, "--tcp", help="All traffic between ranks over TCP."),
     min_np: Optional[int] = typer.Option(
-        None, "--min-np", help="Elastic: the fewest workers the job may run with.", rich_help_panel=_ELASTIC
+        None,
+        "--min-np",
+        "--min-num-proc",
+        help="Elastic: the fewest workers the job may run with.",
+        rich_help_panel=_ELASTIC,
     ),
     max_np: Optional[int] = typer.Option(
-        None, "--max-np", help="Elastic: the most workers the job may grow to.", rich_help_panel=_ELASTIC
+        None,
+        "--max-np",
+        "--max-num-proc",
+        help="Elastic: the most workers the job may grow to.",
+        rich_help_panel=_ELASTIC,
     ),
     host_discovery_script: Optional[Path] = typer.Option(
         None,
@@ -114,6 +162,13 @@ def run_command(
     hierarchical_allreduce: Optional[bool] = _tunable(
         "hierarchical_allreduce", "--hierarchical-allreduce/--no-hierarchical-allreduce"
     ),
+    hierarchical_allgather: Optional[bool] = typer.Option(
+        None,
+        "--hierarchical-allgather/--no-hierarchical-allgather",
+        help="The same switch as --hierarchical-allreduce: in hpcdl it covers every collective.",
+        rich_help_panel=_TUNING,
+        show_default=False,
+    ),
     timeline_filename: Optional[str] = _tunable("timeline_filename", "--timeline-filename"),
     timeline_mark_cycles: Optional[bool] = _tunable(
         "timeline_mark_cycles", "--timeline-mark-cycles/--no-timeline-mark-cycles"
@@ -134,8 +189,13 @@ def run_command(
     log_level: Optional[str] = _tunable("log_level", "--log-level"),
     timeout: Optional[float] = _tunable("timeout", "--timeout", "--gloo-timeout-seconds"),
     transport: Optional[str] = _tunable("transport", "--transport"),
-    network_interface: Optional[str] = _tunable(
-        "network_interface", "--network-interface", "--network-interfaces"
+    network_interfaces: list[str] = typer.Option(
+        [],
+        "--network-interface",
+        "--network-interfaces",
+        help="Network interface(s) for TCP traffic, comma-separated or repeated (each host uses the first "
+        "it has), or an IPv4 address; also used to reach other hosts [HPCDL_IFACE].",
+        rich_help_panel=_TUNING,
     ),
     small_message_bytes: Optional[int] = _tunable("small_message_bytes", "--small-message-bytes"),
     shm_chunk_bytes: Optional[int] = _tunable("shm_chunk_bytes", "--shm-chunk-bytes"),
@@ -144,8 +204,21 @@ def run_command(
     dynamic_process_sets: Optional[bool] = _tunable(
         "dynamic_process_sets", "--dynamic-process-sets/--no-dynamic-process-sets"
     ),
+    disable_cache: Optional[bool] = _no_effect("--disable-cache"),
+    autotune_bayes_opt_max_samples: Optional[int] = _no_effect("--autotune-bayes-opt-max-samples"),
+    autotune_gaussian_process_noise: Optional[float] = _no_effect("--autotune-gaussian-process-noise"),
+    mpi_threads_disable: Optional[bool] = _no_effect("--mpi-threads-disable/--no-mpi-threads-disable"),
+    num_nccl_streams: Optional[int] = _no_effect("--num-nccl-streams"),
+    thread_affinity: Optional[int] = _no_effect("--thread-affinity"),
+    log_with_timestamp: Optional[bool] = _no_effect(
+        "--log-with-timestamp/--log-without-timestamp", "--no-log-hide-timestamp/--log-hide-timestamp"
+    ),
+    version: Optional[bool] = typer.Option(
+        None, "-v", "--version", callback=_version, is_eager=True, help="Print hpcdl's version and exit."
+    ),
 ) -> None:
-    """Run COMMAND as -np ranks: here, on -H/--hostfile hosts over ssh, or on the batch allocation.
+    """Run COMMAND as -np ranks: here, on -H/--hostfile hosts over ssh, or on the batch allocation
+    through its own launcher (srun, flux run, ...).
 
     Example: hpcdl run -np 4 -H node1:2,node2:2 python train.py
     """
@@ -155,7 +228,9 @@ def run_command(
         check_build_command(verbose=verbose, as_json=False)
         return
     try:
-        spec = _spec_from_flags(ctx.params)
+        spec, notes = _spec_from_flags(ctx.params)
+        for note in notes:
+            typer.echo(f"hpcdl run: note: {note}", err=True)
         code = launch(spec)
     except HpcdlError as exc:
         typer.echo(f"hpcdl run: error: {exc}", err=True)
@@ -163,13 +238,39 @@ def run_command(
     raise typer.Exit(code)
 
 
-def _spec_from_flags(params: dict[str, Any]) -> LaunchSpec:
-    """Turn parsed flags (and --config-file) into a LaunchSpec; flags win over the file."""
+def _interfaces(given: list[str]) -> list[str]:
+    """--network-interface(s): comma lists and repeats, in order, without duplicates."""
+    return list(dict.fromkeys(name.strip() for item in given for name in item.split(",") if name.strip()))
+
+
+def _spec_from_flags(params: dict[str, Any]) -> tuple[LaunchSpec, list[str]]:
+    """Turn parsed flags (and --config-file) into a LaunchSpec and notes on horovodrun flags without effect;
+    flags win over the file."""
     settings = load_config_file(params["config_file"]) if params["config_file"] else {}
+    interfaces = _interfaces(params["network_interfaces"])
+    if len(interfaces) == 1:
+        params = {**params, "network_interface": interfaces[0]}
+        interfaces = []
+    else:
+        params = {**params, "network_interface": None}
+        if interfaces:
+            settings.pop("network_interface", None)
     for tunable in TUNABLES:
         value = params[tunable.key]
         if value is not None:
             settings[tunable.key] = check_value(tunable.key, value, tunable.flag)
+    merge_hierarchical(settings, params["hierarchical_allgather"])
+    ignored = [key for key in NO_EFFECT if (settings.pop(key, None), params.get(key)) != (None, None)]
+    use_mpi = params["use_mpi"] or (
+        settings.pop("controller", "gloo").lower() == "mpi" and not params["use_gloo"]
+    )
+    if params["use_gloo"] and params["use_mpi"]:
+        raise LaunchError("--gloo and --mpi choose different controllers; give one of them")
+    launcher = params["launcher"]
+    if params["use_jsrun"]:
+        if launcher not in ("auto", "jsrun"):
+            raise LaunchError(f"--jsrun contradicts --launcher {launcher}; give one of them")
+        launcher = "jsrun"
     start_timeout = params["start_timeout"]
     if start_timeout is None:
         start_timeout = settings.pop("start_timeout", None)
@@ -183,7 +284,9 @@ def _spec_from_flags(params: dict[str, Any]) -> LaunchSpec:
     elif params["hostfile"]:
         hosts = parse_hostfile(params["hostfile"])
 
-    return LaunchSpec(
+    binding = shlex.split(params["binding_args"])
+    mpi_args = " ".join(filter(None, [params["mpi_args"], params["binding_args"]]))
+    spec = LaunchSpec(
         command=list(params["command"] or []),
         num_proc=params["num_proc"],
         hosts=hosts,
@@ -195,9 +298,13 @@ def _spec_from_flags(params: dict[str, Any]) -> LaunchSpec:
         slots_per_host=params["slots_per_host"],
         verbose=params["verbose"],
         tcp=params["tcp"],
-        mpi=MpiOptions(params["mpirun"], params["mpi_args"]) if params["use_mpi"] else None,
+        mpi=MpiOptions(params["mpirun"], mpi_args) if use_mpi else None,
         elastic=_elastic_options(params),
+        launcher=launcher,
+        launcher_args=tuple(shlex.split(params["launcher_args"]) + ([] if use_mpi else binding)),
+        interfaces=tuple(interfaces),
     )
+    return spec, no_effect_notes(ignored)
 
 
 def _ssh_options(params: dict[str, Any]) -> SshOptions:
@@ -227,6 +334,7 @@ def _elastic_options(params: dict[str, Any]) -> Optional[ElasticOptions]:
         params["elastic_timeout"],
         params["reset_limit"],
         params["blacklist_cooldown_range"],
+        params["slots_per_host"] or 1,
     )
 
 

@@ -14,7 +14,9 @@ ranks (the elastic driver) and their clients.
 
 Nothing a peer sends is read before its MAC checks out, apart from bounded lengths. The state of a
 handshake and of a session is kept apart from sockets (:class:`ServerHandshake`, :class:`Session`), so a
-server may drive them from any event loop; :func:`connect` and :func:`recv_frame` are the blocking client.
+server may drive them from any event loop; :func:`connect`, :func:`recv_frame` and :func:`request` are the
+blocking client. Standard library only (and hpcdl's exceptions when hpcdl is installed): the rank agent
+runs this file from its source on hosts that need only Python.
 """
 
 from __future__ import annotations
@@ -29,7 +31,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from hpcdl.common.exceptions import HpcdlAuthError, HpcdlError, HpcdlTimeoutError
+try:
+    from hpcdl.common.exceptions import HpcdlAuthError, HpcdlError, HpcdlTimeoutError
+except ImportError:  # run from its source by a rank agent on a host without hpcdl (hpcdl.runner.rank_agent)
+
+    class HpcdlError(RuntimeError):  # type: ignore[no-redef]
+        pass
+
+    class HpcdlAuthError(HpcdlError):  # type: ignore[no-redef]
+        pass
+
+    class HpcdlTimeoutError(HpcdlError):  # type: ignore[no-redef]
+        pass
+
 
 MAGIC = b"HPCDLAU1"
 NONCE_BYTES = 32

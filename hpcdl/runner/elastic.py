@@ -47,6 +47,7 @@ class ElasticOptions:
     # --blacklist-cooldown-range: a failed host is usable again after MIN s, doubling per failure up to
     # MAX s; None blacklists it for good (Horovod's default).
     cooldown_range: tuple[float, float] | None = None
+    default_slots: int = 1  # --slots-per-host: slots of a host the discovery script prints without ':slots'
 
 
 def check_options(options: ElasticOptions, num_proc: int | None) -> None:
@@ -70,8 +71,9 @@ def check_options(options: ElasticOptions, num_proc: int | None) -> None:
             )
 
 
-def discover_hosts(script: Path) -> list[HostSlots]:
-    """Run the discovery script: one ``host`` or ``host:slots`` per line (Horovod's format)."""
+def discover_hosts(script: Path, default_slots: int = 1) -> list[HostSlots]:
+    """Run the discovery script: one ``host`` or ``host:slots`` per line (Horovod's format); a host without
+    slots gets `default_slots` (``--slots-per-host``)."""
     try:
         done = subprocess.run(
             [str(script.absolute())], capture_output=True, text=True, timeout=DISCOVERY_TIMEOUT, check=False
@@ -85,7 +87,7 @@ def discover_hosts(script: Path) -> list[HostSlots]:
     if not lines:
         return []
     try:
-        return parse_hosts_arg(",".join(line if ":" in line else f"{line}:1" for line in lines))
+        return parse_hosts_arg(",".join(line if ":" in line else f"{line}:{default_slots}" for line in lines))
     except LaunchError as exc:
         raise LaunchError(
             f"host discovery script {script} printed something else than host:slots lines ({exc})"
@@ -260,7 +262,11 @@ class ElasticJob:
         }
         try:
             script = self.options.discovery_script
-            self._hosts = discover_hosts(script) if script is not None else list(self.initial_hosts)
+            self._hosts = (
+                discover_hosts(script, self.options.default_slots)
+                if script is not None
+                else list(self.initial_hosts)
+            )
             self._start_workers(self.num_proc if self.num_proc is not None else self.options.max_np)
             while not self._done():
                 self._step()
@@ -351,7 +357,7 @@ class ElasticJob:
     def _discover(self) -> list[HostSlots]:
         assert self.options.discovery_script is not None
         try:
-            return discover_hosts(self.options.discovery_script)
+            return discover_hosts(self.options.discovery_script, self.options.default_slots)
         except LaunchError as exc:
             print(f"hpcdl run: warning: {exc}; keeping the previous host list", file=sys.stderr)
             return self._hosts

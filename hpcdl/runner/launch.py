@@ -1,16 +1,21 @@
 """``hpcdl run`` as a library call: resolve hosts, place ranks, host the rendezvous, start the ranks
-(directly, over ssh, or through mpirun) and supervise them."""
+(directly, over ssh, through the allocation's own launcher, or through mpirun) and supervise them."""
 
 from __future__ import annotations
 
 import os
+import secrets
+import shlex
 import socket
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
-from hpcdl.runner.allocation import detect_allocation
+from hpcdl.common import handshake
+from hpcdl.runner.allocation import Allocation, detect_allocation
+from hpcdl.runner.board import BoardServer
 from hpcdl.runner.elastic import (
     ElasticJob,
     ElasticOptions,
@@ -21,17 +26,33 @@ from hpcdl.runner.elastic import (
 )
 from hpcdl.runner.errors import LaunchError
 from hpcdl.runner.hosts import HostSlots, RankSlot, assign_ranks
-from hpcdl.runner.mpi import MpiRun, build_mpi_command, detect_flavor, new_token
+from hpcdl.runner.launchers import (
+    NativeLauncher,
+    choose_launcher,
+    make_native,
+    placement,
+)
+from hpcdl.runner.mpi import build_mpi_command, detect_flavor, mpi_reader, new_token
 from hpcdl.runner.network import address_towards, interface_address, is_local_host
 from hpcdl.runner.output import OutputOptions, OutputRouter, RankOutput
-from hpcdl.runner.procs import AgentRank, SshOptions
-from hpcdl.runner.rank_env import Rendezvous, forwarded_environment, rank_variables
+from hpcdl.runner.procs import AgentRank, LauncherStart, RemoteStart, SshOptions
+from hpcdl.runner.rank_agent import reserve_port
+from hpcdl.runner.rank_env import (
+    TORCH_JOB_VARIABLES,
+    TORCH_RANK_VARIABLES,
+    Rendezvous,
+    forwarded_environment,
+    rank_variables,
+    torch_variables,
+)
 from hpcdl.runner.rendezvous_host import host_rendezvous
 from hpcdl.runner.service import ServiceServer, capacity_for
 from hpcdl.runner.supervisor import JobProcess, Supervisor
+from hpcdl.runner.tagged import TaggedRun, step_agent_reader
 from hpcdl.runner.tunables import tunable_environment
 
 DEFAULT_START_TIMEOUT = 30.0
+BOARD_CLIENT_SOURCE = Path(handshake.__file__).read_text()
 # Inherited values that would point ranks at another job's rendezvous.
 _JOB_SPECIFIC = (
     "HPCDL_RENDEZVOUS_ADDR", "HPCDL_RENDEZVOUS_PORT", "HPCDL_RENDEZVOUS_SERVE", "HPCDL_SECRET",
@@ -62,6 +83,9 @@ class LaunchSpec:
     tcp: bool = False
     mpi: MpiOptions | None = None
     elastic: ElasticOptions | None = None
+    launcher: str = "auto"  # --launcher (launchers.LAUNCHER_CHOICES)
+    launcher_args: tuple[str, ...] = ()  # --launcher-args: extra srun / flux run / mpiexec ... arguments
+    interfaces: tuple[str, ...] = ()  # --network-interfaces with several: each host uses the first it has
 
 
 def resolve_start_timeout(explicit: float | None, environ: Mapping[str, str]) -> float:
@@ -83,39 +107,92 @@ def resolve_start_timeout(explicit: float | None, environ: Mapping[str, str]) ->
     return value
 
 
-def resolve_hosts(spec: LaunchSpec, environ: Mapping[str, str]) -> tuple[list[HostSlots], int, str]:
-    """The hosts, the number of ranks and where the hosts came from."""
+@dataclass(frozen=True)
+class ResolvedHosts:
+    hosts: list[HostSlots]
+    num_proc: int
+    source: str  # where the hosts came from, for --verbose
+    allocation: Allocation | None
+
+
+def resolve_hosts(spec: LaunchSpec, environ: Mapping[str, str]) -> ResolvedHosts:
+    """The hosts, the number of ranks, where the hosts came from, and the allocation hpcdl run is in."""
+    allocation = detect_allocation(environ, spec.slots_per_host) if spec.launcher != "local" else None
     if spec.hosts is not None:
         hosts, source = spec.hosts, "the host list"
+    elif allocation is not None:
+        hosts, source = allocation.hosts, allocation.describe()
+    elif spec.num_proc is None:
+        raise LaunchError("say how many ranks to start: hpcdl run -np N COMMAND")
     else:
-        allocation = detect_allocation(environ, spec.slots_per_host)
-        if allocation is not None:
-            hosts, source = allocation.hosts, allocation.describe()
-        elif spec.num_proc is None:
-            raise LaunchError("say how many ranks to start: hpcdl run -np N COMMAND")
-        else:
-            hosts, source = [HostSlots(socket.gethostname(), spec.num_proc)], "this machine"
+        hosts, source = [HostSlots(socket.gethostname(), spec.num_proc)], "this machine"
     num_proc = spec.num_proc if spec.num_proc is not None else sum(h.slots for h in hosts)
-    return hosts, num_proc, source
+    return ResolvedHosts(hosts, num_proc, source, allocation)
 
 
 def rank_settings_env(spec: LaunchSpec) -> dict[str, str]:
-    """Tunables and -x values, the same for every rank."""
+    """Tunables and -x values, the same for every rank; --tcp also keeps NCCL off InfiniBand (horovodrun)."""
     settings = dict(spec.settings)
+    tcp_only: dict[str, str] = {}
     if spec.tcp:
         if settings.get("transport", "tcp").lower() != "tcp":
             raise LaunchError(f"--tcp contradicts --transport {settings['transport']}; drop one of them")
         settings["transport"] = "tcp"
-    return {**tunable_environment(settings), **spec.extra_env}
+        tcp_only["NCCL_IB_DISABLE"] = "1"
+    return {**tunable_environment(settings), **tcp_only, **spec.extra_env}
 
 
 def _rendezvous_address(spec: LaunchSpec, remote_hosts: list[str]) -> str:
     iface = spec.settings.get("network_interface")
     if iface:
         return interface_address(iface)
+    for candidate in spec.interfaces:
+        try:
+            return interface_address(candidate)
+        except LaunchError:
+            continue
     if not remote_hosts:
         return "127.0.0.1"
     return address_towards(remote_hosts[0])
+
+
+@dataclass(frozen=True)
+class TorchMaster:
+    """torch.distributed's meeting point: the job-level variables, and how rank 0's host keeps MASTER_PORT
+    free until torch listens on it (`holder` here, or rank 0's agent through the `board`)."""
+
+    env: dict[str, str]
+    holder: socket.socket | None = None
+    board: BoardServer | None = None
+    board_address: str = ""
+
+    def stop(self) -> None:
+        if self.holder is not None:
+            self.holder.close()
+        if self.board is not None:
+            self.board.stop()
+
+
+def torch_master(
+    slots: list[RankSlot], local_hosts: set[str], user: Mapping[str, str], here: str, secret: str
+) -> TorchMaster:
+    """MASTER_ADDR/MASTER_PORT/WORLD_SIZE unless the user set them (`user`: -x over the environment).
+
+    MASTER_ADDR is rank 0's host (`here`, the address the ranks reach this machine at, when rank 0 runs
+    here). MASTER_PORT is a port of that host held until the job ends (``rank_agent.reserve_port``): by this
+    launcher when rank 0 runs here, else by rank 0's agent, which posts it to a board for the others.
+    """
+    rank0 = slots[0]
+    env = {"WORLD_SIZE": str(rank0.size)}
+    env["MASTER_ADDR"] = here if rank0.host in local_hosts else rank0.host
+    env = {k: v for k, v in env.items() if k not in user}
+    if "MASTER_PORT" in user:
+        return TorchMaster(env)
+    if rank0.host in local_hosts:
+        holder = reserve_port()
+        return TorchMaster({**env, "MASTER_PORT": str(holder.getsockname()[1])}, holder=holder)
+    board = BoardServer(secret, here, len(slots))
+    return TorchMaster(env, board=board, board_address=f"{here}:{board.port}")
 
 
 @dataclass(frozen=True)
@@ -126,9 +203,34 @@ class _Job:
     slots: list[RankSlot]
     local_hosts: set[str]
     environ: dict[str, str]
-    common_env: dict[str, str]  # tunables, -x
+    common_env: dict[str, str]  # tunables, -x, torch.distributed's job-level variables
     rendezvous: Rendezvous | None
     ssh: SshOptions
+    start_timeout: float
+    master: TorchMaster
+
+    def keep(self) -> set[str]:
+        """Per-rank torch variables the user gave with -x."""
+        return {name for name in TORCH_RANK_VARIABLES if name in self.spec.extra_env}
+
+    def agent_spec(self) -> dict[str, Any]:
+        """What every rank agent gets besides its command and environment."""
+        extra: dict[str, Any] = {"start_timeout": self.start_timeout}
+        if self.spec.interfaces:
+            extra["interfaces"] = list(self.spec.interfaces)
+        if self.master.board_address:
+            extra["master_board"] = self.master.board_address
+            extra["board_client"] = BOARD_CLIENT_SOURCE  # the agent may run where hpcdl is not installed
+        return extra
+
+
+def _service_node_hosts(launcher: str, hosts: list[HostSlots], from_allocation: bool) -> list[HostSlots]:
+    """aprun and jsrun start ranks on compute nodes only; the node they run on (a MOM or launch node that
+    LSF lists in LSB_MCPU_HOSTS) gets none."""
+    if launcher not in ("aprun", "jsrun") or not from_allocation:
+        return hosts
+    here = socket.gethostname().split(".", 1)[0]
+    return [h for h in hosts if h.name.split(".", 1)[0] != here] or hosts
 
 
 def launch(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> int:
@@ -138,21 +240,33 @@ def launch(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> int:
     }
     if not spec.command:
         raise LaunchError("no command to run; write it after the options: hpcdl run -np 2 python train.py")
+    if spec.mpi is not None and spec.launcher not in ("auto", "ssh"):
+        raise LaunchError(
+            f"--mpi starts the ranks with mpirun; it cannot also use --launcher {spec.launcher}"
+        )
     if spec.elastic is not None:
         return _launch_elastic(spec, spec.elastic, environ)
-    hosts, num_proc, source = resolve_hosts(spec, environ)
+    resolved = resolve_hosts(spec, environ)
+    used_hosts = list(dict.fromkeys(h.name for h in resolved.hosts))
+    local_hosts = {host for host in used_hosts if is_local_host(host)}
+    launcher = "mpi" if spec.mpi is not None else _launcher_name(spec, resolved, local_hosts)
+    hosts = _service_node_hosts(launcher, resolved.hosts, spec.hosts is None)
+    num_proc = spec.num_proc if spec.num_proc is not None else sum(h.slots for h in hosts)
     slots = assign_ranks(hosts, num_proc)
     start_timeout = resolve_start_timeout(spec.start_timeout, environ)
-    used_hosts = list(dict.fromkeys(slot.host for slot in slots))
-    local_hosts = {host for host in used_hosts if is_local_host(host)}
-    remote_hosts = [host for host in used_hosts if host not in local_hosts]
+    placed_hosts = list(dict.fromkeys(slot.host for slot in slots))
+    remote_hosts = [host for host in placed_hosts if host not in local_hosts]
+    if launcher == "local" and remote_hosts:
+        raise LaunchError(f"--launcher local runs every rank here, but {remote_hosts[0]} is another host")
     common_env = rank_settings_env(spec)
-    flavor = detect_flavor(spec.mpi.mpirun) if spec.mpi is not None else None
     rendezvous_addr = _rendezvous_address(spec, remote_hosts)
     router = OutputRouter(spec.output, num_proc)
     if spec.verbose:
-        placement = ", ".join(f"{h}:{sum(1 for s in slots if s.host == h)}" for h in used_hosts)
-        print(f"hpcdl run: {num_proc} ranks on {placement} (hosts from {source})", file=sys.stderr)
+        shown = ", ".join(f"{h.name}:{h.slots}" for h in placement(slots))
+        print(
+            f"hpcdl run: {num_proc} ranks on {shown} (hosts from {resolved.source}; launcher {launcher})",
+            file=sys.stderr,
+        )
     hosted = host_rendezvous(num_proc)
     server, rendezvous = None, None
     if hosted is not None:
@@ -160,19 +274,53 @@ def launch(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> int:
         rendezvous = Rendezvous(rendezvous_addr, server.port, secret)
         if spec.verbose:
             print(f"hpcdl run: rendezvous at {rendezvous.addr}:{rendezvous.port}", file=sys.stderr)
-    ssh = _ssh_options(spec, start_timeout)
-    job = _Job(spec, slots, local_hosts, environ, common_env, rendezvous, ssh)
+    user = {**{k: v for k, v in environ.items() if k in TORCH_JOB_VARIABLES}, **spec.extra_env}
+    job_secret = rendezvous.secret if rendezvous is not None else secrets.token_hex(32)
+    master = torch_master(slots, local_hosts, user, rendezvous_addr, job_secret)
+    common_env.update(master.env)
+    if rendezvous is None and master.board is not None:
+        common_env["HPCDL_SECRET"] = job_secret
+    job = _Job(
+        spec, slots, local_hosts, environ, common_env, rendezvous, _ssh_options(spec, start_timeout),
+        start_timeout, master,
+    )  # fmt: skip
     processes: list[JobProcess] = []
     supervisor = Supervisor(processes, slots, server, start_timeout)
     try:
-        if flavor is not None:
-            processes.append(_start_mpirun(job, flavor, router))
-        else:
-            processes.extend(_start_rank(job, slot, router) for slot in slots)
+        processes.extend(_start_processes(job, launcher, router))
     except BaseException:
         supervisor.abort()
+        master.stop()
         raise
-    return supervisor.run()
+    try:
+        return supervisor.run()
+    finally:
+        master.stop()
+
+
+def _start_processes(job: _Job, launcher: str, router: OutputRouter) -> Iterator[JobProcess]:
+    """Start the job's processes with `launcher`: mpirun, one agent per rank (here, over ssh or through a
+    one-task launcher such as blaunch), or one step of the allocation's launcher."""
+    if launcher == "mpi":
+        yield _start_mpirun(job, router)
+        return
+    if launcher in ("local", "ssh"):
+        yield from (_start_rank(job, slot, router, job.ssh) for slot in job.slots)
+        return
+    native = make_native(launcher, job.environ, job.spec.launcher_args)
+    placed = placement(job.slots)
+    native.check_placement(placed)
+    step = native.step_argv(placed)
+    if step is not None:
+        yield _start_step(job, native, step, router)
+        return
+    remote = LauncherStart(native.worker_argv, native.name)
+    yield from (_start_rank(job, slot, router, remote) for slot in job.slots)
+
+
+def _launcher_name(spec: LaunchSpec, resolved: ResolvedHosts, local_hosts: set[str]) -> str:
+    all_local = all(h.name in local_hosts for h in resolved.hosts)
+    return choose_launcher(spec.launcher, resolved.allocation, spec.hosts, all_local)
 
 
 def _ssh_options(spec: LaunchSpec, start_timeout: float) -> SshOptions:
@@ -185,36 +333,78 @@ def _start_agent(
     environ: dict[str, str],
     env: dict[str, str],
     output: RankOutput,
-    ssh: SshOptions | None,
+    remote: RemoteStart | None,
+    extra_spec: dict[str, Any] | None = None,
+    label: str = "rank",
 ) -> AgentRank:
-    """One rank behind the rank agent: here with the launcher's environment plus `env`, or (`ssh`) on its
+    """One rank behind the rank agent: here with the launcher's environment plus `env`, or (`remote`) on its
     host with the forwarded part of that environment plus `env`."""
-    if ssh is None:
-        return AgentRank(slot, spec.command, {**environ, **env}, output)
+    if remote is None:
+        return AgentRank(slot, spec.command, {**environ, **env}, output, extra_spec=extra_spec)
     if spec.verbose:
-        print(f"hpcdl run: rank {slot.rank}: {' '.join(ssh.argv(slot.host))} <agent>", file=sys.stderr)
-    return AgentRank(slot, spec.command, {**forwarded_environment(environ), **env}, output, ssh)
+        shown = " ".join(remote.agent_argv(slot.host, sys.executable, "<agent>"))
+        print(f"hpcdl run: {label} {slot.rank}: {shown}", file=sys.stderr)
+    env = {**forwarded_environment(environ), **env}
+    return AgentRank(slot, spec.command, env, output, remote, extra_spec=extra_spec)
 
 
-def _start_rank(job: _Job, slot: RankSlot, router: OutputRouter) -> JobProcess:
-    env = {**job.common_env, **rank_variables(slot, job.rendezvous)}
-    ssh = None if slot.host in job.local_hosts else job.ssh
-    return _start_agent(job.spec, slot, job.environ, env, router.for_rank(slot.rank), ssh)
+def _start_rank(job: _Job, slot: RankSlot, router: OutputRouter, remote: RemoteStart) -> JobProcess:
+    torch_env = {k: v for k, v in torch_variables(slot).items() if k not in job.keep()}
+    env = {**job.common_env, **torch_env, **rank_variables(slot, job.rendezvous)}
+    where = None if slot.host in job.local_hosts and isinstance(remote, SshOptions) else remote
+    return _start_agent(job.spec, slot, job.environ, env, router.for_rank(slot.rank), where, job.agent_spec())
 
 
-def _start_mpirun(job: _Job, flavor: str, router: OutputRouter) -> JobProcess:
-    assert job.spec.mpi is not None
-    placed = [
-        HostSlots(host, sum(1 for s in job.slots if s.host == host))
-        for host in dict.fromkeys(slot.host for slot in job.slots)
+def _rendezvous_env(rendezvous: Rendezvous | None) -> dict[str, str]:
+    if rendezvous is None:
+        return {}
+    return {
+        "HPCDL_RENDEZVOUS_ADDR": rendezvous.addr,
+        "HPCDL_RENDEZVOUS_PORT": str(rendezvous.port),
+        "HPCDL_SECRET": rendezvous.secret,
+    }
+
+
+def _start_step(job: _Job, launcher: NativeLauncher, step: list[str], router: OutputRouter) -> JobProcess:
+    """All ranks as one step (`step`: the launcher's argv) of the allocation's launcher, each task behind
+    ``hpcdl.runner.step_agent``."""
+    placed = placement(job.slots)
+    token = new_token()
+    identity = launcher.identity
+    agent = [sys.executable, "-m", "hpcdl.runner.step_agent", "--token", token]
+    agent += ["--placement", ",".join(f"{h.name}:{h.slots}" for h in placed)]
+    agent += [
+        "--host-variable",
+        identity.host_variable or "",
+        "--local-variable",
+        identity.local_variable or "",
     ]
-    rank_env = dict(job.common_env)
-    if job.rendezvous is not None:
-        rank_env.update(
-            HPCDL_RENDEZVOUS_ADDR=job.rendezvous.addr,
-            HPCDL_RENDEZVOUS_PORT=str(job.rendezvous.port),
-            HPCDL_SECRET=job.rendezvous.secret,
-        )
+    agent += ["--rank-variable", identity.rank_variable, "--start-timeout", f"{job.start_timeout:g}"]
+    if launcher.broadcasts_stdin:
+        agent.append("--control-stdin")
+    if job.spec.interfaces:
+        agent += ["--interfaces", ",".join(job.spec.interfaces)]
+    if job.keep():
+        agent += ["--keep", ",".join(sorted(job.keep()))]
+    if job.master.board_address:
+        agent += ["--master-board", job.master.board_address]
+    argv = [*step, *agent, "--", *job.spec.command]
+    if job.spec.verbose:
+        print(f"hpcdl run: {shlex.join(argv)}", file=sys.stderr)
+    env = {**job.environ, **job.common_env, **_rendezvous_env(job.rendezvous)}
+    return TaggedRun(
+        argv, env, job.slots, router, step_agent_reader(token), control_stdin=launcher.broadcasts_stdin
+    )
+
+
+def _start_mpirun(job: _Job, router: OutputRouter) -> JobProcess:
+    assert job.spec.mpi is not None
+    flavor = detect_flavor(job.spec.mpi.mpirun)
+    placed = placement(job.slots)
+    rank_env = {**job.common_env, **_rendezvous_env(job.rendezvous)}
+    if job.master.board_address:
+        rank_env["HPCDL_MASTER_BOARD"] = job.master.board_address
+        rank_env["HPCDL_START_TIMEOUT"] = f"{job.start_timeout:g}"
     token = new_token()
     command = build_mpi_command(
         flavor,
@@ -225,30 +415,34 @@ def _start_mpirun(job: _Job, flavor: str, router: OutputRouter) -> JobProcess:
         job.environ,
         [sys.executable, "-m", "hpcdl.runner.mpi_rank", token, *job.spec.command],
         ssh=job.ssh,
-        network_interface=job.spec.settings.get("network_interface"),
+        network_interface=job.spec.settings.get("network_interface") or ",".join(job.spec.interfaces) or None,
         tcp=job.spec.tcp,
         extra_args=job.spec.mpi.extra_args,
         is_root=os.geteuid() == 0,
     )
     if job.spec.verbose:
         print(f"hpcdl run: {command.shown}", file=sys.stderr)
-    return MpiRun(command, flavor, job.slots, router, token)
+    return TaggedRun(command.argv, command.env, job.slots, router, mpi_reader(flavor, token))
 
 
 def _launch_elastic(spec: LaunchSpec, options: ElasticOptions, environ: dict[str, str]) -> int:
-    """Run an elastic job: workers on the slots of -H/--hostfile/the allocation/the discovery script."""
+    """Run an elastic job: workers on the slots of -H/--hostfile/the allocation/the discovery script, each
+    started here, over ssh, or (inside an allocation) through its launcher's one-task form (srun steps)."""
     if spec.mpi is not None:
         raise LaunchError(
             "--mpi cannot start an elastic job (mpirun fixes the ranks); drop --mpi or --min-np/--max-np"
         )
     check_options(options, spec.num_proc)
     hosts: list[HostSlots] = []  # from the discovery script, else -H/--hostfile, the allocation or here
+    allocation = detect_allocation(environ, spec.slots_per_host) if spec.launcher != "local" else None
     if options.discovery_script is None:
-        hosts = resolve_hosts(replace(spec, num_proc=options.max_np), environ)[0]
+        hosts = resolve_hosts(replace(spec, num_proc=options.max_np), environ).hosts
+    remote = [h.name for h in hosts if not is_local_host(h.name)]
+    launcher = choose_launcher(spec.launcher, allocation, spec.hosts, all_local=not remote)
+    start_remote = _worker_start(spec, launcher, environ)
     from hpcdl.common.rendezvous import RendezvousServer, make_secret
 
     secret = make_secret()
-    remote = [h.name for h in hosts if not is_local_host(h.name)]
     addr = _rendezvous_address(spec, remote)
     board = RoundBoard()
     start_timeout = resolve_start_timeout(spec.start_timeout, environ)
@@ -264,14 +458,17 @@ def _launch_elastic(spec: LaunchSpec, options: ElasticOptions, environ: dict[str
     }
     router = OutputRouter(spec.output, options.max_np)
     ssh = _ssh_options(spec, start_timeout)
+    extra_spec = {"interfaces": list(spec.interfaces)} if spec.interfaces else None
+    if spec.verbose:
+        print(f"hpcdl run: elastic workers start with launcher {launcher}", file=sys.stderr)
 
     def start_worker(number: int, host: str) -> JobProcess:
         identity = {"HPCDL_ELASTIC_WORKER": str(number), "HPCDL_HOSTNAME": host, "HOROVOD_HOSTNAME": host}
-        worker_ssh = None if is_local_host(host) else ssh
-        output = router.for_rank(number)
-        return _start_agent(
-            spec, worker_slot(number, host), environ, {**common_env, **identity}, output, worker_ssh
-        )
+        where: RemoteStart | None = start_remote
+        if where is None and not is_local_host(host):
+            where = ssh
+        slot, env = worker_slot(number, host), {**common_env, **identity}
+        return _start_agent(spec, slot, environ, env, router.for_rank(number), where, extra_spec, "worker")
 
     def start_rendezvous(size: int) -> tuple[int, Callable[[], None]]:
         server = RendezvousServer(size, secret)
@@ -283,3 +480,16 @@ def _launch_elastic(spec: LaunchSpec, options: ElasticOptions, environ: dict[str
         return job.run()
     finally:
         driver.stop()
+
+
+def _worker_start(spec: LaunchSpec, launcher: str, environ: Mapping[str, str]) -> RemoteStart | None:
+    """How elastic workers start: None for here/ssh by host, else the launcher's one-task form."""
+    if launcher in ("local", "ssh"):
+        return None
+    native = make_native(launcher, environ, spec.launcher_args)
+    if native.worker_argv("HOST") is None:
+        raise LaunchError(
+            f"--launcher {launcher} cannot start one worker at a time, which elastic jobs need; "
+            "use srun, flux, mpiexec (PALS), blaunch or ssh"
+        )
+    return LauncherStart(native.worker_argv, native.name)

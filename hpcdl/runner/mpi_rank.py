@@ -6,17 +6,24 @@ on one whole line per write: MPI launchers tag each chunk they read, so a progra
 pieces (unbuffered Python) would otherwise come out split. When COMMAND ends it writes
 ``TOKEN exit RETURNCODE`` on stderr; the launcher reads that line to learn which rank failed first
 and how (MPICH's mpiexec does not stop the job when a rank exits non-zero, and neither MPI names the
-rank in its own exit status).
+rank in its own exit status). With HPCDL_MASTER_BOARD set (rank 0 runs on another host than ``hpcdl run``),
+rank 0 holds a MASTER_PORT on its host and posts it there, and the other ranks learn it before they start.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 from typing import BinaryIO
+
+from hpcdl.runner.rank_agent import learn_master_port
+
+# The variables naming an MPI rank's world rank, by MPI (Open MPI, then MPICH/Hydra and Intel MPI).
+_RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK")
 
 
 def _relay_lines(pipe: BinaryIO, fd: int) -> None:
@@ -25,10 +32,30 @@ def _relay_lines(pipe: BinaryIO, fd: int) -> None:
             os.write(fd, line if line.endswith(b"\n") else line + b"\n")
 
 
+def _master_port(env: dict[str, str]) -> tuple[socket.socket | None, str]:
+    """(the holder to keep, MASTER_PORT) from the launcher's board; OSError when that fails."""
+    rank = int(next((env[name] for name in _RANK_VARIABLES if env.get(name)), "0"))
+    timeout = float(env.get("HPCDL_START_TIMEOUT", "30"))
+    holder, port = learn_master_port(
+        env.pop("HPCDL_MASTER_BOARD"), env.get("HPCDL_SECRET", ""), rank, timeout
+    )
+    return holder, str(port)
+
+
 def main(argv: list[str]) -> int:
     token, command = argv[0], argv[1:]
+    env = dict(os.environ)
+    holder = None  # rank 0's reservation of MASTER_PORT, held while the rank runs
+    if env.get("HPCDL_MASTER_BOARD"):
+        try:
+            holder, env["MASTER_PORT"] = _master_port(env)
+        except OSError as exc:
+            os.write(2, f"hpcdl run: {exc}\n{token} exit 1\n".encode())
+            return 1
     try:
-        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, close_fds=False)
+        child = subprocess.Popen(
+            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, close_fds=False
+        )
     except OSError as exc:
         os.write(2, f"hpcdl run: cannot start {command[0]}: {exc.strerror}\n".encode())
         returncode = 127
@@ -44,6 +71,8 @@ def main(argv: list[str]) -> int:
         returncode = child.wait()
         for relay in relays:
             relay.join(timeout=2.0)  # bounded: a grandchild may still hold the pipe
+    if holder is not None:
+        holder.close()
     os.write(2, f"{token} exit {returncode}\n".encode())
     return returncode if returncode >= 0 else 128 - returncode
 

@@ -1,4 +1,5 @@
-"""One running rank: its own process group behind the rank agent, on this host or over ssh."""
+"""One running rank: its own process group behind the rank agent, on this host, over ssh, or through a
+scheduler launcher's one-task form (``srun --nodes=1 --ntasks=1 --nodelist=HOST``, ...)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Protocol
 
 from hpcdl.runner.errors import LaunchError
 from hpcdl.runner.hosts import RankSlot
@@ -54,12 +55,40 @@ class Outcome:
 
 
 @dataclass(frozen=True)
+class LauncherStart:
+    """A scheduler launcher's argv that starts one task on a named host (its `worker_argv`)."""
+
+    worker_argv: Callable[[str], list[str]]
+    name: str
+
+    def agent_argv(self, host: str, python: str, source: str) -> list[str]:
+        return [*self.worker_argv(host), python, "-c", source]
+
+    def lost(self, host: str, returncode: int) -> str:
+        return f"{self.name} could not start the rank on {host}; see its stderr"
+
+
+@dataclass(frozen=True)
 class Failure:
-    """The first sign of trouble in a job: which rank (and host), how it ended, its last stderr."""
+    """The first sign of trouble in a job: which rank (and host), how it ended, its last stderr; or
+    (`launcher`) the launcher that ran every rank, mpirun or srun, when no rank reported failing first."""
 
     where: str
     outcome: Outcome
     stderr_tail: list[str]
+    launcher: bool = False
+
+
+class RemoteStart(Protocol):
+    """How the rank agent is started on another host."""
+
+    def agent_argv(self, host: str, python: str, source: str) -> list[str]:
+        """The argv that runs ``python -c source`` on `host` with this process's stdin and output."""
+        ...
+
+    def lost(self, host: str, returncode: int) -> str:
+        """What an exit with `returncode` without the agent's report means ('' when nothing special)."""
+        ...
 
 
 # --ssh-host-key-policy: OpenSSH's StrictHostKeyChecking. Without one, ssh does what the user's ssh
@@ -75,6 +104,12 @@ class SshOptions:
     config_file: Path | None = None
     connect_timeout: float = 30.0
     host_key_policy: str | None = None  # one of HOST_KEY_POLICIES, None: as the ssh configuration says
+
+    def agent_argv(self, host: str, python: str, source: str) -> list[str]:
+        remote_command = (
+            f'exe={shlex.quote(python)}; [ -x "$exe" ] || exe=python3; exec "$exe" -c {shlex.quote(source)}'
+        )
+        return [*self.argv(host), remote_command]
 
     def options(self) -> list[str]:
         """The options of ``ssh -T`` for every host (also what mpirun's ssh gets)."""
@@ -111,7 +146,8 @@ def _spawn_error(argv: list[str], exc: OSError) -> LaunchError:
 
 
 class AgentRank:
-    """A rank behind the rank agent (``python -c <rank_agent.py>``), started here or through ssh.
+    """A rank behind the rank agent (``python -c <rank_agent.py>``), started here or on its host through
+    ssh or a scheduler's launcher (`remote`).
 
     The agent gets the rank's command, environment (with the job secret) and working directory on
     stdin, and later the signals to forward; when stdin closes it stops the rank's process group.
@@ -124,26 +160,23 @@ class AgentRank:
         argv: list[str],
         env: dict[str, str],
         output: RankOutput,
-        ssh: SshOptions | None = None,
+        remote: RemoteStart | None = None,
         python: str = sys.executable,
+        extra_spec: dict[str, Any] | None = None,
     ):
         self.slot = slot
         self.output = output
-        self._ssh = ssh
+        self._remote = remote
         self._token = "hpcdl-agent-" + secrets.token_hex(8)
         self._status: int | None = None
         self._rank_group: int | None = None  # the rank's process group, for SIGKILL on this host
         self._outcome: Outcome | None = None
-        if ssh is None:
+        if remote is None:
             if shutil.which(argv[0], path=env.get("PATH")) is None:
                 raise LaunchError(f"command not found: {argv[0]}; check the command or your PATH")
             agent_argv = [python, "-c", _AGENT_SOURCE]
         else:
-            remote_command = (
-                f'exe={shlex.quote(python)}; [ -x "$exe" ] || exe=python3; '
-                f'exec "$exe" -c {shlex.quote(_AGENT_SOURCE)}'
-            )
-            agent_argv = [*ssh.argv(slot.host), remote_command]
+            agent_argv = remote.agent_argv(slot.host, python, _AGENT_SOURCE)
         try:
             self._popen = subprocess.Popen(
                 agent_argv,
@@ -155,7 +188,8 @@ class AgentRank:
         except OSError as exc:
             raise _spawn_error(agent_argv, exc) from None
         assert self._popen.stdin and self._popen.stdout and self._popen.stderr
-        spec = {"argv": argv, "env": env, "cwd": os.getcwd(), "token": self._token}
+        spec = {"argv": argv, "env": env, "cwd": os.getcwd(), "token": self._token, "rank": slot.rank}
+        spec.update(extra_spec or {})
         self._control(json.dumps(spec))
         self.threads = [
             threading.Thread(
@@ -194,8 +228,8 @@ class AgentRank:
         self.threads[1].join(timeout=DRAIN_SECONDS)  # the status line comes on stderr
         if self._status is not None:
             self._outcome = Outcome.from_returncode(self._status)
-        elif returncode == 255 and self._ssh is not None:
-            self._outcome = Outcome(exit_code=255, note=self._ssh.lost(self.slot.host, returncode))
+        elif self._remote is not None and self._remote.lost(self.slot.host, returncode):
+            self._outcome = Outcome(exit_code=returncode, note=self._remote.lost(self.slot.host, returncode))
         else:
             self._outcome = Outcome(
                 exit_code=returncode, note="the rank agent did not report the rank's status"
@@ -210,13 +244,13 @@ class AgentRank:
 
     def send_signal(self, signum: int) -> None:
         self._control(f"signal {int(signum)}")
-        if signum == signal.SIGKILL and self._ssh is None and self._rank_group is not None:
+        if signum == signal.SIGKILL and self._remote is None and self._rank_group is not None:
             # does not depend on the agent being responsive
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self._rank_group, signal.SIGKILL)
 
     def finish(self) -> None:
-        """Close the control channel (the agent then stops the rank) and reap ssh."""
+        """Close the control channel (the agent then stops the rank) and reap ssh or the launcher."""
         with contextlib.suppress(OSError):
             assert self._popen.stdin is not None
             self._popen.stdin.close()

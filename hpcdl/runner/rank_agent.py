@@ -1,51 +1,138 @@
 """Runs one rank for ``hpcdl run``: ``python -c <this file>``, here or on another host over ssh.
 
-Standard library only (a remote host needs Python, not hpcdl, to run plain programs). Protocol on
-stdin: the first line is JSON ``{"argv", "env", "cwd", "token"}`` (so the job secret never appears on
-a command line); later lines ``signal N`` forward a signal to the rank's process group. EOF on stdin
-means the launcher is gone (even killed with SIGKILL, or its ssh connection lost): the rank's process
-group gets SIGTERM, then SIGKILL, so no rank outlives its launcher. When the rank ends, the agent
-writes ``<token> exit <returncode>`` on stderr and exits; ``<token> pid <pid>`` after the start names the
-rank's process group. The launcher strips these lines from the rank's output.
+Standard library only (a remote host needs Python, not hpcdl, to run plain programs). Protocol on stdin: the
+first line is JSON ``{"argv", "env", "cwd", "token"}`` (so the job secret never appears on a command line),
+optionally with ``interfaces`` (the first of these network interfaces this host has becomes the rank's
+HPCDL_IFACE) and ``master_board`` (``host:port`` of the launcher's board, through which rank 0 publishes the
+MASTER_PORT it holds and the other ranks learn it, with ``board_client``: the source of
+``hpcdl.common.handshake``, which proves the job's secret to the board without sending it); later lines
+``signal N`` forward a signal to the rank's process group. EOF on stdin means the launcher is gone (even
+killed with SIGKILL, or its ssh connection lost): the rank's process group gets SIGTERM, then SIGKILL, so no
+rank outlives its launcher. When the rank ends, the agent writes ``<token> exit <returncode>`` on stderr and
+exits; ``<token> pid <pid>`` after the start names the rank's process group. The launcher strips these lines
+from the rank's output. ``hpcdl.runner.step_agent`` reuses these pieces for ranks started by a scheduler's
+launcher.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import threading
 import time
-from typing import BinaryIO
+from types import ModuleType
+from typing import Any, BinaryIO
 
 GRACE_SECONDS = 3.0
+_SIOCGIFADDR = 0x8915  # Linux ioctl: IPv4 address of an interface
 
 
-def _signal_group(pgid: int, signum: int) -> None:
+def signal_group(pgid: int, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signum)
 
 
 def _stop_group(child: subprocess.Popen) -> None:
-    _signal_group(child.pid, signal.SIGTERM)
+    signal_group(child.pid, signal.SIGTERM)
     deadline = time.monotonic() + GRACE_SECONDS
     while child.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    _signal_group(child.pid, signal.SIGKILL)
+    signal_group(child.pid, signal.SIGKILL)
 
 
-def _follow_control(stdin: BinaryIO, child: subprocess.Popen) -> None:
+def follow_control(stdin: BinaryIO, child: subprocess.Popen) -> None:
+    """Forward ``signal N`` lines to the rank's group; stop the rank when stdin ends (thread target)."""
     for line in stdin:
         words = line.split()
         if len(words) == 2 and words[0] == b"signal":
-            _signal_group(child.pid, int(words[1]))
+            signal_group(child.pid, int(words[1]))
     _stop_group(child)
 
 
-def _interrupts_by_default() -> None:
+def _has_ipv4(iface: str) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            fcntl.ioctl(probe.fileno(), _SIOCGIFADDR, struct.pack("256s", iface[:15].encode()))
+        except OSError:
+            return False
+    return True
+
+
+def choose_interface(interfaces: list[str]) -> dict[str, str]:
+    """``--network-interfaces a,b``: HPCDL_IFACE is the first of them this host has with an IPv4 address (the
+    first one when it has none, so the runtime names it in its error); NCCL takes the whole list."""
+    present = [iface for iface in interfaces if _has_ipv4(iface)]
+    return {"HPCDL_IFACE": (present or interfaces)[0], "NCCL_SOCKET_IFNAME": ",".join(interfaces)}
+
+
+def reserve_port() -> socket.socket:
+    """A TCP port of this host held for someone else to listen on: bound with SO_REUSEADDR but not listening.
+
+    While it is held, the kernel gives the port to no other bind(port 0) and to no outgoing connection, and
+    refuses it to a bind without SO_REUSEADDR; a server that sets SO_REUSEADDR (torch.distributed's TCPStore
+    does) can still bind and listen on it. Only a program that binds this very number with SO_REUSEADDR could
+    take it first, so MASTER_PORT stays free from the moment it is chosen until rank 0 listens on it.
+    """
+    holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    holder.bind(("0.0.0.0", 0))
+    return holder
+
+
+def board_client(source: str) -> ModuleType:
+    """``hpcdl.common.handshake`` from the source the launcher sent (this host may not have hpcdl)."""
+    module = ModuleType("hpcdl_board_client")
+    sys.modules[module.__name__] = module  # dataclasses look their module up
+    exec(compile(source, "hpcdl/common/handshake.py", "exec"), module.__dict__)
+    return module
+
+
+def board_request(client: Any, board: str, secret: str, request: dict[str, Any], timeout: float) -> Any:
+    """One request to the launcher's board (``hpcdl.runner.board``), proving the job's secret through
+    `client` (``hpcdl.common.handshake``); OSError when it fails."""
+    host, _, port = board.rpartition(":")
+    where = f"the launcher's board at {board}"
+    try:
+        answer = client.request((host, int(port)), secret, request, timeout, where)
+    except (RuntimeError, ValueError) as exc:  # the handshake's errors, a malformed address or answer
+        raise OSError(str(exc)) from None
+    if not isinstance(answer, dict):
+        raise OSError(f"{where} answered something else than a JSON object")
+    if "error" in answer:
+        raise OSError(f"{where}: {answer['error']}")
+    return answer
+
+
+def learn_master_port(
+    board: str, secret: str, rank: int, timeout: float, client: Any = None
+) -> tuple[socket.socket | None, int]:
+    """Rank 0 reserves MASTER_PORT on its host and posts it to the board (returning the holder to keep);
+    the others wait up to `timeout` s for it. `client`: ``hpcdl.common.handshake`` (imported when None).
+    OSError when that fails."""
+    if client is None:
+        from hpcdl.common import handshake as client
+    request: dict[str, Any] = {"key": "MASTER_PORT"}
+    if rank == 0:
+        holder = reserve_port()
+        port = holder.getsockname()[1]
+        board_request(client, board, secret, {**request, "op": "put", "value": str(port)}, timeout)
+        return holder, port
+    # The board answers within `timeout` (nobody published it: an error); the margin lets that answer arrive.
+    answer = board_request(client, board, secret, {**request, "op": "get", "wait": timeout}, timeout + 5.0)
+    try:
+        return None, int(answer["value"])
+    except (KeyError, TypeError, ValueError):
+        raise OSError(f"the launcher's board at {board} answered no port: {answer}") from None
+
+
+def interrupts_by_default() -> None:
     """In the rank's process, before exec: SIGINT back at its default. A launcher started with it ignored
     (a non-interactive shell starts background commands so) passes that on to its agents, and the rank
     would never see the Ctrl-C the launcher forwards; a Python rank would get no KeyboardInterrupt."""
@@ -57,6 +144,24 @@ def main() -> None:
     spec = json.loads(stdin.readline())
     env = dict(os.environ)
     env.update(spec["env"])
+    if spec.get("interfaces"):
+        env.update(choose_interface(spec["interfaces"]))
+    holder = None  # rank 0's reservation of MASTER_PORT, held while the rank runs
+    if spec.get("master_board"):
+        try:
+            holder, port = learn_master_port(
+                spec["master_board"],
+                env.get("HPCDL_SECRET", ""),
+                spec["rank"],
+                spec["start_timeout"],
+                board_client(spec["board_client"]),
+            )
+        except OSError as exc:
+            sys.stderr.write(f"hpcdl run: rank {spec['rank']}: {exc}\n")
+            sys.stderr.write(f"{spec['token']} exit 1\n")
+            sys.stderr.flush()
+            os._exit(1)
+        env["MASTER_PORT"] = str(port)
     try:
         os.chdir(spec["cwd"])
     except OSError as exc:
@@ -69,7 +174,7 @@ def main() -> None:
             env=env,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=_interrupts_by_default,
+            preexec_fn=interrupts_by_default,
         )
     except OSError as exc:
         sys.stderr.write(f"hpcdl run: cannot start {spec['argv'][0]}: {exc.strerror}\n")
@@ -79,10 +184,12 @@ def main() -> None:
     sys.stderr.write(f"{spec['token']} pid {child.pid}\n")
     sys.stderr.flush()
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-        signal.signal(signum, lambda received, _frame: _signal_group(child.pid, received))
-    threading.Thread(target=_follow_control, args=(stdin, child), daemon=True).start()
+        signal.signal(signum, lambda received, _frame: signal_group(child.pid, received))
+    threading.Thread(target=follow_control, args=(stdin, child), daemon=True).start()
     returncode = child.wait()
-    _signal_group(child.pid, signal.SIGKILL)  # nothing the rank started outlives it
+    signal_group(child.pid, signal.SIGKILL)  # nothing the rank started outlives it
+    if holder is not None:
+        holder.close()
     sys.stdout.flush()
     sys.stderr.write(f"{spec['token']} exit {returncode}\n")
     sys.stderr.flush()

@@ -67,3 +67,20 @@ def forwarded_environment(environ: Mapping[str, str]) -> dict[str, str]:
         for name, value in environ.items()
         if name in FORWARDED_NAMES or name.startswith(FORWARDED_PREFIXES)
     }
+
+
+# torch.distributed's env:// variables, as torchrun sets them. The job-level ones a user set (in the
+# launcher's environment or with -x) are kept; the per-rank ones only when given with -x (an inherited RANK
+# cannot be right for every rank).
+TORCH_JOB_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE")
+TORCH_RANK_VARIABLES = ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+
+
+def torch_variables(slot: RankSlot) -> dict[str, str]:
+    """RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE of one rank."""
+    return {
+        "RANK": str(slot.rank),
+        "WORLD_SIZE": str(slot.size),
+        "LOCAL_RANK": str(slot.local_rank),
+        "LOCAL_WORLD_SIZE": str(slot.local_size),
+    }

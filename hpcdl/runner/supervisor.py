@@ -141,12 +141,11 @@ class Supervisor:
     def _report(self) -> int:
         if self._root_cause is not None:
             failure = self._root_cause
-            others = len(self.slots) - 1
-            print(
-                f"hpcdl run: {failure.where} {failure.outcome.describe()}"
-                + (f"; stopped the other {others} rank(s)" if others else ""),
-                file=sys.stderr,
+            others = len(self.slots) - (0 if failure.launcher else 1)
+            stopped = (
+                f"; stopped {'all' if failure.launcher else 'the other'} {others} rank(s)" if others else ""
             )
+            print(f"hpcdl run: {failure.where} {failure.outcome.describe()}{stopped}", file=sys.stderr)
             tail = failure.stderr_tail[-STDERR_LINES_SHOWN:]
             if tail:
                 print(f"hpcdl run: last lines of its stderr ({failure.where}):", file=sys.stderr)

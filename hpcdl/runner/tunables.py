@@ -14,6 +14,7 @@ import yaml
 
 from hpcdl.common import config
 from hpcdl.runner.errors import LaunchError
+from hpcdl.runner.horovodrun import NO_EFFECT
 
 LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "fatal")
 TRANSPORTS = ("auto", "shm", "tcp", "mpi")
@@ -95,8 +96,16 @@ TUNABLES: tuple[Tunable, ...] = (
     Tunable("dynamic_process_sets", bool, "dynamic_process_sets",
             "Allow process sets to be added and removed after init.", _flag),
 )  # fmt: skip
-# Launcher-side settings that a config file may also hold.
-LAUNCHER_KEYS: dict[str, type] = {"start_timeout": float}
+# Launcher-side settings that a config file may also hold: hpcdl's own, horovodrun's controller choice and
+# hierarchical allgather (hpcdl's one hierarchical switch covers every collective), and horovodrun's settings
+# that have no effect here.
+LAUNCHER_KEYS: dict[str, type] = {
+    "start_timeout": float,
+    "controller": str,
+    "hierarchical_allgather": bool,
+    **{key: kind for key, (kind, _) in NO_EFFECT.items()},
+}
+CONTROLLERS = ("gloo", "mpi")
 
 _BY_KEY = {t.key: t for t in TUNABLES}
 
@@ -107,12 +116,15 @@ HOROVOD_SECTIONS: dict[str, dict[str, str]] = {
         "cycle_time_ms": "cycle_time_ms",
         "cache_capacity": "cache_capacity",
         "hierarchical_allreduce": "hierarchical_allreduce",
+        "hierarchical_allgather": "hierarchical_allgather",
     },
     "autotune": {
         "enabled": "autotune",
         "log_file": "autotune_log_file",
         "warmup_samples": "autotune_warmup_samples",
         "steps_per_sample": "autotune_steps_per_sample",
+        "bayes_opt_max_samples": "autotune_bayes_opt_max_samples",
+        "gaussian_process_noise": "autotune_gaussian_process_noise",
     },
     "timeline": {"filename": "timeline_filename", "mark_cycles": "timeline_mark_cycles"},
     "stall_check": {
@@ -120,8 +132,13 @@ HOROVOD_SECTIONS: dict[str, dict[str, str]] = {
         "warning_time_seconds": "stall_check_warning_time_seconds",
         "shutdown_time_seconds": "stall_check_shutdown_time_seconds",
     },
-    "library_options": {"gloo_timeout_seconds": "timeout"},
-    "logging": {"level": "log_level"},
+    "library_options": {
+        "gloo_timeout_seconds": "timeout",
+        "mpi_threads_disable": "mpi_threads_disable",
+        "num_nccl_streams": "num_nccl_streams",
+        "ccl_bgt_affinity": "ccl_bgt_affinity",
+    },
+    "logging": {"level": "log_level", "with_timestamp": "log_with_timestamp"},
 }
 
 
@@ -138,8 +155,9 @@ def check_value(key: str, value: Any, where: str) -> Any:
         value, ok = float(value), True
     if not ok:
         raise LaunchError(f"{where}: '{key}' must be a {kind.__name__}, got {value!r}")
-    if tunable and tunable.choices and value.lower() not in tunable.choices:
-        raise LaunchError(f"{where}: '{key}' must be one of {', '.join(tunable.choices)}, got {value!r}")
+    choices = tunable.choices if tunable else (CONTROLLERS if key == "controller" else ())
+    if choices and value.lower() not in choices:
+        raise LaunchError(f"{where}: '{key}' must be one of {', '.join(choices)}, got {value!r}")
     minimum = tunable.minimum if tunable else 0
     if minimum is not None and kind in (int, float) and value < minimum:
         raise LaunchError(f"{where}: '{key}' must be at least {minimum:g}, got {value}")
@@ -188,6 +206,22 @@ def _flatten_horovod_sections(data: dict[Any, Any], path: Path) -> dict[Any, Any
                 inner_value = not inner_value
             flat[target] = inner_value
     return flat
+
+
+def merge_hierarchical(settings: dict[str, Any], allgather: bool | None) -> None:
+    """Fold horovodrun's hierarchical allgather (flag `allgather`, else the config file's) into hpcdl's one
+    hierarchical switch, which covers allreduce, allgather and every other collective."""
+    from_file = settings.pop("hierarchical_allgather", None)
+    value = allgather if allgather is not None else from_file
+    if value is None:
+        return
+    allreduce = settings.get("hierarchical_allreduce")
+    if allreduce is not None and allreduce != value:
+        raise LaunchError(
+            "hierarchical allreduce and allgather are one switch in hpcdl (it covers every collective); "
+            "give them the same value or only one of them"
+        )
+    settings["hierarchical_allreduce"] = value
 
 
 def tunable_environment(settings: dict[str, Any]) -> dict[str, str]:

@@ -22,10 +22,11 @@ from hpcdl.schedulers.site import SiteConfig
 COMMAND_TIMEOUT_S = 60.0
 PLACEHOLDERS = ("name", "job_id", "array_index")
 
-# Prints "HOST PORT": this host's name and a port free on it, where rank 0 will serve the rendezvous
-# (exported as HPCDL_RENDEZVOUS_ADDR/_PORT with HPCDL_RENDEZVOUS_SERVE=1: rank 0 serves there, the others
-# connect).
-_RENDEZVOUS_PROBE = (
+# Seconds the script waits for its rendezvous server's address line (a Python start on a busy file system).
+RENDEZVOUS_START_TIMEOUT_S = 120
+# Prints "HOST PORT": the first compute node's name and a port free on it, for torch.distributed's MASTER_PORT
+# where the script runs on a service node (it cannot hold the port there; see README, residual risk).
+_MASTER_PROBE = (
     'import socket; s = socket.socket(); s.bind(("", 0)); print(socket.gethostname(), s.getsockname()[1])'
 )
 
@@ -41,6 +42,8 @@ class ScriptParts:
     setup: list[str]
     secret_command: str
     rendezvous_command: str
+    rendezvous_timeout_s: int
+    master_probe_command: Optional[str]
     launch: str
     sweep_variable: Optional[str] = None
     sweep_cases: list[tuple[int, list[tuple[str, str]]]] = field(default_factory=list)
@@ -85,28 +88,37 @@ def run_command(
     return done.stdout
 
 
-def gpu_pin_prefix(job: JobSpec, local_rank: str) -> list[str]:
-    """argv prefix that gives each rank its GPU(s) by local rank, then execs the command.
+def rank_prefix(job: JobSpec, rank: str, local_rank: str) -> list[str]:
+    """argv prefix that gives each rank torch.distributed's RANK, LOCAL_RANK, WORLD_SIZE and
+    LOCAL_WORLD_SIZE (unless set already) and, for GPU jobs, its GPU(s), then execs the command.
 
-    Indexes into the CUDA_VISIBLE_DEVICES the scheduler set (or 0..G-1 when it set none), so it is right
-    both when the launcher already narrowed the list and when each rank sees the whole node.
+    `rank` and `local_rank` are the launcher's shell expressions. GPUs: the rank indexes into the
+    CUDA_VISIBLE_DEVICES the scheduler set (or 0..G-1 when it set none), so it is right both when the launcher
+    already narrowed the list and when each rank sees the whole node.
     """
-    per_rank, sharing = job.gpu_slice
-    all_gpus = " ".join(str(i) for i in range(job.gpus_per_node))
     snippet = (
         f"lr={local_rank}; "
-        'if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then IFS=, read -r -a g <<< "$CUDA_VISIBLE_DEVICES"; '
-        f"else g=({all_gpus}); fi; "
-        f'p=("${{g[@]:$(( lr * {per_rank} / {sharing} % ${{#g[@]}} )):{per_rank}}}"); '
-        'export CUDA_VISIBLE_DEVICES="$(IFS=,; echo "${p[*]}")"; exec "$@"'
+        f'export RANK="${{RANK:-{rank}}}" LOCAL_RANK="${{LOCAL_RANK:-$lr}}" '
+        f'WORLD_SIZE="${{WORLD_SIZE:-{job.total_ranks}}}" '
+        f'LOCAL_WORLD_SIZE="${{LOCAL_WORLD_SIZE:-{job.resolved_ranks_per_node}}}"; '
     )
-    return ["bash", "-c", snippet, "hpcdl-rank"]
+    if job.gpus_per_node:
+        per_rank, sharing = job.gpu_slice
+        all_gpus = " ".join(str(i) for i in range(job.gpus_per_node))
+        snippet += (
+            'if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then IFS=, read -r -a g <<< "$CUDA_VISIBLE_DEVICES"; '
+            f"else g=({all_gpus}); fi; "
+            f'p=("${{g[@]:$(( lr * {per_rank} / {sharing} % ${{#g[@]}} )):{per_rank}}}"); '
+            'export CUDA_VISIBLE_DEVICES="$(IFS=,; echo "${p[*]}")"; '
+        )
+    return ["bash", "-c", snippet + 'exec "$@"', "hpcdl-rank"]
 
 
 class Scheduler(ABC):
     """One batch system: detect it, render a script for it, and drive its commands."""
 
     name: ClassVar[str]
+    rank_variable: ClassVar[str] = ""
     local_rank_variable: ClassVar[str] = ""
     array_variable: ClassVar[Optional[str]] = None
     array_base: ClassVar[int] = 0
@@ -155,8 +167,17 @@ class Scheduler(ABC):
         return []
 
     def rendezvous_command(self, job: JobSpec) -> str:
-        """Shell that prints the host and port of rank 0's rendezvous server."""
-        return quote([*self.first_node_prefix(), job.python, "-c", _RENDEZVOUS_PROBE])
+        """The command of the script's rendezvous server (``hpcdl.runner.batch_rendezvous``), which also holds
+        MASTER_PORT where rank 0 runs on the script's host."""
+        hold = [] if self.first_node_prefix() else ["--master-port"]
+        return quote(
+            [job.python, "-m", "hpcdl.runner.batch_rendezvous", "--size", str(job.total_ranks), *hold]
+        )
+
+    def master_probe_command(self, job: JobSpec) -> Optional[str]:
+        """Where rank 0 runs on another node than the script: shell printing that node's name and a port."""
+        prefix = self.first_node_prefix()
+        return quote([*prefix, job.python, "-c", _MASTER_PROBE]) if prefix else None
 
     def workdir_command(self) -> Optional[str]:
         """Shell that enters the submission directory, where the scheduler does not start there."""
@@ -184,9 +205,7 @@ class Scheduler(ABC):
         self.check_supported(job)
         if (job.array or job.sweep) and self.array_variable is None:
             raise JobSpecError(f"{self.name} has no job arrays; submit one job per sweep point instead")
-        rank_command = job.argv
-        if job.gpus_per_node:
-            rank_command = [*gpu_pin_prefix(job, self.local_rank(job)), *rank_command]
+        rank_command = [*rank_prefix(job, self.rank_variable, self.local_rank(job)), *job.argv]
         launch = quote([*self.launcher(job), *job.launcher_args, *rank_command])
         timer, requeue = self.signal_parts(job) if job.signal else (None, None)
         exports = [("OMP_NUM_THREADS", str(job.resolved_cpus_per_rank))]
@@ -205,6 +224,8 @@ class Scheduler(ABC):
             setup=list(job.setup),
             secret_command=quote([job.python, "-c", "import secrets; print(secrets.token_hex(32))"]),
             rendezvous_command=self.rendezvous_command(job),
+            rendezvous_timeout_s=RENDEZVOUS_START_TIMEOUT_S,
+            master_probe_command=self.master_probe_command(job),
             launch=launch,
             sweep_variable=self.array_variable if job.sweep else None,
             sweep_cases=cases,

@@ -47,6 +47,7 @@ def parse_cobalt_qstat(job_id: str, text: str) -> list[JobState]:
 
 class Cobalt(Scheduler):
     name = "cobalt"
+    rank_variable = "${ALPS_APP_PE:?not started by aprun}"
     array_variable = None  # Cobalt has no job arrays
 
     def local_rank(self, job: JobSpec) -> str:

@@ -50,6 +50,7 @@ def parse_flux_jobs(job_id: str, text: str) -> list[JobState]:
 
 class Flux(Scheduler):
     name = "flux"
+    rank_variable = "${FLUX_TASK_RANK:?not started by flux run}"
     local_rank_variable = "${FLUX_TASK_LOCAL_ID:?not started by flux run}"
     array_variable = "FLUX_JOB_CC"
 

@@ -55,6 +55,7 @@ def parse_bjobs(job_id: str, text: str) -> list[JobState]:
 
 class Lsf(Scheduler):
     name = "lsf"
+    rank_variable = "${JSM_NAMESPACE_RANK:?not started by jsrun}"
     local_rank_variable = "${JSM_NAMESPACE_LOCAL_RANK:?not started by jsrun}"
     array_variable = "LSB_JOBINDEX"
     array_base = 1

@@ -49,6 +49,7 @@ def parse_qstat_full(job_id: str, text: str) -> list[JobState]:
 
 class Pbs(Scheduler):
     name = "pbs"
+    rank_variable = "${PALS_RANKID:-${PMI_RANK:?not started by mpiexec}}"
     local_rank_variable = "${PALS_LOCAL_RANKID:-${PMI_LOCAL_RANK:?not started by mpiexec}}"
     array_variable = "PBS_ARRAY_INDEX"
 

@@ -48,6 +48,7 @@ def slurm_time(seconds: int) -> str:
 
 class Slurm(Scheduler):
     name = "slurm"
+    rank_variable = "${SLURM_PROCID:?not started by srun}"
     local_rank_variable = "${SLURM_LOCALID:?not started by srun}"
     array_variable = "SLURM_ARRAY_TASK_ID"
 

@@ -233,6 +233,19 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         assert self.hosts is not None, "start() the cluster first"
         return self.hosts.run(host, argv, env={**self.env, **(env or {})}, cwd=cwd, timeout=timeout)
 
+    def popen(
+        self,
+        argv: Sequence[str],
+        cwd: Optional[Path] = None,
+        env: Optional[Mapping[str, str]] = None,
+        host: str = LOGIN,
+        **kwargs: Any,
+    ) -> subprocess.Popen:
+        """`argv` running on `host` (default: the login host), as ``run`` starts it, without waiting for it;
+        its pid is the program's own (nsenter execs it), and stop() kills it if it still runs."""
+        assert self.hosts is not None, "start() the cluster first"
+        return self.hosts.popen(host, argv, cwd=cwd, env={**self.env, **(env or {})}, **kwargs)
+
     def job_field(self, job_id: str, name: str) -> str:
         out = self.run(["scontrol", "-o", "show", "job", job_id]).stdout
         match = re.search(rf"\b{name}=(\S*)", out)

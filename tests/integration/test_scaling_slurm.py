@@ -1,4 +1,4 @@
-"""A scaling study submitted to the real test Slurm (two nodes of this machine), watched and collected."""
+"""A scaling study submitted to the real test Slurm (two nodes, separate hosts), watched and collected."""
 
 from __future__ import annotations
 
@@ -28,15 +28,9 @@ def cluster() -> Iterator[SlurmCluster]:
 def hpcdl(
     cluster: SlurmCluster, workdir: Path, *args: str, timeout: float = 60
 ) -> subprocess.CompletedProcess:
-    env = {**cluster.env, "XDG_STATE_HOME": str(workdir / "state")}
-    return subprocess.run(
-        [sys.executable, "-m", "hpcdl", *args],
-        env=env,
-        cwd=workdir,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """``hpcdl ARGS`` on the cluster's login host."""
+    env = {"XDG_STATE_HOME": str(workdir / "state")}
+    return cluster.run([sys.executable, "-m", "hpcdl", *args], cwd=workdir, env=env, timeout=timeout)
 
 
 @pytest.mark.slow

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -118,11 +120,14 @@ def test_sbatch_test_only_refuses_what_the_cluster_lacks(
     assert done.returncode != 0 and refusal in done.stderr, done.stderr
 
 
-def test_ranks_get_their_gpu_threads_and_rendezvous(cluster: SlurmCluster, workdir: Path) -> None:
+def test_ranks_get_their_gpu_threads_rendezvous_and_torch_variables(
+    cluster: SlurmCluster, workdir: Path
+) -> None:
     probe = (
         'echo "rank=$SLURM_PROCID cvd=$CUDA_VISIBLE_DEVICES omp=$OMP_NUM_THREADS '
-        "secret=$HPCDL_SECRET at=$HPCDL_RENDEZVOUS_ADDR:$HPCDL_RENDEZVOUS_PORT serve=$HPCDL_RENDEZVOUS_SERVE "
-        'master=${MASTER_ADDR:-unset}"'
+        "secret=$HPCDL_SECRET at=$HPCDL_RENDEZVOUS_ADDR:$HPCDL_RENDEZVOUS_PORT "
+        "serve=${HPCDL_RENDEZVOUS_SERVE:-unset} "
+        'master=$MASTER_ADDR:$MASTER_PORT torch=$RANK/$WORLD_SIZE/$LOCAL_RANK/$LOCAL_WORLD_SIZE"'
     )
     job_id = submit(cluster, workdir, "--gpus", "2", "--cpus-per-rank", "1", "-t", "5", "bash", "-c", probe)
     assert cluster.wait_done(job_id) == "COMPLETED"
@@ -135,8 +140,11 @@ def test_ranks_get_their_gpu_threads_and_rendezvous(cluster: SlurmCluster, workd
     assert len({f["secret"] for f in fields}) == 1 and re.fullmatch(r"[0-9a-f]{64}", fields[0]["secret"])
     host, port = fields[0]["at"].split(":")
     assert host and 1024 <= int(port) < 65536
-    assert {f["serve"] for f in fields} == {"1"}
-    assert {f["master"] for f in fields} == {"unset"}  # left free for torch.distributed
+    assert {f["serve"] for f in fields} == {"unset"}  # the script serves the rendezvous, not rank 0
+    master_host, master_port = fields[0]["master"].split(":")
+    assert {f["master"] for f in fields} == {fields[0]["master"]}
+    assert master_host == host and master_port != port  # rank 0's host; not the rendezvous port
+    assert [f["torch"] for f in fields] == ["0/2/0/2", "1/2/1/2"]
 
     code, out, err = hpcdl(cluster, workdir, "jobs", "logs", job_id)
     assert code == 0, err
@@ -176,6 +184,145 @@ def test_two_rank_allreduce_through_srun(cluster: SlurmCluster, workdir: Path, l
     ]
 
 
+PARALLEL = Path(__file__).parents[1] / "parallel"
+
+
+def _results(output: str) -> list[dict]:
+    found = [json.loads(line.partition("RESULT ")[2]) for line in output.splitlines() if "RESULT " in line]
+    return sorted(found, key=lambda r: r["rank"])
+
+
+def test_ddp_script_runs_unchanged_through_a_generated_script(cluster: SlurmCluster, workdir: Path) -> None:
+    reason = _runtime_unavailable()
+    if reason:
+        pytest.skip(reason)
+    job_id = submit(cluster, workdir, "--nodes", "2", "-t", "5", "python3", str(PARALLEL / "ddp_train.py"))
+    state = cluster.wait_done(job_id, timeout=120)
+    output = (workdir / f"hpcdl-{job_id}.out").read_text()
+    assert state == "COMPLETED", output
+    found = _results(output)
+    assert [(r["rank"], r["local_rank"], r["world"], r["local_world"]) for r in found] == [
+        (0, 0, 2, 1),
+        (1, 0, 2, 1),
+    ]
+    assert all(r["weights_agree"] and r["weights_moved"] for r in found)  # DDP averaged the gradients
+    assert {r["hpcdl_sum"] for r in found} == {3.0}
+
+
+# Stands in front of srun in the job: takes the ports the script announced for the rendezvous and for
+# torch.distributed (as any program on the node might, between choosing and binding), keeps them for the
+# whole job, and runs the real srun.
+PORT_GRABBER = """#!PYTHON
+import os, socket, sys
+here = os.path.dirname(os.path.abspath(__file__))
+held, refused = [], []
+for name in ("HPCDL_RENDEZVOUS_PORT", "MASTER_PORT"):
+    value = os.environ.get(name, "")
+    if not value.isdigit():
+        continue
+    grab = socket.socket()
+    try:
+        grab.bind(("0.0.0.0", int(value)))
+        grab.listen()
+        grab.set_inheritable(True)
+        held.append((name, grab))
+    except OSError:
+        grab.close()
+        refused.append(name)
+print(f"port grabber: took {[n for n, _ in held]}, could not take {refused}", file=sys.stderr, flush=True)
+os.environ["PATH"] = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if p != here)
+os.execvp("srun", ["srun", *sys.argv[1:]])
+"""
+
+
+def test_the_job_starts_although_a_program_grabs_the_announced_ports(
+    cluster: SlurmCluster, workdir: Path
+) -> None:
+    """#30: a script used to pick a free port, and rank 0 bound it later; a program that took it in between
+    made the job fail. Now the script's own server holds it before announcing it."""
+    reason = _runtime_unavailable()
+    if reason:
+        pytest.skip(reason)
+    grabber = workdir / "grabber"
+    grabber.mkdir()
+    (grabber / "srun").write_text(PORT_GRABBER.replace("#!PYTHON", "#!" + sys.executable, 1))
+    (grabber / "srun").chmod(0o755)
+    job_id = submit(
+        cluster, workdir, "--nodes", "2", "-t", "5", "--setup", f"export PATH={grabber}:$PATH",
+        "python3", str(PARALLEL / "ddp_train.py"),
+    )  # fmt: skip
+    state = cluster.wait_done(job_id, timeout=120)
+    output = (workdir / f"hpcdl-{job_id}.out").read_text()
+    assert "port grabber: took [], could not take ['HPCDL_RENDEZVOUS_PORT', 'MASTER_PORT']" in output, output
+    assert state == "COMPLETED", output
+    assert [r["hpcdl_sum"] for r in _results(output)] == [3.0, 3.0]
+    assert all(r["weights_agree"] for r in _results(output))
+
+
+def _rendezvous_servers_of(job_id: str) -> list[int]:
+    """Processes of job `job_id` that run the script's rendezvous server."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"hpcdl.runner.batch_rendezvous" in cmdline and f"SLURM_JOB_ID={job_id}".encode() in environ:
+            found.append(int(proc.name))
+    return found
+
+
+def _rendezvous_servers_gone(job_id: str, timeout: float = 10.0) -> bool:
+    """Whether the job's rendezvous servers end within `timeout` s (they stop within half a second)."""
+    deadline = time.monotonic() + timeout
+    while _rendezvous_servers_of(job_id) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return _rendezvous_servers_of(job_id) == []
+
+
+def test_the_rendezvous_server_lives_as_long_as_the_job(cluster: SlurmCluster, workdir: Path) -> None:
+    marker = workdir / "running"
+    job_id = submit(
+        cluster,
+        workdir,
+        "-t",
+        "5",
+        "bash",
+        "-c",
+        f"touch {marker}; while [ -e {marker} ]; do sleep 0.1; done",
+    )
+    deadline = time.monotonic() + 60
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert marker.exists(), "the job did not start"
+    assert len(_rendezvous_servers_of(job_id)) == 1  # serving while the ranks run
+    marker.unlink()
+    assert cluster.wait_done(job_id) == "COMPLETED"
+    assert _rendezvous_servers_gone(job_id)  # and gone with the job
+
+
+def test_a_rendezvous_server_that_cannot_start_stops_the_job(cluster: SlurmCluster, workdir: Path) -> None:
+    """The job's Python lacks hpcdl (the commonest way to get it wrong): the job stops before its ranks."""
+    bare = workdir / "bare-venv"  # a virtual environment of the base Python, without site packages
+    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    probe = subprocess.run(
+        [str(bare / "bin" / "python"), "-c", "import hpcdl"], capture_output=True, cwd=workdir
+    )
+    if probe.returncode == 0:
+        pytest.skip("the base Python has hpcdl installed; this test needs a Python without it")
+    site = workdir / "site.yaml"
+    site.write_text(f"python: {bare / 'bin' / 'python'}\n")
+    job_id = submit(cluster, workdir, "--site", str(site), "-t", "5", "echo", "the ranks ran")
+    assert cluster.wait_done(job_id) == "FAILED"
+    output = (workdir / f"hpcdl-{job_id}.out").read_text()
+    assert "No module named 'hpcdl'" in output
+    assert "hpcdl: the job's rendezvous server did not start (its error is above); stopping the job" in output
+    assert "the ranks ran" not in output
+
+
 def test_sweep_runs_one_array_task_per_point(cluster: SlurmCluster, workdir: Path) -> None:
     job_id = submit(cluster, workdir, "--sweep", "LR=0.1,0.01", "-t", "5", "bash", "-c", 'echo "lr=$LR"')
     for task in (0, 1):
@@ -209,7 +356,8 @@ def test_status_of_an_unknown_job_says_so(cluster: SlurmCluster, workdir: Path) 
 
 
 def test_signal_before_walltime_reaches_ranks_and_requeues(cluster: SlurmCluster, workdir: Path) -> None:
-    """Slurm itself signals the job 50 s before its 1-minute walltime (it checks about every 30 s)."""
+    """Slurm itself signals the job 90 s before its 2-minute walltime (it checks about every 30 s): the
+    ranks have at least 30 s to start (a loaded machine needs them) and 60 s to checkpoint and leave."""
     rank_code = (
         "import os, signal, sys, time\n"
         "rank = os.environ['SLURM_PROCID']\n"
@@ -220,17 +368,31 @@ def test_signal_before_walltime_reaches_ranks_and_requeues(cluster: SlurmCluster
         "time.sleep(120)\n"
     )
     job_id = submit(
-        cluster, workdir, "--ranks-per-node", "2", "-t", "1", "--signal", "USR2@50", "--requeue",
+        cluster, workdir, "--ranks-per-node", "2", "-t", "2", "--signal", "USR2@90", "--requeue",
         "python3", "-c", rank_code,
     )  # fmt: skip
     output = workdir / f"hpcdl-{job_id}.out"
     _wait_for_text(output, ["ready rank 0", "ready rank 1"])
-    _wait_for_text(output, ["checkpointed rank 0", "checkpointed rank 1", "requeueing the job"], timeout=90)
+    _wait_for_text(output, ["checkpointed rank 0", "checkpointed rank 1", "requeueing the job"], timeout=120)
     assert "TIMEOUT" not in cluster.job_field(job_id, "JobState")
     state = cluster.wait_state(job_id, {"PENDING", "REQUEUED", "RUNNING"}, timeout=30)
     assert int(cluster.job_field(job_id, "Restarts") or 0) >= 1, state
     cluster.run(["scancel", job_id])
     cluster.wait_done(job_id)
+
+
+def test_a_signal_during_set_up_keeps_the_ranks_from_starting(cluster: SlurmCluster, workdir: Path) -> None:
+    """The signal can come while the script still sets up (modules, the rendezvous server): it is kept, and
+    the ranks are not started so close to the walltime. Before, bash died of it at once, saying nothing."""
+    job_id = submit(
+        cluster, workdir, "-t", "5", "--signal", "USR2@60", "--setup", "kill -s USR2 $$",
+        "echo", "the ranks ran",
+    )  # fmt: skip
+    assert cluster.wait_done(job_id) == "FAILED"
+    output = (workdir / f"hpcdl-{job_id}.out").read_text()
+    assert "hpcdl: SIGUSR2 came before the ranks started (the walltime is near); not starting them" in output
+    assert "the ranks ran" not in output and "Traceback" not in output, output
+    assert _rendezvous_servers_gone(job_id)  # stopped with the script
 
 
 def test_pbs_script_runs_through_slurms_pbs_front_end(tmp_path: Path) -> None:

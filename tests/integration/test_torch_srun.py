@@ -7,8 +7,6 @@ fails at once naming it. The rank programs are those of ``tests/parallel/torch_l
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -31,18 +29,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
         made.stop()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("how", ["raise", "exit"])
 def test_srun_ends_the_step_within_seconds_of_a_failing_rank(cluster: SlurmCluster, how: str) -> None:
-    # The fake nodes are this machine: rank 0 hosts the rendezvous on 127.0.0.1.
-    env = dict(cluster.env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), HPCDL_SECRET="ab" * 16)
+    # No rendezvous variables: the ranks meet by the Slurm fallback, rank 0 hosting on the step's first node.
     command = ["srun", "--kill-on-bad-exit", "-N2", "-n3", "--export=ALL", sys.executable, str(CHECKS), how]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    done = cluster.run(command, env={"HPCDL_SECRET": "ab" * 32}, timeout=120)
     ended = time.time()
     results = [
         json.loads(line.split("RESULT ", 1)[1]) for line in done.stdout.splitlines() if "RESULT " in line

@@ -3,7 +3,8 @@
 Every step reduces the same gradient on every rank, so the weights after EPOCHS committed steps do not
 depend on how many workers there were or how often they regrouped: a run that loses or gains workers must
 end with the weights of an undisturbed run. FAIL_WORKER exits at epoch 2 (in round 1 only: a worker never
-runs again once it failed); PAUSE slows the steps so that a new host can join before the end.
+runs again once it failed); PAUSE slows the steps so that a new host can join before the end; MARK_FILE is
+created by rank 0 once MARK_EPOCH epochs are committed (so a test changes the hosts after real progress).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ worker = int(os.environ["HPCDL_ELASTIC_WORKER"])
 fail = int(os.environ.get("FAIL_WORKER", "-1"))
 epochs = int(os.environ.get("EPOCHS", "6"))
 pause = float(os.environ.get("PAUSE", "0.05"))
+mark, mark_epoch = os.environ.get("MARK_FILE", ""), int(os.environ.get("MARK_EPOCH", "0"))
 sizes_seen: list[int] = []
 
 
@@ -45,6 +47,8 @@ def train(state: hvd.elastic.TorchState) -> None:
         sizes_seen.append(hvd.size())
         state.epoch += 1
         state.commit()
+        if mark and hvd.rank() == 0 and state.epoch == mark_epoch:
+            open(mark, "w").close()
         time.sleep(pause)
 
 

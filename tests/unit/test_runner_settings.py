@@ -6,14 +6,23 @@ import inspect
 from pathlib import Path
 
 import pytest
+import typer
 
+from hpcdl.cli.main import app
 from hpcdl.cli.run import run_command
 from hpcdl.common import config
 from hpcdl.runner.errors import LaunchError
+from hpcdl.runner.horovodrun import NO_EFFECT, no_effect_notes
 from hpcdl.runner.hosts import RankSlot
 from hpcdl.runner.launch import LaunchSpec, rank_settings_env, resolve_start_timeout
 from hpcdl.runner.rank_env import Rendezvous, forwarded_environment, parse_extra_env, rank_variables
-from hpcdl.runner.tunables import TUNABLES, check_value, load_config_file, tunable_environment
+from hpcdl.runner.tunables import (
+    TUNABLES,
+    check_value,
+    load_config_file,
+    merge_hierarchical,
+    tunable_environment,
+)
 
 
 def test_every_tunable_maps_to_a_documented_hpcdl_variable() -> None:
@@ -152,7 +161,8 @@ def test_forwarded_environment_for_ssh() -> None:
 
 
 def test_tcp_flag_sets_transport_and_conflicts_are_refused() -> None:
-    assert rank_settings_env(LaunchSpec(["x"], tcp=True))["HPCDL_TRANSPORT"] == "tcp"
+    env = rank_settings_env(LaunchSpec(["x"], tcp=True))
+    assert env["HPCDL_TRANSPORT"] == "tcp" and env["NCCL_IB_DISABLE"] == "1"  # as horovodrun --tcp
     with pytest.raises(LaunchError, match="--tcp contradicts --transport shm"):
         rank_settings_env(LaunchSpec(["x"], tcp=True, settings={"transport": "shm"}))
 
@@ -193,12 +203,92 @@ def test_horovod_sectioned_config_file(tmp_path: Path) -> None:
 
 def test_horovod_setting_without_equivalent(tmp_path: Path) -> None:
     config = tmp_path / "horovod.yaml"
-    config.write_text("params:\n  hierarchical_allgather: true\n")
-    with pytest.raises(
-        LaunchError, match=r"'params.hierarchical_allgather' has no hpcdl equivalent; valid in"
-    ):
+    config.write_text("params:\n  torus_allreduce: true\n")
+    with pytest.raises(LaunchError, match=r"'params.torus_allreduce' has no hpcdl equivalent; valid in"):
         load_config_file(config)
 
 
 def test_every_tunable_is_a_flag_of_hpcdl_run() -> None:
-    assert {t.key for t in TUNABLES} <= set(inspect.signature(run_command).parameters)
+    flags = set(inspect.signature(run_command).parameters)
+    assert {t.key for t in TUNABLES} - {"network_interface"} <= flags
+    assert "network_interfaces" in flags  # --network-interface(s): one or several, each host takes the first
+
+
+# Every flag of horovodrun 0.28's parser (horovod/runner/launch.py), with its aliases and negations;
+# --slots is argparse's abbreviation of --slots-per-host that Horovod's elastic docs use.
+HOROVODRUN_FLAGS = (
+    "-v", "--version", "-np", "--num-proc", "-cb", "--check-build", "--disable-cache", "--start-timeout",
+    "--network-interfaces", "--network-interface", "--output-filename", "--verbose", "--config-file", "-p",
+    "--ssh-port", "-i", "--ssh-identity-file", "--fusion-threshold-mb", "--cycle-time-ms",
+    "--cache-capacity", "--hierarchical-allreduce", "--no-hierarchical-allreduce",
+    "--hierarchical-allgather", "--no-hierarchical-allgather", "--autotune", "--no-autotune",
+    "--autotune-log-file", "--autotune-warmup-samples", "--autotune-steps-per-sample",
+    "--autotune-bayes-opt-max-samples", "--autotune-gaussian-process-noise", "--min-np", "--min-num-proc",
+    "--max-np", "--max-num-proc", "--slots-per-host", "--slots", "--elastic-timeout", "--reset-limit",
+    "--blacklist-cooldown-range", "--timeline-filename", "--timeline-mark-cycles",
+    "--no-timeline-mark-cycles", "--no-stall-check", "--stall-check", "--stall-check-warning-time-seconds",
+    "--stall-check-shutdown-time-seconds", "--mpi-threads-disable", "--no-mpi-threads-disable",
+    "--mpi-args", "--tcp", "--binding-args", "--num-nccl-streams", "--thread-affinity",
+    "--gloo-timeout-seconds", "--log-level", "--log-with-timestamp", "--log-without-timestamp",
+    "-prefix-timestamp", "--prefix-output-with-timestamp", "--log-hide-timestamp",
+    "--no-log-hide-timestamp", "-H", "--hosts", "-hostfile", "--hostfile", "--host-discovery-script",
+    "--gloo", "--mpi", "--jsrun",
+)  # fmt: skip
+
+
+def _run_option_names() -> set[str]:
+    command = typer.main.get_command(app).commands["run"]
+    return {name for param in command.params for name in (*param.opts, *param.secondary_opts)}
+
+
+def test_every_horovodrun_flag_is_accepted() -> None:
+    missing = sorted(set(HOROVODRUN_FLAGS) - _run_option_names())
+    assert not missing, f"hpcdl run lacks horovodrun's {missing}"
+
+
+def test_horovodrun_flags_without_effect_say_why() -> None:
+    notes = no_effect_notes(["num_nccl_streams", "log_with_timestamp"])
+    assert notes == [
+        "--num-nccl-streams has no effect here: hpcdl.torch reduces CUDA tensors through torch.distributed's "
+        "NCCL, which manages its own streams",
+        "--log-with[out]-timestamp (--[no-]log-hide-timestamp) has no effect here: hpcdl's runtime messages "
+        "carry no timestamp; --prefix-output-with-timestamp stamps every line",
+    ]
+    for key, (_, reason) in NO_EFFECT.items():
+        assert reason and key.replace("_", "-") in " ".join(HOROVODRUN_FLAGS) + " ccl-bgt-affinity"
+
+
+def test_horovod_config_file_keys_without_effect_and_the_controller(tmp_path: Path) -> None:
+    config = tmp_path / "horovod.yaml"
+    config.write_text(
+        "controller: mpi\n"
+        "params:\n  hierarchical_allgather: false\n"
+        "autotune:\n  enabled: true\n  bayes_opt_max_samples: 40\n  gaussian_process_noise: 0.75\n"
+        "library_options:\n  mpi_threads_disable: true\n  num_nccl_streams: 2\n  ccl_bgt_affinity: 1\n"
+        "logging:\n  with_timestamp: false\n"
+    )
+    assert load_config_file(config) == {
+        "controller": "mpi",
+        "hierarchical_allgather": False,
+        "autotune": True,
+        "autotune_bayes_opt_max_samples": 40,
+        "autotune_gaussian_process_noise": 0.75,
+        "mpi_threads_disable": True,
+        "num_nccl_streams": 2,
+        "ccl_bgt_affinity": 1,
+        "log_with_timestamp": False,
+    }
+    config.write_text("controller: ucx\n")
+    with pytest.raises(LaunchError, match="'controller' must be one of gloo, mpi, got 'ucx'"):
+        load_config_file(config)
+
+
+def test_hierarchical_allgather_is_hpcdls_one_hierarchical_switch() -> None:
+    settings: dict[str, object] = {"hierarchical_allgather": True}
+    merge_hierarchical(settings, None)
+    assert settings == {"hierarchical_allreduce": True}
+    settings = {"hierarchical_allreduce": False}
+    merge_hierarchical(settings, False)
+    assert settings == {"hierarchical_allreduce": False}
+    with pytest.raises(LaunchError, match="one switch in hpcdl"):
+        merge_hierarchical({"hierarchical_allreduce": True}, False)

@@ -18,12 +18,18 @@ case "$LSB_JOBINDEX" in
   *) echo "hpcdl: array task '$LSB_JOBINDEX' has no sweep point (submit this script as an array job)" >&2; exit 1 ;;
 esac
 
-# rendezvous of the hpcdl ranks: a fresh secret per job; rank 0 serves at HPCDL_RENDEZVOUS_ADDR:_PORT
-# (MASTER_ADDR/MASTER_PORT stay free for torch.distributed)
+# rendezvous of the hpcdl ranks: a fresh secret per job, and a server this script hosts for the whole job on
+# a port it binds itself, so nothing can take the port between choosing and binding it
 HPCDL_SECRET="$(python3 -c 'import secrets; print(secrets.token_hex(32))')" || { echo "hpcdl: could not make the job secret" >&2; exit 1; }
-read -r HPCDL_RENDEZVOUS_ADDR HPCDL_RENDEZVOUS_PORT < <(jsrun -n 1 -r 1 -a 1 -c 1 python3 -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(socket.gethostname(), s.getsockname()[1])')
-if [ -z "${HPCDL_RENDEZVOUS_PORT:-}" ]; then echo "hpcdl: could not find a host and port for the rendezvous" >&2; exit 1; fi
-HPCDL_RENDEZVOUS_SERVE=1
-export HPCDL_SECRET HPCDL_RENDEZVOUS_ADDR HPCDL_RENDEZVOUS_PORT HPCDL_RENDEZVOUS_SERVE
+export HPCDL_SECRET
+exec {hpcdl_rendezvous_fd}< <(exec python3 -m hpcdl.runner.batch_rendezvous --size 4)
+read -r -t 120 HPCDL_RENDEZVOUS_ADDR HPCDL_RENDEZVOUS_PORT hpcdl_master_addr hpcdl_master_port hpcdl_rendezvous_pid <&"$hpcdl_rendezvous_fd"
+exec {hpcdl_rendezvous_fd}<&-
+if [ -z "${hpcdl_rendezvous_pid:-}" ]; then echo "hpcdl: the job's rendezvous server did not start (its error is above); stopping the job" >&2; exit 1; fi
+trap 'kill "$hpcdl_rendezvous_pid" 2>/dev/null' EXIT
+export HPCDL_RENDEZVOUS_ADDR HPCDL_RENDEZVOUS_PORT
+read -r hpcdl_master_addr hpcdl_master_port < <(jsrun -n 1 -r 1 -a 1 -c 1 python3 -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(socket.gethostname(), s.getsockname()[1])')
+# torch.distributed (env://): rank 0's host and a port free there (a MASTER_ADDR/MASTER_PORT set above wins)
+export MASTER_ADDR="${MASTER_ADDR:-$hpcdl_master_addr}" MASTER_PORT="${MASTER_PORT:-$hpcdl_master_port}"
 
-jsrun -n 2 -r 2 -a 2 -c 2 -g 1 -b packed:1 bash -c 'lr=${JSM_NAMESPACE_LOCAL_RANK:?not started by jsrun}; if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then IFS=, read -r -a g <<< "$CUDA_VISIBLE_DEVICES"; else g=(0 1); fi; p=("${g[@]:$(( lr * 1 / 2 % ${#g[@]} )):1}"); export CUDA_VISIBLE_DEVICES="$(IFS=,; echo "${p[*]}")"; exec "$@"' hpcdl-rank python3 train.py
+jsrun -n 2 -r 2 -a 2 -c 2 -g 1 -b packed:1 bash -c 'lr=${JSM_NAMESPACE_LOCAL_RANK:?not started by jsrun}; export RANK="${RANK:-${JSM_NAMESPACE_RANK:?not started by jsrun}}" LOCAL_RANK="${LOCAL_RANK:-$lr}" WORLD_SIZE="${WORLD_SIZE:-4}" LOCAL_WORLD_SIZE="${LOCAL_WORLD_SIZE:-4}"; if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then IFS=, read -r -a g <<< "$CUDA_VISIBLE_DEVICES"; else g=(0 1); fi; p=("${g[@]:$(( lr * 1 / 2 % ${#g[@]} )):1}"); export CUDA_VISIBLE_DEVICES="$(IFS=,; echo "${p[*]}")"; exec "$@"' hpcdl-rank python3 train.py
