@@ -73,8 +73,17 @@ def test_a_stopped_board_ends_every_wait() -> None:
         except OSError as exc:
             errors.append(exc)
 
+    waiting = threading.Event()  # the waiter's request has reached the board (not merely been started)
+    get = board.board.get
+
+    def noted_get(key: str, wait: float) -> str | None:
+        waiting.set()
+        return get(key, wait)
+
+    board.board.get = noted_get  # type: ignore[method-assign]
     waiter = threading.Thread(target=wait)
     waiter.start()
+    assert waiting.wait(30)
     board.stop()
     waiter.join(timeout=10)
     assert not waiter.is_alive() and len(errors) == 1
