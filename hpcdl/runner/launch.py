@@ -267,7 +267,7 @@ def launch(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> int:
             f"hpcdl run: {num_proc} ranks on {shown} (hosts from {resolved.source}; launcher {launcher})",
             file=sys.stderr,
         )
-    hosted = host_rendezvous(num_proc)
+    hosted = host_rendezvous(num_proc, rendezvous_addr)
     server, rendezvous = None, None
     if hosted is not None:
         server, secret = hosted
@@ -471,7 +471,7 @@ def _launch_elastic(spec: LaunchSpec, options: ElasticOptions, environ: dict[str
         return _start_agent(spec, slot, environ, env, router.for_rank(number), where, extra_spec, "worker")
 
     def start_rendezvous(size: int) -> tuple[int, Callable[[], None]]:
-        server = RendezvousServer(size, secret)
+        server = RendezvousServer(size, secret, addr)
         server.start()
         return server.port, server.stop
 
