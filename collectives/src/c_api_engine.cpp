@@ -99,6 +99,36 @@ HPCDL_API int hpcdl_new_group_id(int process_set) {
   return engine->new_group_id(process_set);
 }
 
+// Returns the batch's length in words (> 0), 0 when none came in time, or a negative status.
+HPCDL_API int hpcdl_device_next(double timeout_s, int64_t* batch, int capacity) {
+  int code = HPCDL_OK;
+  Engine* engine = need_engine(&code);
+  if (!engine) return -code;
+  if (batch == nullptr || capacity < HPCDL_DEVICE_HEADER_WORDS)
+    return -set_error(HPCDL_ERR_INVALID, "hpcdl_device_next: batch must hold at least " +
+                                             std::to_string(HPCDL_DEVICE_HEADER_WORDS) + " words");
+  int length = 0;
+  Status s = engine->device_next(timeout_s < 0 ? 0 : timeout_s, batch, capacity, &length);
+  if (!s.is_ok()) return -set_error(s);
+  set_error(Status::ok());
+  return length;
+}
+
+HPCDL_API int hpcdl_device_done(int64_t batch_id, int status, const char* message, const int64_t* times_ns) {
+  int code = HPCDL_OK;
+  Engine* engine = need_engine(&code);
+  if (!engine) return code;
+  return set_error(engine->device_done(batch_id, status, message ? message : "", times_ns));
+}
+
+HPCDL_API int hpcdl_device_interrupt(void) {
+  int code = HPCDL_OK;
+  Engine* engine = need_engine(&code);
+  if (!engine) return code;
+  engine->device_interrupt();
+  return set_error(Status::ok());
+}
+
 HPCDL_API int hpcdl_start_timeline(const char* path, int mark_cycles) {
   int code = HPCDL_OK;
   Engine* engine = need_engine(&code);

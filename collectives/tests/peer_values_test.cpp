@@ -54,6 +54,9 @@ void engine_submissions() {
   expect("unknown dtype", 4, false, request(HPCDL_OP_ALLREDUCE, {2}), [](OpRequest& r) { r.dtype = 77; });
   expect("unknown operation", 4, false, request(9, {2}), same);
   expect("unknown reduction", 4, false, request(HPCDL_OP_ALLREDUCE, {2}), [](OpRequest& r) { r.reduce_op = -1; });
+  expect("unknown placement", 4, false, request(HPCDL_OP_ALLREDUCE, {2}), [](OpRequest& r) { r.placement = 7; });
+  expect("device placement", 4, true, request(HPCDL_OP_ALLREDUCE, {2}),
+         [](OpRequest& r) { r.placement = HPCDL_PLACEMENT_DEVICE; });
   expect("negative dimension", 4, false, request(HPCDL_OP_ALLGATHER, {-1, 2}), same);
   expect("shape whose size overflows", 4, false, request(HPCDL_OP_ALLGATHER, {int64_t(1) << 40, int64_t(1) << 30}),
          same);

@@ -201,6 +201,10 @@ def run_command(
     shm_chunk_bytes: Optional[int] = _tunable("shm_chunk_bytes", "--shm-chunk-bytes"),
     shm_stores: Optional[str] = _tunable("shm_stores", "--shm-stores"),
     gpu_operations: Optional[str] = _tunable("gpu_operations", "--gpu-operations"),
+    num_nccl_streams: Optional[int] = _tunable("num_nccl_streams", "--num-nccl-streams"),
+    disable_nvtx_ranges: Optional[bool] = _tunable(
+        "disable_nvtx_ranges", "--disable-nvtx-ranges/--nvtx-ranges"
+    ),
     dynamic_process_sets: Optional[bool] = _tunable(
         "dynamic_process_sets", "--dynamic-process-sets/--no-dynamic-process-sets"
     ),
@@ -208,7 +212,6 @@ def run_command(
     autotune_bayes_opt_max_samples: Optional[int] = _no_effect("--autotune-bayes-opt-max-samples"),
     autotune_gaussian_process_noise: Optional[float] = _no_effect("--autotune-gaussian-process-noise"),
     mpi_threads_disable: Optional[bool] = _no_effect("--mpi-threads-disable/--no-mpi-threads-disable"),
-    num_nccl_streams: Optional[int] = _no_effect("--num-nccl-streams"),
     thread_affinity: Optional[int] = _no_effect("--thread-affinity"),
     log_with_timestamp: Optional[bool] = _no_effect(
         "--log-with-timestamp/--log-without-timestamp", "--no-log-hide-timestamp/--log-hide-timestamp"

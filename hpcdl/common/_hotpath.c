@@ -361,11 +361,11 @@ static PyObject* enqueue_into(PyTypeObject* cls, const hpcdl_request* r, PyObjec
   return (PyObject*)h;
 }
 
-#define SUBMIT_ARGS 18
+#define SUBMIT_ARGS 20
 
 /* submit(cls, op_type, name, process_set, dtype, input, output, shape, reduce_op, prescale, postscale,
- *        root, splits, group_id, group_size, keep, result, value) -> a cls (a HandleBase subclass)
- * instance; value None means none. */
+ *        root, splits, group_id, group_size, keep, result, value, placement, tag) -> a cls (a HandleBase
+ * subclass) instance; value None means none. */
 static PyObject* submit(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   if (!bound()) return NULL;
   if (nargs != SUBMIT_ARGS) {
@@ -397,6 +397,8 @@ static PyObject* submit(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
   r.root = (int32_t)PyLong_AsLong(args[11]);
   r.group_id = (int32_t)PyLong_AsLong(args[13]);
   r.group_size = (int32_t)PyLong_AsLong(args[14]);
+  r.placement = (int32_t)PyLong_AsLong(args[18]);
+  r.tag = (int64_t)PyLong_AsLongLong(args[19]);
   if (PyErr_Occurred()) return NULL;
   if (args[12] != Py_None) {
     splits = PyMem_Malloc(sizeof(int64_t) * MAX_SPLITS);
@@ -485,6 +487,8 @@ static PyObject* allreduce(PyObject* self, PyObject* const* args, Py_ssize_t nar
   r.nsplits = 0;
   r.group_id = 0;
   r.group_size = 0;
+  r.placement = HPCDL_PLACEMENT_HOST;
+  r.tag = 0;
   PyObject* keep = in_place ? Py_NewRef(a) : PyTuple_Pack(2, a, out);
   if (keep == NULL) return NULL;
   PyObject* h = enqueue_into(cls, &r, args[1], keep, Py_None, out);
@@ -497,7 +501,7 @@ static PyMethodDef methods[] = {
      "bind(enqueue, wait, poll, release, raise_status, error_class, array_type, formats)"},
     {"submit", (PyCFunction)(void (*)(void))submit, METH_FASTCALL,
      "submit(cls, op_type, name, process_set, dtype, input, output, shape, reduce_op, prescale, postscale, "
-     "root, splits, group_id, group_size, keep, result, value) -> handle (a cls instance)"},
+     "root, splits, group_id, group_size, keep, result, value, placement, tag) -> handle (a cls instance)"},
     {"allreduce", (PyCFunction)(void (*)(void))allreduce, METH_FASTCALL,
      "allreduce(cls, op_type, a, name, reduce_op, prescale, postscale, out, process_set) -> handle, or None "
      "when the Python helper must take the call"},

@@ -126,9 +126,22 @@ SETTINGS: tuple[Setting, ...] = (
         float,
     ),
     Setting("log_level", "log_level", "HPCDL_LOG_LEVEL", "HOROVOD_LOG_LEVEL", "warning", str),
-    # Read by hpcdl.torch, not the runtime: how CUDA tensors are reduced (auto: NCCL when PyTorch has it
-    # and a GPU is visible, else staged through host memory and the engine).
+    # Read by hpcdl.torch, not the runtime: who moves CUDA tensors once the engine decided (auto: NCCL when
+    # PyTorch has it and a GPU is visible, else host: staged through host memory into the engine's data
+    # plane; gloo-standin: every tensor takes the NCCL path's code with gloo in place of NCCL), over how
+    # many streams (each with its own communicators), and whether NVTX ranges mark the batches.
     Setting("gpu_operations", "gpu_operations", "HPCDL_GPU_OPERATIONS", None, "auto", str),
+    Setting(
+        "num_nccl_streams", "num_nccl_streams", "HPCDL_NUM_NCCL_STREAMS", "HOROVOD_NUM_NCCL_STREAMS", 1, int
+    ),
+    Setting(
+        "disable_nvtx_ranges",
+        "disable_nvtx_ranges",
+        "HPCDL_DISABLE_NVTX_RANGES",
+        "HOROVOD_DISABLE_NVTX_RANGES",
+        False,
+        bool,
+    ),
     Setting(
         "dynamic_process_sets",
         "dynamic_process_sets",
@@ -145,7 +158,7 @@ _CHOICES = {
     "transport": ("auto", "shm", "tcp", "mpi"),
     "shm_stores": ("auto", "cached", "streaming"),
     "log_level": ("trace", "debug", "info", "warning", "error", "fatal"),
-    "gpu_operations": ("auto", "nccl", "host"),
+    "gpu_operations": ("auto", "nccl", "host", "gloo-standin"),
 }
 
 
@@ -226,6 +239,8 @@ def resolve(explicit: Mapping[str, Any] | None = None, env: Mapping[str, str] | 
                 break
         else:
             values[setting.key] = (not setting.default) if setting.invert else setting.default
+    if values["num_nccl_streams"] < 1:
+        raise HpcdlConfigError("num_nccl_streams must be at least 1 (HPCDL_NUM_NCCL_STREAMS)")
     if values["timeout_s"] <= 0:
         raise HpcdlConfigError("timeout must be a positive number of seconds (HPCDL_TIMEOUT)")
     return Resolved(values, frozenset(user_set))

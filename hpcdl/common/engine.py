@@ -16,19 +16,23 @@ the blocking direct functions of :mod:`hpcdl.common` default to ``SUM``.
 from __future__ import annotations
 
 import ctypes
+import struct
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import numpy as np
 
 from hpcdl.common import _hotpath
-from hpcdl.common.exceptions import HpcdlError, error_for
+from hpcdl.common.exceptions import ERR_INTERNAL, ERR_INVALID, HpcdlError, error_for
 from hpcdl.common.library import load
 from hpcdl.common.ops import reducescatter_rows
-from hpcdl.common.types import Buffer, DType, OpType, ReduceOp, buffer_formats, dtype_of
+from hpcdl.common.types import Buffer, DType, OpType, Placement, ReduceOp, buffer_formats, dtype_of
 
 __all__ = [
+    "DeviceBatch",
+    "DeviceQueue",
     "Handle",
     "allgather_async",
     "allreduce_async",
@@ -71,6 +75,8 @@ def _lib() -> ctypes.CDLL:
             lib.hpcdl_last_error.restype = ctypes.c_char_p
             lib.hpcdl_process_set_size.argtypes = [ctypes.c_int]
             lib.hpcdl_process_set_rank.argtypes = [ctypes.c_int]
+            lib.hpcdl_device_next.argtypes = [ctypes.c_double, p(i64), ctypes.c_int]
+            lib.hpcdl_device_done.argtypes = [i64, ctypes.c_int, ctypes.c_char_p, p(i64)]
             hot = (lib.hpcdl_enqueue, lib.hpcdl_wait, lib.hpcdl_poll, lib.hpcdl_release)
             addresses = (ctypes.cast(f, ctypes.c_void_p).value for f in hot)
             _hotpath.bind(*addresses, _raise, HpcdlError, np.ndarray, buffer_formats())
@@ -203,15 +209,18 @@ def submit(
     keep: Any = None,
     result: Optional[Callable[[Handle], Any]] = None,
     value: Any = None,
+    placement: Placement = Placement.HOST,
+    tag: int = 0,
 ) -> Handle:
     """:func:`enqueue` with the buffers as raw addresses (no Buffer objects), as a framework hands over its
     own tensors; whoever owns them keeps them alive until the handle completes (or passes them in
-    ``keep``)."""
+    ``keep``). ``placement=Placement.DEVICE`` submits device data, which the engine only negotiates: the
+    batch comes back through :class:`DeviceQueue` with ``tag`` (> 0) naming the operation."""
     if not _declared:
         _lib()
     return _hotpath.submit(
         Handle, op_type, name, process_set, dtype, input_ptr, output_ptr, shape, reduce_op, prescale,
-        postscale, root, splits, group_id, group_size, keep, result, value,
+        postscale, root, splits, group_id, group_size, keep, result, value, placement, tag,
     )  # fmt: skip
 
 
@@ -287,6 +296,8 @@ def allreduce_async(
         a if out is a else (a, out),
         None,
         out,
+        Placement.HOST,
+        0,
     )
 
 
@@ -456,3 +467,99 @@ def engine_knob(name: str) -> float:
             "known: fusion_threshold, cycle_time_ms, small_message_bytes, cache_capacity"
         )
     return float(value)
+
+
+# ---- the device executor's end --------------------------------------------------------------------------
+
+_HEADER_WORDS = 13
+_FUSED, _TIMED = 1, 2
+
+
+@dataclass(frozen=True)
+class DeviceBatch:
+    """Device operations the engine decided to run together (the layout of c_api.h's hpcdl_device_next).
+
+    ``tags[i]`` is the tag the caller submitted entry i with (0: this rank joined, and stands in with
+    ``counts[i]`` zeros); ``table`` holds, for an allgather, every member's rows and, for an alltoall, the
+    rows each member sends to this rank.
+    """
+
+    id: int
+    process_set: int
+    op_type: OpType
+    dtype: DType
+    reduce_op: ReduceOp
+    root: int  # broadcast: the root's index in the process set
+    set_size: int
+    set_rank: int
+    fused: bool
+    timed: bool  # the timeline records it: report its phase times
+    prescale: float
+    postscale: float
+    tags: tuple[int, ...]
+    counts: tuple[int, ...]
+    table: tuple[int, ...]
+
+    @staticmethod
+    def decode(words: Sequence[int]) -> DeviceBatch:
+        entries, table = words[6], words[12]
+        body = words[_HEADER_WORDS : _HEADER_WORDS + 2 * entries]
+        scales = struct.unpack("<2d", struct.pack("<2q", words[10], words[11]))
+        return DeviceBatch(
+            id=words[0],
+            process_set=words[1],
+            op_type=OpType(words[2]),
+            dtype=DType(words[3]),
+            reduce_op=ReduceOp(words[4]),
+            root=words[5],
+            set_size=words[7],
+            set_rank=words[8],
+            fused=bool(words[9] & _FUSED),
+            timed=bool(words[9] & _TIMED),
+            prescale=scales[0],
+            postscale=scales[1],
+            tags=tuple(body[0::2]),
+            counts=tuple(body[1::2]),
+            table=tuple(words[_HEADER_WORDS + 2 * entries : _HEADER_WORDS + 2 * entries + table]),
+        )
+
+
+class DeviceQueue:
+    """Where an executor takes the engine's device batches, in the order every rank agrees on, and reports
+    their ends. One executor thread per process calls :meth:`next`; any thread may call :meth:`done`."""
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self._words = (ctypes.c_int64 * capacity)()
+
+    def next(self, timeout: float) -> Optional[DeviceBatch]:
+        """The next batch, or None when none came within ``timeout`` seconds (or :meth:`interrupt` was
+        called). Raises the engine's error once it failed or shut down: every operation it held has
+        failed, and whatever the executor still runs must be aborted."""
+        lib = _lib()
+        while True:
+            length = lib.hpcdl_device_next(float(timeout), self._words, len(self._words))
+            if length >= 0:
+                return DeviceBatch.decode(self._words[:length]) if length else None
+            if -length == ERR_INVALID and self._words[0] > len(self._words):
+                self._words = (ctypes.c_int64 * int(self._words[0]))()  # a batch longer than the buffer
+                continue
+            _raise(-length)
+
+    @staticmethod
+    def done(
+        batch: DeviceBatch, error: Optional[str] = None, times_ns: Optional[Sequence[int]] = None
+    ) -> None:
+        """Complete the batch's operations, or fail them (and the engine, whose collectives cannot go on
+        after a failed one) with ``error``. ``times_ns``: the ``time.monotonic_ns()`` of its start, the
+        collective's start and end, and its end, for the timeline."""
+        times = (ctypes.c_int64 * 4)(*times_ns) if times_ns is not None else None
+        status = ERR_INTERNAL if error is not None else _OK
+        message = error.encode(errors="replace") if error is not None else None
+        code = _lib().hpcdl_device_done(batch.id, status, message, times)
+        if code != _OK:
+            _raise(code)
+
+    @staticmethod
+    def interrupt() -> None:
+        """Make a :meth:`next` that waits return None at once."""
+        _lib().hpcdl_device_interrupt()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from hpcdl.common.exceptions import LibraryNotFoundError
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 
 def library_path() -> Path:

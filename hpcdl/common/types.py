@@ -43,6 +43,14 @@ class OpType(IntEnum):
     JOIN = 6
 
 
+class Placement(IntEnum):
+    """Where an engine operation's data lives: HOST, moved by the engine's data plane; DEVICE, moved by
+    the caller's executor from the batches the engine hands over (see c_api.h, hpcdl_device_next)."""
+
+    HOST = 0
+    DEVICE = 1
+
+
 _ITEMSIZE = {
     DType.UINT8: 1,
     DType.INT8: 1,

@@ -25,10 +25,6 @@ NO_EFFECT: dict[str, tuple[type, str]] = {
         bool,
         "hpcdl initialises MPI only for --transport mpi, and then needs MPI_THREAD_MULTIPLE",
     ),
-    "num_nccl_streams": (
-        int,
-        "hpcdl.torch reduces CUDA tensors through torch.distributed's NCCL, which manages its own streams",
-    ),
     "thread_affinity": (
         int,
         "hpcdl's engine thread moves to the core of the thread that submits work by itself",

@@ -91,8 +91,14 @@ TUNABLES: tuple[Tunable, ...] = (
             "How shared-memory chunks are written: cached, streaming (non-temporal) or auto (timed).",
             str.lower, choices=("auto", "cached", "streaming")),
     Tunable("gpu_operations", str, "gpu_operations",
-            "How CUDA tensors are reduced: nccl, host (staged through the engine) or auto.", str.lower,
-            choices=("auto", "nccl", "host")),
+            "Who moves CUDA tensors the engine negotiated: nccl, host (staged through the engine's data "
+            "plane), gloo-standin (the NCCL path's code on any tensor, gloo in place of NCCL) or auto.",
+            str.lower, choices=("auto", "nccl", "host", "gloo-standin")),
+    Tunable("num_nccl_streams", int, "num_nccl_streams",
+            "CUDA streams (each with its own NCCL communicators) the GPU path spreads batches over.",
+            minimum=1),
+    Tunable("disable_nvtx_ranges", bool, "disable_nvtx_ranges",
+            "Do not mark the GPU path's batches with NVTX ranges (for Nsight).", _flag),
     Tunable("dynamic_process_sets", bool, "dynamic_process_sets",
             "Allow process sets to be added and removed after init.", _flag),
 )  # fmt: skip

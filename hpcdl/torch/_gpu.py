@@ -1,381 +1,278 @@
-"""CUDA tensors: NCCL through ``torch.distributed`` when PyTorch has it, otherwise staged through host
-memory (the CPU path of ``async_ops`` copies device tensors to host, runs the engine, copies back).
+"""CUDA tensors through the engine (the GPU path).
 
-NCCL path: at ``hvd.init()`` world rank 0 opens a ``torch.distributed.TCPStore`` and its address travels
-to the other ranks through hpcdl's own broadcast; one ``ProcessGroupNCCL`` per process set is created on
-first use. NCCL needs every rank to issue its collectives in the same order (as DDP does): gradient
-hooks fire in the same autograd order on every rank, so ``DistributedOptimizer`` satisfies this.
-Single-tensor allreduces are fused DDP-style: they fill buckets (per process set, dtype, op and scaling;
-up to the fusion threshold, at most 32 MiB) that start when full or at the next wait, poll or other
-collective; grouped allreduces are fused into one flat buffer per dtype. The NCCL path has no timeline.
-Set ``HPCDL_GPU_OPERATIONS=host`` to stage through the engine instead (negotiation by name, fusion and
-timeline of the engine).
+The engine decides, NCCL moves the data. A CUDA tensor is submitted to the same engine, by name, as a host
+tensor (``Placement.DEVICE``): the same negotiation across ranks, response cache, validation of shape,
+dtype, op, root and collective, stall inspector, join, process sets, groups and fusion by the fusion
+threshold. The engine never touches device memory: it hands each decided batch, in the order every rank
+agrees on, to this process's executor (``_gpu_executor``), which runs it through ``torch.distributed``'s
+``ProcessGroupNCCL`` and reports its end. So every rank starts its NCCL calls in the same order whatever
+order its threads submitted in, and a rank that submits another shape, skips a tensor or calls another
+collective gets ``HpcdlMismatchError`` or a stall report instead of a hang or a wrong result.
 
-Without a GPU, tests run this module's torch.distributed logic with gloo standing in for NCCL on CPU
-tensors; the CUDA tests themselves are marked ``gpu``.
+NCCL comes through ``torch.distributed`` rather than being loaded directly: PyTorch already holds the
+communicators' life cycle, its caching allocator's stream bookkeeping and the NCCL build matching its own
+CUDA, which a second copy of NCCL in the same process would have to duplicate (and could conflict with).
+
+``HPCDL_GPU_OPERATIONS`` (``--gpu-operations``) chooses who moves the data: ``nccl`` (CUDA tensors; the
+default when PyTorch has NCCL and a GPU is visible), ``host`` (CUDA tensors staged through host memory into
+the engine's own data plane; the default otherwise) or ``gloo-standin``: every tensor, CPU ones included,
+takes exactly this path with gloo process groups in place of NCCL, so that a script can exercise the GPU
+path's logic on a machine without a GPU.
 """
 
 from __future__ import annotations
 
-import socket
-import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from datetime import timedelta
+from dataclasses import dataclass
 from typing import Any, Optional
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from hpcdl import common
-from hpcdl.common import config
+from hpcdl.common import config, engine
+from hpcdl.common.exceptions import HpcdlConfigError
 from hpcdl.common.ops import reducescatter_rows
+from hpcdl.common.types import OpType, Placement
 from hpcdl.torch import _handles
-from hpcdl.torch.reduce_ops import Average, Max, Min, Product, Sum
-
-_ADDRESS_BYTES = 256
+from hpcdl.torch._gpu_collectives import DeviceOp
+from hpcdl.torch._gpu_executor import Executor
+from hpcdl.torch._gpu_groups import Groups
+from hpcdl.torch._gpu_lanes import Nvtx, caller_event
+from hpcdl.torch._tensors import deliver, runtime_dtype
 
 
 @dataclass
-class _NcclState:
-    store: Any
-    bucket_bytes: int
-    groups: dict[int, Any] = field(default_factory=dict)
+class _Path:
+    mode: str  # "nccl" or "gloo-standin"
+    executor: Executor
+    device: Optional[torch.device] = None  # the one CUDA device of this rank's NCCL path, once used
 
 
-_state: Optional[_NcclState] = None
+_path: Optional[_Path] = None
 
 
-def gpu_operations() -> str:
-    """``nccl`` or ``host`` (setting ``gpu_operations``; auto: nccl when PyTorch has NCCL and a GPU)."""
-    choice = config.resolve().get("gpu_operations")
-    if choice == "host":
-        return "host"
-    if dist.is_available() and dist.is_nccl_available() and torch.cuda.is_available():
-        return "nccl"
-    return "host"
+def resolve_mode(setting: str) -> str:
+    """``nccl``, ``host`` or ``gloo-standin`` for the ``gpu_operations`` setting."""
+    nccl = dist.is_available() and dist.is_nccl_available() and torch.cuda.is_available()
+    if setting == "auto":
+        return "nccl" if nccl else "host"
+    if setting == "nccl" and not nccl:
+        raise HpcdlConfigError(
+            "HPCDL_GPU_OPERATIONS=nccl, but "
+            + ("no CUDA GPU is visible" if dist.is_available() and dist.is_nccl_available() else
+               "this PyTorch has no NCCL")
+            + "; use HPCDL_GPU_OPERATIONS=host (CUDA tensors staged through host memory) or auto"
+        )  # fmt: skip
+    if setting == "gloo-standin" and not (dist.is_available() and dist.is_gloo_available()):
+        raise HpcdlConfigError(
+            "HPCDL_GPU_OPERATIONS=gloo-standin needs PyTorch's gloo backend, which is missing"
+        )
+    return setting
+
+
+def mode() -> str:
+    """Who moves the data of this job's CUDA tensors: ``nccl``, ``host`` or ``gloo-standin``."""
+    return _path.mode if _path is not None else "host"
 
 
 def on_init() -> None:
-    """Collective over the world, called by ``hvd.init()``: set up the NCCL store when it will be used."""
-    global _state
-    _state = None
-    if gpu_operations() != "nccl" or common.size() == 1:
+    """Collective over the world, called by ``hvd.init()``: open the process groups' store and start the
+    executor when the GPU path is in use."""
+    global _path
+    _path = None
+    settings = config.resolve()
+    chosen = resolve_mode(settings.get("gpu_operations"))
+    if chosen == "host":
         return
-    timeout = timedelta(seconds=float(config.resolve().get("timeout_s")))
-    address = np.zeros(_ADDRESS_BYTES, dtype=np.uint8)
-    store = None
-    if common.rank() == 0:
-        # The store listens on every interface; the others resolve rank 0's fully qualified name (which,
-        # unlike gethostbyname(gethostname()) on Debian, is not a loopback alias).
-        host = socket.getfqdn()
-        store = dist.TCPStore(host, 0, common.size(), True, timeout=timeout, wait_for_workers=False)
-        text = f"{host}:{store.port}".encode()
-        address[: len(text)] = np.frombuffer(text, dtype=np.uint8)
-    common.broadcast(address, root=0)
-    if store is None:
-        host, port = bytes(address).rstrip(b"\0").decode().rsplit(":", 1)
-        store = dist.TCPStore(host, int(port), common.size(), False, timeout=timeout)
-    _state = _NcclState(store=store, bucket_bytes=_bucket_bytes())
-
-
-def _bucket_bytes() -> int:
-    """Bucket size of the NCCL path: the fusion threshold, at most 32 MiB so that buckets fill (and
-    start) while backward is still running, as DDP's 25 MiB buckets do."""
-    threshold = int(config.resolve().get("fusion_threshold"))
-    return min(threshold, 32 << 20) if threshold > 0 else 1
+    nccl = chosen == "nccl"
+    groups = Groups.open("nccl" if nccl else "gloo", float(settings.get("timeout_s")))
+    device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    nvtx = Nvtx(nccl and not settings.get("disable_nvtx_ranges"))
+    _path = _Path(chosen, Executor(groups, int(settings.get("num_nccl_streams")), device, nvtx))
 
 
 def on_shutdown() -> None:
-    global _state
-    _state = None
-    with _bucket_lock:
-        _open_buckets.clear()
+    global _path
+    path, _path = _path, None
+    if path is not None:
+        path.executor.stop()
 
 
-def uses_nccl(tensors: Sequence[torch.Tensor]) -> bool:
-    """True when these tensors go through NCCL (all on CUDA and the NCCL store is set up)."""
-    return _state is not None and all(t.is_cuda for t in tensors)
+def takes(tensors: Sequence[torch.Tensor]) -> bool:
+    """True when these tensors go through the GPU path (CUDA tensors with NCCL; any with the stand-in)."""
+    path = _path
+    if path is None:
+        return False
+    return path.mode == "gloo-standin" or all(t.is_cuda for t in tensors)
 
 
-def _new_group(store: Any, rank: int, size: int) -> Any:
-    return dist.ProcessGroupNCCL(store, rank, size)
+# ---- submitting -----------------------------------------------------------------------------------
 
 
-def _group(ps_id: int) -> Any:
-    assert _state is not None
-    group = _state.groups.get(ps_id)
-    if group is None:
-        ranks = common.process_set_ranks(ps_id)
-        store = dist.PrefixStore(f"hpcdl/process_set/{ps_id}", _state.store)
-        group = _new_group(store, common.process_set_rank(ps_id), len(ranks))
-        _state.groups[ps_id] = group
-    return group
+def _detached(tensor: torch.Tensor) -> torch.Tensor:
+    # A gradient (what the optimizer's hooks submit) needs no detaching: one object less per tensor.
+    return tensor.detach() if tensor.requires_grad else tensor
 
 
-class _Chained:
-    """A handle that is done when another entry of the handle table is (its result is taken in finish)."""
-
-    def __init__(self, inner: int) -> None:
-        self._inner = inner
-
-    def poll(self) -> bool:
-        return _handles.poll(self._inner)
-
-    def wait(self, timeout: Optional[float] = None) -> None:
-        return None
-
-    def release(self) -> None:
-        return None
+def _staged(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's values as a contiguous tensor on its device (a copy on the caller's stream for any
+    other layout; the caller's stream event recorded after it covers the copy)."""
+    t = _detached(tensor)
+    return t if t.is_contiguous() else t.contiguous()
 
 
-class _Work:
-    """A torch.distributed Work seen through the handle protocol of ``_handles``."""
-
-    def __init__(self, works: list[Any]) -> None:
-        self._works = works
-
-    def poll(self) -> bool:
-        return all(w.is_completed() for w in self._works)
-
-    def wait(self, timeout: Optional[float] = None) -> None:
-        for w in self._works:
-            w.wait()
-
-    def release(self) -> None:
-        self._works = []
+def _result_buffer(target: torch.Tensor) -> torch.Tensor:
+    """Where the executor writes a result meant for ``target``: itself, or a contiguous buffer that
+    :func:`deliver` copies from."""
+    t = _detached(target)
+    return t if t.is_contiguous() else torch.empty_like(t, memory_format=torch.contiguous_format)
 
 
-_NCCL_OPS = {Sum: "SUM", Average: "SUM", Min: "MIN", Max: "MAX", Product: "PRODUCT"}
-
-
-def _scale(t: torch.Tensor, factor: float) -> None:
-    if factor == 1.0:
+def _check_device(path: _Path, tensors: Sequence[torch.Tensor]) -> None:
+    if path.mode != "nccl":
         return
-    if t.dtype.is_floating_point:
-        t.mul_(factor)
-    else:
-        t.copy_((t.to(torch.float64) * factor).trunc().to(t.dtype))
+    for t in tensors:
+        if path.device is None:
+            path.device = t.device
+        elif t.device != path.device:
+            raise HpcdlConfigError(
+                f"hpcdl's NCCL path runs one GPU per rank: this rank submitted tensors on {path.device}, now "
+                f"one on {t.device}; move it there, or call torch.cuda.set_device(hvd.local_rank()) before "
+                "creating tensors"
+            )
 
 
-def _launch_allreduce(
-    group: Any, tensors: list[torch.Tensor], op: int, prescale: float
-) -> tuple[Any, torch.Tensor]:
-    """One NCCL allreduce of the tensors (one dtype) packed into a flat buffer."""
-    flat = torch.cat([t.detach().reshape(-1) for t in tensors])
-    _scale(flat, prescale)
-    opts = dist.AllreduceOptions()
-    opts.reduceOp = getattr(dist.ReduceOp, _NCCL_OPS[op])
-    return group.allreduce([flat], opts), flat
-
-
-def _unpack(flat: torch.Tensor, op: int, postscale: float, set_size: int, pairs: list[tuple]) -> None:
-    """Finish a reduced flat buffer (postscale, average) and copy each slice into its output."""
-    _scale(flat, postscale)
-    if op == Average:
-        if flat.dtype.is_floating_point:
-            flat.div_(set_size)
-        else:
-            flat.copy_(torch.div(flat, set_size, rounding_mode="trunc"))
-    offset = 0
-    for tensor, output in pairs:
-        n = tensor.numel()
-        with torch.no_grad():
-            output.copy_(flat[offset : offset + n].view(tensor.shape))
-        offset += n
-
-
-@dataclass
-class _Bucket:
-    """Single-tensor allreduces of one process set, dtype, device, op and scaling, fused into one NCCL
-    call (DDP-style bucketing: launched when full, or at the next wait/poll/other collective)."""
-
-    key: tuple
-    pairs: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
-    nbytes: int = 0
-    work: Any = None
-    flat: Optional[torch.Tensor] = None
-    unpacked: bool = False
-
-
-_bucket_lock = threading.RLock()
-_open_buckets: dict[tuple, _Bucket] = {}
-
-
-def _launch_bucket(bucket: _Bucket) -> None:
-    ps_id, _, _, op, prescale, _ = bucket.key
-    bucket.work, bucket.flat = _launch_allreduce(_group(ps_id), [t for t, _ in bucket.pairs], op, prescale)
-
-
-def flush() -> None:
-    """Launch every open bucket, oldest first. Every rank reaches the same flush points in the same
-    order (they follow the program's submissions), so the NCCL calls match across ranks."""
-    with _bucket_lock:
-        for bucket in list(_open_buckets.values()):
-            _launch_bucket(bucket)
-        _open_buckets.clear()
-
-
-class _BucketMember:
-    """The handle of one tensor in a bucket: waiting or polling launches the open buckets first."""
-
-    def __init__(self, bucket: _Bucket) -> None:
-        self._bucket = bucket
-
-    def poll(self) -> bool:
-        flush()
-        return bool(self._bucket.work.is_completed())
-
-    def wait(self, timeout: Optional[float] = None) -> None:
-        flush()
-        self._bucket.work.wait()
-
-    def release(self) -> None:
-        return None
+def _submit(
+    op_type: OpType, ops: list[DeviceOp], name: Optional[str], process_set: int, **request: Any
+) -> list[engine.Handle]:
+    """Submit one device operation per entry of ``ops`` (an atomic group when there are several), after
+    the caller's stream has reached them: each handle completes when its batch ended on the device."""
+    path = _path
+    assert path is not None
+    _check_device(path, [op.input for op in ops])
+    events: dict[torch.device, Optional[torch.cuda.Event]] = {}
+    for op in ops:  # one event per device and call: they are all on the caller's current stream
+        device = op.input.device
+        op.ready = events[device] if device in events else events.setdefault(device, caller_event(device))
+    grouped = len(ops) > 1
+    group_id = engine.new_group_id(process_set) if grouped else 0
+    handles = []
+    for i, op in enumerate(ops):
+        tag = path.executor.register(op)
+        try:
+            handles.append(
+                engine.submit(
+                    op_type,
+                    f"{name}.{i}" if grouped and name is not None else name,
+                    process_set,
+                    runtime_dtype(op.input),
+                    op.input.data_ptr(),
+                    op.output.data_ptr() if op.output is not None else None,
+                    tuple(op.input.shape) or (1,),  # a 0-d tensor travels as one element
+                    group_id=group_id,
+                    group_size=len(ops) if grouped else 0,
+                    keep=op,
+                    placement=Placement.DEVICE,
+                    tag=tag,
+                    **request,
+                )
+            )
+        except BaseException:
+            path.executor.forget(tag)
+            raise
+    return handles
 
 
 def allreduce(
     tensors: list[torch.Tensor],
     outputs: list[torch.Tensor],
-    op: int,
-    prescale: float,
-    postscale: float,
-    ps_id: int,
+    name: Optional[str],
+    process_set: int,
+    request: dict[str, Any],
 ) -> int:
-    """Allreduce over NCCL; outputs[i] may be tensors[i]. A single tensor joins a bucket; a group is
-    launched at once as one fused call per dtype."""
-    set_size = common.process_set_size(ps_id)
-    if len(tensors) == 1:
-        return _bucketed_allreduce(tensors[0], outputs[0], op, prescale, postscale, ps_id, set_size)
-    flush()
-    group = _group(ps_id)
-    launched = []
-    for dtype in dict.fromkeys(t.dtype for t in tensors):
-        pairs = [(t, o) for t, o in zip(tensors, outputs) if t.dtype == dtype]
-        work, flat = _launch_allreduce(group, [t for t, _ in pairs], op, prescale)
-        launched.append((work, flat, pairs))
+    """Submit one allreduce or an atomic group; ``outputs[i]`` may be ``tensors[i]`` (in place).
+    ``synchronize`` returns the list of outputs."""
+    ops = []
+    for t, out in zip(tensors, outputs):
+        source = _staged(t)
+        ops.append(DeviceOp(source, source if out is t else _result_buffer(out)))
+    handles = _submit(OpType.ALLREDUCE, ops, name, process_set, **request)
 
     def finish() -> list[torch.Tensor]:
-        for _, flat, pairs in launched:
-            _unpack(flat, op, postscale, set_size, pairs)
-        return list(outputs)
-
-    return _handles.register(
-        [_Work([w for w, _, _ in launched])], finish, keep_alive=(tensors, outputs, launched)
-    )
-
-
-def _bucketed_allreduce(
-    tensor: torch.Tensor,
-    output: torch.Tensor,
-    op: int,
-    prescale: float,
-    postscale: float,
-    ps_id: int,
-    set_size: int,
-) -> int:
-    assert _state is not None
-    key = (ps_id, tensor.dtype, tensor.device, op, float(prescale), float(postscale))
-    with _bucket_lock:
-        bucket = _open_buckets.get(key)
-        if bucket is None:
-            bucket = _open_buckets[key] = _Bucket(key)
-        bucket.pairs.append((tensor, output))
-        bucket.nbytes += tensor.numel() * tensor.element_size()
-        if bucket.nbytes >= _state.bucket_bytes:
-            _launch_bucket(_open_buckets.pop(key))
-
-    def finish() -> list[torch.Tensor]:
-        with _bucket_lock:
-            if not bucket.unpacked:
-                assert bucket.flat is not None
-                _unpack(bucket.flat, op, postscale, set_size, bucket.pairs)
-                bucket.unpacked = True
-        return [output]
-
-    return _handles.register([_BucketMember(bucket)], finish, keep_alive=(tensor, output, bucket))
-
-
-def _exchange_rows(group: Any, rows: int, set_size: int, device: torch.device) -> list[int]:
-    mine = torch.tensor([rows], dtype=torch.int64, device=device)
-    everyone = [torch.empty(1, dtype=torch.int64, device=device) for _ in range(set_size)]
-    group.allgather([everyone], [mine]).wait()
-    return [int(t.item()) for t in everyone]
-
-
-def allgather(tensors: list[torch.Tensor], ps_id: int) -> int:
-    """Allgather with per-rank first dimensions: sizes first, then the rows padded to the largest."""
-    flush()
-    group = _group(ps_id)
-    set_size = common.process_set_size(ps_id)
-    works, pieces = [], []
-    for t in tensors:
-        src = t.detach().contiguous()
-        rows = _exchange_rows(group, src.shape[0], set_size, src.device)
-        padded = torch.zeros((max(rows), *src.shape[1:]), dtype=src.dtype, device=src.device)
-        padded[: src.shape[0]] = src
-        slots = [torch.empty_like(padded) for _ in range(set_size)]
-        works.append(group.allgather([slots], [padded]))
-        pieces.append((rows, slots))
-
-    def finish() -> list[torch.Tensor]:
-        return [torch.cat([s[:r] for r, s in zip(rows, slots)]) for rows, slots in pieces]
-
-    return _handles.register([_Work(works)], finish, keep_alive=(tensors, pieces))
-
-
-def broadcast(tensor: torch.Tensor, output: torch.Tensor, root_rank: int, ps_id: int) -> int:
-    flush()
-    group = _group(ps_id)
-    buf = output if (output is tensor and tensor.is_contiguous()) else tensor.detach().contiguous().clone()
-    opts = dist.BroadcastOptions()
-    opts.rootRank = common.process_set_ranks(ps_id).index(root_rank)
-    opts.rootTensor = 0
-    work = group.broadcast([buf], opts)
-
-    def finish() -> torch.Tensor:
-        if buf.data_ptr() != output.data_ptr():
-            with torch.no_grad():
-                output.copy_(buf)
-        return output
-
-    return _handles.register([_Work([work])], finish, keep_alive=(tensor, output, buf))
-
-
-def alltoall(tensor: torch.Tensor, splits: Optional[list[int]], splits_dtype: torch.dtype, ps_id: int) -> int:
-    flush()
-    group = _group(ps_id)
-    set_size = common.process_set_size(ps_id)
-    src = tensor.detach().contiguous()
-    send = splits if splits is not None else [src.shape[0] // set_size] * set_size
-    send_t = torch.tensor(send, dtype=torch.int64, device=src.device)
-    recv_t = torch.empty(set_size, dtype=torch.int64, device=src.device)
-    group.alltoall_base(recv_t, send_t, [1] * set_size, [1] * set_size, dist.AllToAllOptions()).wait()
-    recv = [int(x) for x in recv_t.tolist()]
-    out = torch.empty((sum(recv), *src.shape[1:]), dtype=src.dtype, device=src.device)
-    work = group.alltoall_base(out, src, recv, send, dist.AllToAllOptions())
-
-    def finish() -> tuple[torch.Tensor, torch.Tensor]:
-        return out, torch.tensor(recv, dtype=splits_dtype)
-
-    return _handles.register([_Work([work])], finish, keep_alive=(tensor, src, out))
-
-
-def reducescatter(tensors: list[torch.Tensor], op: int, prescale: float, postscale: float, ps_id: int) -> int:
-    """Reducescatter as a fused allreduce followed by this rank's slice (first ``rows % size`` ranks get
-    one extra row, as in Horovod)."""
-    set_size, set_rank = common.process_set_size(ps_id), common.process_set_rank(ps_id)
-    outputs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
-    inner = allreduce(tensors, outputs, op, prescale, postscale, ps_id)
-
-    def finish() -> list[torch.Tensor]:
-        reduced = _handles.synchronize(inner)
         results = []
-        for t in reduced:
-            rows = t.shape[0]
-            start = sum(reducescatter_rows(rows, set_size, r) for r in range(set_rank))
-            results.append(t[start : start + reducescatter_rows(rows, set_size, set_rank)].clone())
+        for op, out in zip(ops, outputs):
+            op.hand_over()
+            assert op.output is not None
+            results.append(deliver(op.output, out))
         return results
 
-    return _handles.register([_Chained(inner)], finish, keep_alive=(tensors, outputs))
+    return _handles.register(handles, finish, keep_alive=(tensors, outputs))
+
+
+def allgather(tensors: list[torch.Tensor], name: Optional[str], process_set: int) -> int:
+    """Submit one allgather or a group; ``synchronize`` returns the list of gathered tensors."""
+    ops = [DeviceOp(_staged(t)) for t in tensors]
+    handles = _submit(OpType.ALLGATHER, ops, name, process_set)
+
+    def finish() -> list[torch.Tensor]:
+        for op in ops:
+            op.hand_over()
+        return [op.output for op in ops]  # type: ignore[misc]
+
+    return _handles.register(handles, finish, keep_alive=(tensors,))
+
+
+def broadcast(
+    tensor: torch.Tensor, output: torch.Tensor, root_rank: int, name: Optional[str], process_set: int
+) -> int:
+    """Submit one broadcast; ``output`` may be ``tensor`` (in place). ``synchronize`` returns ``output``."""
+    source = _staged(tensor)
+    op = DeviceOp(source, source if output is tensor else _result_buffer(output))
+    handles = _submit(OpType.BROADCAST, [op], name, process_set, root=root_rank)
+
+    def finish() -> torch.Tensor:
+        op.hand_over()
+        assert op.output is not None
+        return deliver(op.output, output)
+
+    return _handles.register(handles, finish, keep_alive=(tensor, output))
+
+
+def alltoall(
+    tensor: torch.Tensor,
+    splits: Optional[list[int]],
+    splits_dtype: torch.dtype,
+    name: Optional[str],
+    process_set: int,
+) -> int:
+    """Submit one alltoall; ``synchronize`` returns ``(output, received_splits)``."""
+    op = DeviceOp(_staged(tensor), splits=splits)
+    handles = _submit(OpType.ALLTOALL, [op], name, process_set, splits=splits)
+
+    def finish() -> tuple[torch.Tensor, torch.Tensor]:
+        op.hand_over()
+        assert op.output is not None and op.received is not None
+        return op.output, torch.tensor(op.received, dtype=splits_dtype)
+
+    return _handles.register(handles, finish, keep_alive=(tensor,))
+
+
+def reducescatter(
+    tensors: list[torch.Tensor], name: Optional[str], process_set: int, request: dict[str, Any]
+) -> int:
+    """Submit one reducescatter or a group; ``synchronize`` returns the list of this rank's slices."""
+    size, me = common.process_set_size(process_set), common.process_set_rank(process_set)
+    ops = []
+    for t in tensors:
+        source = _staged(t)
+        rows = (reducescatter_rows(t.shape[0], size, me), *t.shape[1:])
+        ops.append(DeviceOp(source, torch.empty(rows, dtype=t.dtype, device=t.device)))
+    handles = _submit(OpType.REDUCESCATTER, ops, name, process_set, **request)
+
+    def finish() -> list[torch.Tensor]:
+        for op in ops:
+            op.hand_over()
+        return [op.output for op in ops]  # type: ignore[misc]
+
+    return _handles.register(handles, finish, keep_alive=(tensors,))

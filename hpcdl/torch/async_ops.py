@@ -3,9 +3,10 @@
 
 Each collective has one launcher (``allreduce_launch``, ``allgather_launch``, ...) that checks its
 arguments, stages the tensors and submits them: to the engine for CPU tensors (zero-copy when a tensor is
-contiguous, a contiguous copy of any other layout otherwise: see ``_tensors``), to ``_gpu`` for CUDA
-tensors over NCCL. The public ``*_async`` functions are Horovod-signature wrappers around the launchers;
-``ops`` builds the blocking, differentiable collectives on the same launchers. What a launcher needs
+contiguous, a contiguous copy of any other layout otherwise: see ``_tensors``), or to ``_gpu`` for the
+tensors of the GPU path (negotiated by the same engine; NCCL moves them). The public ``*_async``
+functions are Horovod-signature wrappers around the launchers; ``ops`` builds the blocking,
+differentiable collectives on the same launchers. What a launcher needs
 besides the tensors travels in one small record per collective shape (:class:`Reduction`, ...), which the
 differentiable ops also keep for their gradients.
 """
@@ -170,8 +171,8 @@ def allreduce_launch(
         runtime_dtype(t)
     if op == Adasum:
         return _adasum.allreduce_launch(tensors, outputs, name, how.process_set)
-    if _gpu.uses_nccl(tensors):
-        return _gpu.allreduce(tensors, outputs, op, how.prescale, how.postscale, ps_id)
+    if _gpu.takes(tensors):
+        return _gpu.allreduce(tensors, outputs, name, ps_id, how.request())
     sources = [readable(t) for t in tensors]
     # In place on a staged copy: the engine reduces the copy, which is then delivered into the tensor.
     results = [src if out is t else writable(out) for t, out, src in zip(tensors, outputs, sources)]
@@ -187,7 +188,12 @@ def allreduce_one(tensor: torch.Tensor, output: torch.Tensor, name: Optional[str
     """Submit one allreduce; ``synchronize`` returns ``output``. A contiguous CPU tensor (every gradient a
     DistributedOptimizer hook hands over) goes to the engine in one call, its result written into
     ``output`` itself; anything else through :func:`allreduce_launch`."""
-    if how.op == Adasum or not is_direct(tensor) or not (output is tensor or is_direct(output)):
+    if (
+        how.op == Adasum
+        or _gpu.takes((tensor,))
+        or not is_direct(tensor)
+        or not (output is tensor or is_direct(output))
+    ):
         return _single(allreduce_launch([tensor], [output], name, how))
     address = tensor.data_ptr()
     handle = engine.submit(
@@ -303,8 +309,8 @@ def allgather_launch(tensors: list[torch.Tensor], name: Optional[str], process_s
     for t in tensors:
         check_rows(t, "allgather")
         runtime_dtype(t)
-    if _gpu.uses_nccl(tensors):
-        return _gpu.allgather(tensors, ps_id)
+    if _gpu.takes(tensors):
+        return _gpu.allgather(tensors, name, ps_id)
     handles = _enqueue(OpType.ALLGATHER, [readable(t) for t in tensors], None, name, ps_id)
 
     def finish() -> list[torch.Tensor]:
@@ -352,8 +358,8 @@ def broadcast_launch(
     ps_id = id_of(process_set)
     runtime_dtype(tensor)
     _check_root(root_rank, process_set)
-    if _gpu.uses_nccl([tensor]):
-        return _gpu.broadcast(tensor, output, root_rank, ps_id)
+    if _gpu.takes((tensor,)):
+        return _gpu.broadcast(tensor, output, root_rank, name, ps_id)
     source = readable(tensor)
     result = source if output is tensor else writable(output)
     handles = _enqueue(OpType.BROADCAST, [source], [result], name, ps_id, root=root_rank)
@@ -430,8 +436,8 @@ def alltoall_async(
     runtime_dtype(tensor)
     split_rows = _splits_list(splits, tensor.shape[0], common.process_set_size(ps_id))
     splits_dtype = splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
-    if _gpu.uses_nccl([tensor]):
-        return _gpu.alltoall(tensor, split_rows, splits_dtype, ps_id)
+    if _gpu.takes((tensor,)):
+        return _gpu.alltoall(tensor, split_rows, splits_dtype, check_name(name), ps_id)
     (handle,) = _enqueue(
         OpType.ALLTOALL, [readable(tensor)], None, check_name(name), ps_id, splits=split_rows
     )
@@ -459,8 +465,8 @@ def reducescatter_launch(tensors: list[torch.Tensor], name: Optional[str], how: 
     for t in tensors:
         check_rows(t, "reducescatter")
         runtime_dtype(t)
-    if _gpu.uses_nccl(tensors):
-        return _gpu.reducescatter(tensors, op, how.prescale, how.postscale, ps_id)
+    if _gpu.takes(tensors):
+        return _gpu.reducescatter(tensors, name, ps_id, how.request())
     results = [
         torch.empty((reducescatter_rows(t.shape[0], set_size, set_rank), *t.shape[1:]), dtype=t.dtype)
         for t in tensors

@@ -121,7 +121,7 @@ def test_flags_without_effect_are_noted_and_change_nothing(tmp_path: Path) -> No
     assert done.returncode == 0, done.stderr
     assert [r["sum"] for r in _results(done.stdout)] == [3.0, 3.0]
     notes = [line for line in done.stderr.splitlines() if line.startswith("hpcdl run: note: ")]
-    assert len(notes) == 6 and all("has no effect here: " in note for note in notes)
+    assert len(notes) == 5 and all("has no effect here: " in note for note in notes)
     assert "hpcdl run: note: --disable-cache has no effect here: hpcdl run keeps no cache" in done.stderr
 
 

@@ -57,9 +57,9 @@ def test_training_matches_one_rank_with_the_whole_batch() -> None:
 
 
 def test_torch_distributed_path_with_gloo_standing_in_for_nccl() -> None:
-    """The code that drives NCCL for CUDA tensors, run on CPU tensors over gloo (see
-    torch_rank_checks._gloo_stands_in_for_nccl for what this does and does not cover)."""
-    run_scenario("distributed_path", 2)
+    """The GPU path (the engine negotiates, the executor moves the data through torch.distributed) run on
+    CPU tensors with gloo in place of NCCL: only NCCL's kernels and CUDA streams are not exercised."""
+    run_scenario("distributed_path", 2, {"HPCDL_GPU_OPERATIONS": "gloo-standin"})
 
 
 @pytest.mark.gpu

@@ -856,23 +856,8 @@ SCENARIOS: dict[str, list[Check]] = {
 SETS: dict[str, hvd.ProcessSet] = {}
 
 
-def _gloo_stands_in_for_nccl() -> None:
-    """Route CPU tensors through ``_gpu``'s torch.distributed path with gloo in place of NCCL: its
-    dispatch, fusion per dtype, uneven allgather, alltoall split exchange and handle bookkeeping run for
-    real; only NCCL's kernels and CUDA streams are not exercised (no GPU here)."""
-    import torch.distributed as dist
-
-    from hpcdl.torch import _gpu
-
-    _gpu.gpu_operations = lambda: "nccl"
-    _gpu._new_group = lambda store, rank, size: dist.ProcessGroupGloo(store, rank, size)
-    _gpu.uses_nccl = lambda tensors: _gpu._state is not None
-
-
 def main(scenario: str) -> None:
     checks = SCENARIOS[scenario]
-    if scenario == "distributed_path":
-        _gloo_stands_in_for_nccl()
     if scenario == "collectives":
         SETS.update(evens=hvd.ProcessSet([2, 0]), odds=hvd.ProcessSet([1]))
         hvd.init(process_sets=list(SETS.values()))

@@ -17,4 +17,4 @@ def test_peer_values_are_checked_before_use(tmp_path: Path) -> None:
     done = subprocess.run([str(program)], capture_output=True, text=True, timeout=60)
     lines = done.stdout.splitlines()
     assert [line for line in lines if not line.startswith("ok ")] == [], done.stdout + done.stderr
-    assert len(lines) == 26 and done.returncode == 0, done.stdout
+    assert len(lines) == 28 and done.returncode == 0, done.stdout

@@ -247,10 +247,10 @@ def test_every_horovodrun_flag_is_accepted() -> None:
 
 
 def test_horovodrun_flags_without_effect_say_why() -> None:
-    notes = no_effect_notes(["num_nccl_streams", "log_with_timestamp"])
+    notes = no_effect_notes(["thread_affinity", "log_with_timestamp"])
     assert notes == [
-        "--num-nccl-streams has no effect here: hpcdl.torch reduces CUDA tensors through torch.distributed's "
-        "NCCL, which manages its own streams",
+        "--thread-affinity has no effect here: hpcdl's engine thread moves to the core of the thread that "
+        "submits work by itself",
         "--log-with[out]-timestamp (--[no-]log-hide-timestamp) has no effect here: hpcdl's runtime messages "
         "carry no timestamp; --prefix-output-with-timestamp stamps every line",
     ]

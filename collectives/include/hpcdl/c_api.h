@@ -26,7 +26,7 @@
 extern "C" {
 #endif
 
-#define HPCDL_ABI_VERSION 1
+#define HPCDL_ABI_VERSION 2
 
 #if defined(__GNUC__)
 #define HPCDL_API __attribute__((visibility("default")))
@@ -218,7 +218,18 @@ typedef struct {
   int32_t nsplits;
   int32_t group_id;           /* 0 = not grouped; ops sharing a group id run together, atomically */
   int32_t group_size;         /* number of ops in the group */
+  int32_t placement;          /* hpcdl_placement: where the data lives and who moves it (every member of
+                                 the process set must submit a name with the same placement) */
+  int64_t tag;                /* HPCDL_PLACEMENT_DEVICE: the caller's id of this operation, handed back in
+                                 the batches of hpcdl_device_next; ignored otherwise */
 } hpcdl_request;
+
+/* Where an engine operation's data lives. HOST: the engine's own data plane reads `input` and writes
+ * `output`. DEVICE: the engine only negotiates (names, validation, response cache, fusion, ordering, stall
+ * inspector, join, timeline) and never dereferences the buffers; each decided batch goes, in the one order
+ * every rank agrees on, to the caller's executor (hpcdl_device_next), which moves the data (NCCL on GPUs)
+ * and reports back (hpcdl_device_done). Such operations are never fused with host ones. */
+typedef enum { HPCDL_PLACEMENT_HOST = 0, HPCDL_PLACEMENT_DEVICE = 1 } hpcdl_placement;
 
 typedef int64_t hpcdl_handle;
 
@@ -241,6 +252,36 @@ HPCDL_API int hpcdl_release(hpcdl_handle handle);
  * member allocates its groups in the same order; a joined rank skips the ids of the groups it stood in
  * for, so that the ranks' next groups still get the same ids. */
 HPCDL_API int hpcdl_new_group_id(int process_set);
+
+/* ---- the device executor: batches of HPCDL_PLACEMENT_DEVICE operations ------------------------------
+ * One executor thread per process takes the batches the engine decided, in order, runs them and reports
+ * each one's end. A batch is a row of int64 words:
+ *   [0] batch id (> 0)   [1] process set   [2] op type   [3] dtype   [4] reduce op
+ *   [5] root (broadcast: its index in the set)   [6] entries E   [7] set size N   [8] this rank's index
+ *   [9] flags (HPCDL_DEVICE_FUSED: the E allreduces share one fusion buffer and one collective;
+ *       HPCDL_DEVICE_TIMED: the timeline records this batch, report its phase times)
+ *   [10] prescale, [11] postscale (the bits of a double)   [12] T, the length of the table
+ *   then E entries of 2 words: tag (0: this rank stands in for a joined rank and contributes zeros),
+ *   element count; then the table: allgather, the rows of each member (N words); alltoall, the rows each
+ *   member sends to this rank (N words); otherwise empty.
+ * Returns the batch's length in words (> 0), 0 when none came within timeout_s, or a negative status:
+ * the engine failed (hpcdl_last_error says why; every operation it held has failed, and the executor must
+ * abort what it runs) or the job shut down (HPCDL_ERR_SHUTDOWN: the batches the executor runs still
+ * complete when it reports them; it should let them end, then stop), or
+ * HPCDL_ERR_INVALID when `capacity` is too small (the batch stays queued; batch[0] holds the length it
+ * needs). */
+#define HPCDL_DEVICE_FUSED 1
+#define HPCDL_DEVICE_TIMED 2
+#define HPCDL_DEVICE_HEADER_WORDS 13
+HPCDL_API int hpcdl_device_next(double timeout_s, int64_t* batch, int capacity);
+/* The end of a batch: status HPCDL_OK completes its operations, anything else fails them (and the engine,
+ * as a failed collective of the engine's own data plane does) with `message`. times_ns: NULL, or 4
+ * CLOCK_MONOTONIC times (start, collective start, collective end, end; equal neighbours for a phase a
+ * batch does not have) for the timeline. */
+HPCDL_API int hpcdl_device_done(int64_t batch_id, int status, const char* message, const int64_t* times_ns);
+/* Makes the thread blocked in hpcdl_device_next, or the next call that finds no batch, return 0 at once
+ * (the executor is stopping). */
+HPCDL_API int hpcdl_device_interrupt(void);
 
 /* ---- timeline, autotune, stall inspector ------------------------------------------------------- */
 HPCDL_API int hpcdl_start_timeline(const char* path, int mark_cycles);

@@ -42,9 +42,19 @@ constexpr std::chrono::microseconds kSettle{100};
 constexpr std::chrono::seconds kShutdownGrace{2};
 constexpr std::chrono::microseconds kSettleRecheck{100};
 
-// Bytes of data an allreduce carries inside its control message (0: none).
+// The longest a rank that waits for an operation (its peers' submissions, or a device batch's end) stays
+// idle without a cycle: each such cycle is a heartbeat, in which a dead peer shows as a failed negotiation
+// (its process gone, its connection closed). The survivors then fail at once, rather than at their
+// deadline, also when the collective they wait for runs on a GPU that will never finish it.
+constexpr std::chrono::milliseconds kHeartbeat{250};
+// How long a failed device batch looks for the member whose death caused it (a killed peer's sockets close
+// just before its process becomes a zombie; see Engine::device_failure).
+constexpr std::chrono::milliseconds kDeathGrace{50};
+
+// Bytes of data an allreduce carries inside its control message (0: none). Never for device data: the
+// engine cannot read it.
 inline int64_t inline_bytes(const OpRequest& r) {
-  if (r.op_type != HPCDL_OP_ALLREDUCE) return 0;
+  if (r.op_type != HPCDL_OP_ALLREDUCE || r.placement == HPCDL_PLACEMENT_DEVICE) return 0;
   int64_t bytes = r.num_elements() * dtype_size(r.dtype);
   return bytes > 0 && bytes <= kInlineMaxBytes ? bytes : 0;
 }

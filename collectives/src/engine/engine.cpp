@@ -93,6 +93,7 @@ void Engine::stop() {
       waiting_ = false;
     }
     queue_cv_.notify_all();
+    device_cv_.notify_all();
   }
   if (thread_.joinable()) thread_.join();
   timeline_.stop();
@@ -187,7 +188,8 @@ void Engine::loop() {
       }
       timeline_.flush(false);
       keep_to_own_core(true);
-      bursty_ = widest_pack_ > 1;
+      // A burst of one empty cycle (a heartbeat, a stray ring) says nothing about how the callers submit.
+      if (!doorbell_pending_) bursty_ = widest_pack_ > 1;
       widest_pack_ = 0;
       s = go_idle();
       if (!s.is_ok()) {
@@ -201,15 +203,29 @@ void Engine::loop() {
   timeline_.flush(true);
 }
 
-// Sleeps until this rank has work, a peer rang the doorbell, or a timer (stall check, timeline flush) is
-// due. Returns false when the engine must stop.
+// Sleeps until this rank has work, a peer rang the doorbell, a heartbeat is due (this rank waits for an
+// operation: see kHeartbeat) or a timer (stall check, timeline flush) is. Returns false when the engine
+// must stop.
 bool Engine::wait_while_idle() {
   while (true) {
     bool local = false;
+    Clock::time_point heartbeat = Clock::time_point::max();
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (!failed_.is_ok()) return false;
       local = !queue_.empty() || (shutdown_requested_ && !shutdown_sent_) || !aborts_to_send_.empty();
+      const bool device = !device_queue_.empty() || !device_running_.empty();
+      if (device) {
+        Status overdue = overdue_device_batch(Clock::now());
+        if (!overdue.is_ok()) {
+          failed_ = overdue;
+          return false;
+        }
+      }
+      if (device || unfinished_ > 0) {
+        heartbeat = last_cycle_start_ + kHeartbeat;
+        local = local || Clock::now() >= heartbeat;
+      }
       if (!local) waiting_ = true;
     }
     if (local) {
@@ -222,6 +238,7 @@ bool Engine::wait_while_idle() {
     if (rank_ == 0 && stall_check_enabled_ && !table_.empty()) until = std::min(until, next_stall_check_);
     // Events still in memory reach the file soon, so a trace survives the job being killed.
     if (timeline_.has_pending()) until = std::min(until, now + std::chrono::milliseconds(600));
+    until = std::min(until, heartbeat);
     bool woke = control_->wait_notify(until);
     bool poked;
     {
@@ -241,6 +258,7 @@ bool Engine::wait_while_idle() {
     if (woke || poked) {
       settle();
       std::lock_guard<std::mutex> lock(mutex_);
+      if (!failed_.is_ok()) return false;  // a device batch failed (device_done rang)
       if (!queue_.empty() || (shutdown_requested_ && !shutdown_sent_)) control_->notify_peers();
       return true;
     }
@@ -518,7 +536,8 @@ bool Engine::decode(int rank, const std::vector<uint8_t>& message, bool* shutdow
     uint8_t kind = 0;
     if (!in.get(&kind)) return false;
     RequestPtr request;
-    if (kind == kCachedRequest) {
+    const bool from_cache = kind == kCachedRequest;
+    if (from_cache) {
       int32_t id = -1;
       if (!in.get(&id) || id < 0 || id >= static_cast<int32_t>(cache_.size()) || !cache_[id].used) return false;
       const CacheSlot& slot = cache_[id];
@@ -562,6 +581,7 @@ bool Engine::decode(int rank, const std::vector<uint8_t>& message, bool* shutdow
     if (m < 0) return false;  // enqueue only accepts members
     if (m >= static_cast<int>(e.by_member.size()) || e.by_member[m]) return false;  // enqueue refuses duplicates
     e.arrived.push_back(rank);
+    if (from_cache) ++e.cached;
     e.last_arrival = last_cycle_start_;
     if (local) e.local = local;
     if (request->op_type == HPCDL_OP_JOIN) {
@@ -730,7 +750,7 @@ void Engine::decide_and_run(const std::vector<Ready>& work) {
     bool fusable = false;
   };
   std::vector<Batch> batches;
-  std::map<std::tuple<int, int, int, double, double>, size_t> open;
+  std::map<std::tuple<int, int, int, int, double, double>, size_t> open;
   std::map<int, bool> native;  // process set -> its engine-data comm reduces segments in place
   auto fuses_large = [&](int set) {
     auto it = native.find(set);
@@ -741,10 +761,14 @@ void Engine::decide_and_run(const std::vector<Ready>& work) {
   for (const Ready& r : runnable) {
     const OpRequest& q = *r.entry->any();
     int64_t bytes = entry_bytes(*r.entry);
+    // Device data is packed on the device, where a copy costs far less than another collective: every
+    // allreduce up to the threshold fuses.
+    const bool device = q.placement == HPCDL_PLACEMENT_DEVICE;
     bool fusable = q.op_type == HPCDL_OP_ALLREDUCE && threshold > 0 && bytes <= threshold &&
-                   !r.entry->all_inline() && (bytes <= kFuseTensorMaxBytes || fuses_large(q.process_set));
+                   !r.entry->all_inline() &&
+                   (device || bytes <= kFuseTensorMaxBytes || fuses_large(q.process_set));
     if (fusable) {
-      auto fkey = std::make_tuple(q.process_set, q.dtype, q.reduce_op, q.prescale, q.postscale);
+      auto fkey = std::make_tuple(q.process_set, q.placement, q.dtype, q.reduce_op, q.prescale, q.postscale);
       auto it = open.find(fkey);
       if (it != open.end() && batches[it->second].bytes + bytes <= threshold) {
         batches[it->second].members.push_back(r);
@@ -818,16 +842,30 @@ void Engine::finish(const std::vector<Ready>& batch, int code, const std::string
   for (const auto& op : waited_on) op->done.notify_all();
 }
 
+void Engine::finish(const std::vector<std::shared_ptr<EngineOp>>& ops, int code, const std::string& message) {
+  std::vector<std::shared_ptr<EngineOp>> waited_on;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& op : ops)
+      if (auto waited = mark_finished(op, code, message)) waited_on.push_back(std::move(waited));
+  }
+  for (const auto& op : waited_on) op->done.notify_all();
+}
+
 // Under mutex_: the entry's own operation leaves PENDING. Returns it when a caller waits on it.
 std::shared_ptr<EngineOp> Engine::mark_finished(Pending& e, int code, const std::string& message) {
   if (!e.local) return nullptr;
-  std::shared_ptr<EngineOp> op = std::move(e.local);
+  return mark_finished(std::move(e.local), code, message);
+}
+
+std::shared_ptr<EngineOp> Engine::mark_finished(std::shared_ptr<EngineOp> op, int code, const std::string& message) {
   auto name = names_in_use_.find({op->request.process_set, op->request.name});
   if (name != names_in_use_.end() && name->second.handle == op->id) {
     if (name->second.released) names_in_use_.erase(name);
     else name->second.finished = true;
   }
   if (code != HPCDL_OK) op->error = message;
+  if (op->status.load(std::memory_order_relaxed) == HPCDL_PENDING) --unfinished_;
   op->status.store(code, std::memory_order_release);
   return op->waiters > 0 ? op : nullptr;
 }
@@ -949,12 +987,27 @@ void Engine::fail_everything(const Status& status) {
   for (auto& op : queue_) ops.push_back(op);
   queue_.clear();
   queue_bytes_ = 0;
+  // Device batches not yet taken fail with the rest. Those the executor runs fail too (it learns why from
+  // hpcdl_device_next and aborts them: a collective the GPU may never finish, e.g. because a peer died),
+  // except when the job shut down: every rank let its own running collectives end before it left, so
+  // these end too, and their handles complete when the executor reports them.
+  for (const auto& b : device_queue_) ops.insert(ops.end(), b->ops.begin(), b->ops.end());
+  device_queue_.clear();
+  int64_t still_running = 0;
+  if (failed_.code == HPCDL_ERR_SHUTDOWN) {
+    for (const auto& kv : device_running_) still_running += static_cast<int64_t>(kv.second->ops.size());
+  } else {
+    for (const auto& kv : device_running_) ops.insert(ops.end(), kv.second->ops.begin(), kv.second->ops.end());
+    device_running_.clear();
+  }
+  device_cv_.notify_all();
   for (auto& op : ops) {
     if (op->status.load() != HPCDL_PENDING) continue;
     op->error = failed_.message + " (" + describe(op->request) + " did not complete)";
     op->status.store(failed_.code == HPCDL_OK ? HPCDL_ERR_SHUTDOWN : failed_.code, std::memory_order_release);
   }
   names_in_use_.clear();
+  unfinished_ = still_running;  // every other operation of this rank was in `ops`
   for (auto& op : ops)
     if (op->waiters > 0) op->done.notify_all();
 }

@@ -62,6 +62,8 @@ struct EngineOp {
   std::vector<int64_t> received_splits;
   int join_result = -1;
   std::vector<int> waiting_for;  // ranks that have not submitted it yet (under Engine::mutex_)
+  int64_t tag = 0;               // HPCDL_PLACEMENT_DEVICE: the caller's id, handed to its executor
+  int device_stage = 0;          // device operations (under Engine::mutex_): 1 queued for the executor, 2 taken
   // Callers blocked in wait() on this operation (under Engine::mutex_): only they are woken when it
   // finishes, so a caller waiting on one of many operations is not woken by every other one.
   int waiters = 0;
@@ -90,6 +92,10 @@ class Engine {
   Status start_timeline(const std::string& path, bool mark_cycles);
   Status stop_timeline();
   bool knob(const std::string& name, double* value) const;
+  // The device executor's side of c_api.h (hpcdl_device_*); any thread.
+  Status device_next(double timeout_s, int64_t* words, int capacity, int* length);
+  Status device_done(int64_t batch, int status, const std::string& message, const int64_t* times_ns);
+  void device_interrupt();
 
  private:
   using Key = std::pair<int, std::string>;  // (process set, name)
@@ -115,6 +121,7 @@ class Engine {
     std::vector<int> arrived;  // world ranks in the order their submissions arrived
     Clock::time_point first_seen, last_arrival, decided;
     std::shared_ptr<EngineOp> local;  // this rank's own submission
+    size_t cached = 0;                // members whose submission came as a response-cache id
     bool held = false;                // ready, waiting for the rest of its group
     const OpRequest* any() const;
     Clock::time_point last_stall_warning;
@@ -127,6 +134,20 @@ class Engine {
     std::vector<RequestPtr> by_member;
     uint64_t last_used = 0;
     bool used = false;
+  };
+  // Device operations decided together, handed to the caller's executor (see hpcdl_device_next).
+  struct DeviceBatch {
+    int64_t id = 0;
+    std::vector<int64_t> words;                  // what hpcdl_device_next hands over
+    std::vector<std::shared_ptr<EngineOp>> ops;  // this rank's operations in it
+    std::vector<std::string> tracks;             // the timeline track of each entry
+    std::vector<Clock::time_point> decided;      // when each entry was decided (a group's members differ)
+    std::string what;                            // names the batch in messages
+    std::vector<int> members;                    // world ranks of its process set
+    int op_type = 0;
+    bool fused = false;
+    int64_t bytes = 0;
+    Clock::time_point taken;
   };
   struct Abort {
     int process_set = 0;
@@ -180,10 +201,16 @@ class Engine {
   Status run_one(Pending& entry, Comm& comm, const std::string& what);
   Status run_fused(const std::vector<Ready>& batch, Comm& comm, const std::string& what);
   void run_inline(Pending& entry);
+  void hand_to_device(const std::vector<Ready>& batch, bool fused, const std::string& what);
+  std::string device_failure(const DeviceBatch& batch, const std::string& message, int* code) const;
+  Status overdue_device_batch(Clock::time_point now) const;  // under mutex_
+  void record_device_timeline(const DeviceBatch& batch, const int64_t* times_ns);
   const void* prescaled(const void* input, int64_t count, const OpRequest& request);
   void finish(Pending& entry, int code, const std::string& message);
   void finish(const std::vector<Ready>& batch, int code, const std::string& message);
   std::shared_ptr<EngineOp> mark_finished(Pending& entry, int code, const std::string& message);
+  std::shared_ptr<EngineOp> mark_finished(std::shared_ptr<EngineOp> op, int code, const std::string& message);
+  void finish(const std::vector<std::shared_ptr<EngineOp>>& ops, int code, const std::string& message);
   void collected(const EngineOp& op);  // under mutex_: the caller saw op finish (see NameUse)
   Status shutdown_status(const std::vector<int>& ranks) const;
   void remember(const Key& key, const Pending& entry);
@@ -229,6 +256,13 @@ class Engine {
   bool shutdown_requested_ = false;
   bool running_ = false;
   Status failed_;  // once set, the engine accepts no more work
+  int64_t unfinished_ = 0;  // operations this rank submitted that have not finished (see kHeartbeat)
+  // Device batches: decided and waiting for the executor, and taken by it (running until it reports).
+  std::deque<std::shared_ptr<DeviceBatch>> device_queue_;
+  std::unordered_map<int64_t, std::shared_ptr<DeviceBatch>> device_running_;
+  std::condition_variable device_cv_;  // wakes hpcdl_device_next
+  bool device_interrupted_ = false;  // the next hpcdl_device_next without a batch returns at once
+  int64_t next_device_batch_ = 1;
 
   // Engine thread only.
   std::thread thread_;

@@ -44,35 +44,47 @@ int64_t Engine::entry_bytes(const Pending& e) const {
 void Engine::record_timeline(const Pending& e, const char* phase, Clock::time_point begin, Clock::time_point end,
                              const std::string& args) {
   if (!timeline_.active()) return;
-  const OpRequest* r = e.any();
-  std::string name = r->process_set == 0 ? r->name : r->name + " [set " + std::to_string(r->process_set) + "]";
   std::string all = args;
   if (std::strcmp(phase, "NEGOTIATE") == 0) {
+    // "cached": every member's submission came as a response-cache id (a few bytes instead of the request).
+    const bool cached = !e.arrived.empty() && e.cached == e.arrived.size();
     all = "\"ready_ranks\":" + ranks_json(e.arrived) + (e.arrived.empty() ? "" : ",\"last_ready\":" +
-          std::to_string(e.arrived.back())) + (args.empty() ? "" : "," + args);
+          std::to_string(e.arrived.back())) + (cached ? ",\"cached\":true" : "") + (args.empty() ? "" : "," + args);
   }
-  timeline_.span(name, phase, begin, end, all);
+  timeline_.span(track_of(*e.any()), phase, begin, end, all);
 }
 
 void Engine::run_batch(const std::vector<Ready>& batch, bool fused) {
   int64_t bytes = 0;
   for (const Ready& r : batch) bytes += entry_bytes(*r.entry);
-  if (bytes >= kWideBytes) keep_to_own_core(false);  // bandwidth-bound: let the scheduler place it
+  const OpRequest& head = *batch.front().entry->any();
+  const bool device = head.placement == HPCDL_PLACEMENT_DEVICE;
+  if (bytes >= kWideBytes && !device) keep_to_own_core(false);  // bandwidth-bound: let the scheduler place it
   const Key& first = *batch.front().key;
-  std::shared_ptr<Comm> data;
-  if (index_of(batch.front().entry->members, rank_) >= 0)
-    data = runtime_.find_comm_shared(first.first, Channel::kEngineData);
+  const bool member = index_of(batch.front().entry->members, rank_) >= 0;
   const auto start = Clock::now();
   if (timeline_.active()) {
     for (const Ready& r : batch) {
       const OpRequest& q = *r.entry->any();
       record_timeline(*r.entry, "NEGOTIATE", r.entry->first_seen, r.entry->decided,
                       "\"op\":\"" + std::string(op_type_name(q.op_type)) + "\"");
-      record_timeline(*r.entry, "QUEUE", r.entry->decided, start);
+      if (!device) record_timeline(*r.entry, "QUEUE", r.entry->decided, start);  // device: when it ends
     }
   }
+  const std::string what = fused ? std::string("allreduce of ") + std::to_string(batch.size()) +
+                                       " fused tensors ('" + first.second + "', ...)"
+                                 : describe(head);
+  if (device) {
+    // Negotiated: the executor moves the data and reports the end (device_done), which completes the
+    // operations. A rank outside the process set has nothing to run; every rank caches alike.
+    burst_bytes_ += bytes;
+    if (member) hand_to_device(batch, fused, what);
+    for (const Ready& r : batch) remember(*r.key, *r.entry);
+    return;
+  }
+  std::shared_ptr<Comm> data;
+  if (member) data = runtime_.find_comm_shared(first.first, Channel::kEngineData);
   Status s;
-  const OpRequest& head = *batch.front().entry->any();
   if (head.op_type == HPCDL_OP_JOIN) {
     // Every rank (member or not) keeps the same joined-rank bookkeeping.
     auto it = last_joined_.find(head.process_set);
@@ -85,11 +97,9 @@ void Engine::run_batch(const std::vector<Ready>& batch, bool fused) {
     if (timeline_.active())
       record_timeline(*batch.front().entry, "ALLREDUCE", start, Clock::now(), "\"inline\":true");
   } else if (fused) {
-    std::string what = std::string("allreduce of ") + std::to_string(batch.size()) + " fused tensors ('" +
-                       batch.front().key->second + "', ...)";
     s = run_fused(batch, *data, what);
   } else {
-    s = run_one(*batch.front().entry, *data, describe(*batch.front().entry->any()));
+    s = run_one(*batch.front().entry, *data, what);
     if (timeline_.active() && s.is_ok())
       record_timeline(*batch.front().entry, op_type_upper(batch.front().entry->any()->op_type), start, Clock::now(),
                       "\"bytes\":" + std::to_string(entry_bytes(*batch.front().entry)));

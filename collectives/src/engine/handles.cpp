@@ -26,6 +26,14 @@ Status Engine::enqueue(const hpcdl_request& r, int64_t* handle) {
   q.postscale = r.postscale;
   q.group_id = r.group_id;
   q.group_size = r.group_size;
+  if (r.placement != HPCDL_PLACEMENT_HOST && r.placement != HPCDL_PLACEMENT_DEVICE)
+    return invalid("unknown placement " + std::to_string(r.placement) + " (expected 0..1, see hpcdl_placement)");
+  // Barriers and joins carry no data: they always run on the engine.
+  const bool data_op = r.op_type != HPCDL_OP_BARRIER && r.op_type != HPCDL_OP_JOIN;
+  q.placement = data_op ? r.placement : HPCDL_PLACEMENT_HOST;
+  if (q.placement == HPCDL_PLACEMENT_DEVICE && r.tag <= 0)
+    return invalid("a device operation needs a tag > 0 (its executor's id for it, see hpcdl_request)");
+  op->tag = r.tag;
   if (r.op_type != HPCDL_OP_BARRIER && r.op_type != HPCDL_OP_JOIN) {
     if (dtype_size(r.dtype) == 0)
       return invalid("unknown dtype " + std::to_string(r.dtype) + " (expected 0..9, see hpcdl_dtype)");
@@ -112,6 +120,7 @@ Status Engine::enqueue(const hpcdl_request& r, int64_t* handle) {
   *handle = op->id;
   use = NameUse{op->id, q.op_type, false, false};
   handles_.emplace(op->id, op);
+  ++unfinished_;
   queue_bytes_ += elements * dtype_size(q.dtype);
   last_enqueue_ = op->submitted;
   queue_.push_back(std::move(op));
@@ -191,13 +200,20 @@ Status Engine::wait(int64_t handle, double timeout_s) {
     if (!done) {
       std::ostringstream m;
       m << "timed out after " << limit << " s waiting for " << describe(op->request);
-      if (!op->waiting_for.empty()) {
+      if (op->device_stage == 1) {
+        m << ": every member submitted it, but this process's device executor has not taken it yet (a device "
+             "collective before it may be stuck)";
+      } else if (op->device_stage == 2) {
+        m << ": every member submitted it and its collective runs on the device, but has not completed (a "
+             "member may be hung, dead or busy with other work on its GPU)";
+      } else if (!op->waiting_for.empty()) {
         const std::vector<int>& missing = op->waiting_for;
-        m << ": " << ranks_text(missing) << (missing.size() == 1 ? " has" : " have") << " not submitted it";
+        m << ": " << ranks_text(missing) << (missing.size() == 1 ? " has" : " have") << " not submitted it"
+          << " (a rank may be stuck, slower, or have taken a different code path)";
       } else {
-        m << ": the other ranks have not all submitted it";
+        m << ": the other ranks have not all submitted it"
+          << " (a rank may be stuck, slower, or have taken a different code path)";
       }
-      m << " (a rank may be stuck, slower, or have taken a different code path)";
       return Status::error(HPCDL_ERR_TIMEOUT, m.str());
     }
     return op_status(*op);

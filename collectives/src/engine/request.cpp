@@ -23,8 +23,8 @@ int64_t OpRequest::row_elements() const {
 bool OpRequest::same_as(const OpRequest& o) const {
   return name == o.name && op_type == o.op_type && process_set == o.process_set && dtype == o.dtype &&
          reduce_op == o.reduce_op && root == o.root && group_id == o.group_id && group_size == o.group_size &&
-         prescale == o.prescale && postscale == o.postscale && shape == o.shape && splits == o.splits &&
-         members == o.members;
+         placement == o.placement && prescale == o.prescale && postscale == o.postscale && shape == o.shape &&
+         splits == o.splits && members == o.members;
 }
 
 void OpRequest::encode(ByteWriter& out) const {
@@ -36,6 +36,7 @@ void OpRequest::encode(ByteWriter& out) const {
   out.put(root);
   out.put(group_id);
   out.put(group_size);
+  out.put(placement);
   out.put(prescale);
   out.put(postscale);
   out.put_i64s(shape);
@@ -46,7 +47,8 @@ void OpRequest::encode(ByteWriter& out) const {
 
 bool OpRequest::decode(ByteReader& in) {
   return in.get_string(&name) && in.get(&op_type) && in.get(&process_set) && in.get(&dtype) &&
-         in.get(&reduce_op) && in.get(&root) && in.get(&group_id) && in.get(&group_size) && in.get(&prescale) &&
+         in.get(&reduce_op) && in.get(&root) && in.get(&group_id) && in.get(&group_size) && in.get(&placement) &&
+         in.get(&prescale) &&
          in.get(&postscale) && in.get_i64s(&shape) && in.get_i64s(&splits) && decode_members(in);
 }
 
@@ -98,6 +100,10 @@ const char* op_type_upper(int op_type) {
   return op_type >= 0 && op_type <= 6 ? names[op_type] : "UNKNOWN";
 }
 
+const char* placement_name(int placement) {
+  return placement == HPCDL_PLACEMENT_DEVICE ? "a device tensor (GPU path)" : "a host tensor (engine data plane)";
+}
+
 const char* reduce_op_name(int reduce_op) {
   static const char* names[] = {"sum", "average", "min", "max", "product"};
   return reduce_op >= 0 && reduce_op <= 4 ? names[reduce_op] : "unknown reduction";
@@ -124,10 +130,16 @@ std::string describe(const OpRequest& r) {
   return text;
 }
 
+std::string track_of(const OpRequest& r) {
+  return r.process_set == 0 ? r.name : r.name + " [set " + std::to_string(r.process_set) + "]";
+}
+
 std::string wire_problem(const OpRequest& r, int world_size) {
   if (r.op_type < HPCDL_OP_ALLREDUCE || r.op_type > HPCDL_OP_JOIN)
     return "unknown operation type " + std::to_string(r.op_type);
   if (dtype_size(r.dtype) == 0) return "unknown dtype " + std::to_string(r.dtype);
+  if (r.placement != HPCDL_PLACEMENT_HOST && r.placement != HPCDL_PLACEMENT_DEVICE)
+    return "unknown placement " + std::to_string(r.placement);
   const bool reduces = r.op_type == HPCDL_OP_ALLREDUCE || r.op_type == HPCDL_OP_REDUCESCATTER;
   if (reduces && (r.reduce_op < HPCDL_SUM || r.reduce_op > HPCDL_PRODUCT))
     return "unknown reduction " + std::to_string(r.reduce_op);
@@ -226,6 +238,8 @@ struct Property {
 const Property kProperties[] = {
     {"operation", any_op, [](const OpRequest& a, const OpRequest& b) { return a.op_type == b.op_type; },
      [](const OpRequest& r) { return std::string(op_type_name(r.op_type)); }},
+    {"placement", any_op, [](const OpRequest& a, const OpRequest& b) { return a.placement == b.placement; },
+     [](const OpRequest& r) { return std::string(placement_name(r.placement)); }},
     {"dtype", any_op, [](const OpRequest& a, const OpRequest& b) { return a.dtype == b.dtype; },
      [](const OpRequest& r) { return std::string(dtype_name(r.dtype)); }},
     {"shape", whole_shape_op, [](const OpRequest& a, const OpRequest& b) { return a.shape == b.shape; },

@@ -19,6 +19,7 @@ struct OpRequest {
   int32_t root = 0;  // world rank (broadcast)
   int32_t group_id = 0;
   int32_t group_size = 0;
+  int32_t placement = 0;  // hpcdl_placement: host data (the engine moves it) or device data (the executor)
   double prescale = 1.0;
   double postscale = 1.0;
   std::vector<int64_t> shape;
@@ -47,12 +48,16 @@ const char* op_type_upper(int op_type);     // "ALLREDUCE", ... (timeline activi
 const char* reduce_op_name(int reduce_op);  // "sum", ...
 std::string shape_text(const std::vector<int64_t>& shape);
 std::string ranks_text(const std::vector<int>& ranks);  // "rank 3" / "ranks 0, 2"
+const char* placement_name(int placement);  // "host" / "device"
 // "allreduce 'grad.w'" (with the process set when it is not the global one).
 std::string describe(const OpRequest& request);
+// The timeline track of a name: the name, with the process set when it is not the global one.
+std::string track_of(const OpRequest& request);
 
 // Why a submission received from another rank cannot be run as it stands, or "" when it can: an unknown
-// operation, dtype or reduction, a negative shape or one whose size overflows, members outside the job or
-// out of order, a broadcast root outside the set, alltoall splits that do not fit the set or the tensor.
+// operation, dtype, reduction or placement, a negative shape or one whose size overflows, members outside
+// the job or out of order, a broadcast root outside the set, alltoall splits that do not fit the set or the
+// tensor.
 // Ranks check their own submissions at enqueue; this keeps a peer that runs another build, or is broken,
 // from making this rank read out of bounds or allocate without end: the job fails with the reason instead.
 std::string wire_problem(const OpRequest& request, int world_size);
