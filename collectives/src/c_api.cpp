@@ -200,6 +200,24 @@ int hpcdl_rendezvous_server_stop(int64_t handle) {
   return HPCDL_OK;
 }
 
+// ---- object payloads ----------------------------------------------------------------------------------
+int hpcdl_object_key(uint8_t* key) {
+  int code = HPCDL_OK;
+  Runtime* rt = need_runtime(&code);
+  if (!rt) return code;
+  if (!key) return set_error(HPCDL_ERR_INVALID, "object_key: no buffer for the key");
+  std::memcpy(key, rt->object_key().data(), rt->object_key().size());
+  return set_error(HPCDL_OK, "");
+}
+
+int64_t hpcdl_object_sequence(int process_set, const char* name) {
+  int code = HPCDL_OK;
+  Runtime* rt = need_runtime(&code);
+  if (!rt) return -int64_t(code);
+  set_error(HPCDL_OK, "");
+  return rt->next_object_sequence(process_set, name ? name : "");
+}
+
 // ---- direct collectives -------------------------------------------------------------------------
 int hpcdl_allreduce(const void* send, void* recv, int64_t count, int dtype, int op, double prescale,
                     double postscale, int process_set) {

@@ -196,13 +196,22 @@ Status Runtime::start(const Options& options) {
     if (!st.is_ok()) return st;
   }
   peers_.assign(size_t(size_), PeerInfo{0, host, "127.0.0.1", 0, int(getpid())});
+  std::string nonce;
   if (size_ > 1) {
-    Status st = meet(host, iface_addr, bootstrap, secret, deadline);
+    Status st = meet(host, iface_addr, bootstrap, secret, deadline, &nonce);
     if (!st.is_ok()) return st;
   }
 
   if (options_.has("members")) {
     Status st = join_members(parse_ranks(options_.get("members")));
+    if (!st.is_ok()) return st;
+  }
+  if (size_ > 1) {
+    std::string job_ranks;
+    for (const auto& peer : peers_) job_ranks += std::to_string(peer.rank) + ",";
+    object_key_ = hmac_sha256(secret, "objects" + nonce + job_ranks);
+  } else {
+    Status st = random_bytes(object_key_.data(), object_key_.size());  // nothing travels; any key will do
     if (!st.is_ok()) return st;
   }
 
@@ -262,7 +271,7 @@ Status Runtime::start(const Options& options) {
 // under bootstrap=mpi), registers there and fills peers_. The address this rank is reached at is the one
 // the rendezvous sees it connect from, unless HPCDL_IFACE pinned one (see bootstrap/rendezvous.h).
 Status Runtime::meet(const std::string& host, const std::string& iface_addr, const std::string& bootstrap,
-                     std::string secret, Deadline deadline) {
+                     std::string& secret, Deadline deadline, std::string* nonce) {
   const std::string bind = iface_addr.empty() ? "0.0.0.0" : iface_addr;
   RendezvousTarget target;
   target.origin = options_.get("rendezvous_origin");
@@ -276,6 +285,8 @@ Status Runtime::meet(const std::string& host, const std::string& iface_addr, con
       if (!st.is_ok()) return st;
     }
   }
+  Status usable = check_job_secret(secret);  // before serving: every rank refuses alike
+  if (!usable.is_ok()) return usable;
   if (rank_ == 0 && (options_.get_bool("rendezvous_serve", false) || bootstrap == "mpi")) {
     rendezvous_.reset(new RendezvousServer());
     Status st = rendezvous_->start(bind, target.ports, secret, size_, job, target.origin);
@@ -310,7 +321,17 @@ Status Runtime::meet(const std::string& host, const std::string& iface_addr, con
   Status st = endpoint_->start(bind, secret, rank_);
   if (!st.is_ok()) return st;
   PeerInfo self{rank_, host, iface_addr, endpoint_->port(), int(getpid())};
-  return rendezvous_register(target, secret, job, size_, self, deadline, &peers_);
+  Meeting meeting;
+  st = rendezvous_register(target, secret, job, size_, self, deadline, &meeting);
+  if (!st.is_ok()) return st;
+  peers_ = std::move(meeting.peers);
+  *nonce = std::move(meeting.nonce);
+  return Status::ok();
+}
+
+int64_t Runtime::next_object_sequence(int process_set, const std::string& name) {
+  std::lock_guard<std::mutex> lock(object_mutex_);
+  return ++object_sequences_[{process_set, name}];
 }
 
 // init(comm=[ranks]) (Horovod's hvd.init(comm=...)): after every rank the launcher started met at the

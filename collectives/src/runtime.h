@@ -3,12 +3,14 @@
 // the pointer returned by current_runtime().
 #pragma once
 
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "comm.h"
+#include "crypto/sha256.h"
 #include "options.h"
 
 namespace hpcdl {
@@ -88,11 +90,19 @@ class Runtime {
   // Serialises the direct (caller's thread) collectives of c_api.h: one at a time per process.
   std::mutex& direct_mutex() { return direct_mutex_; }
 
+  // Object payloads (broadcast_object, allgather_object, ...) are unpickled by their receivers, so callers
+  // MAC them: with this key, HMAC(secret, "objects" round-nonce job-ranks), which every rank of this job
+  // derives alike and which is new with every rendezvous (a job of one rank: random). The sequence number
+  // (1, 2, ... per process set and name, counted in this runtime) binds a payload to one operation, so that
+  // one replayed from an earlier operation is refused like an altered one.
+  const Digest& object_key() const { return object_key_; }
+  int64_t next_object_sequence(int process_set, const std::string& name);
+
  private:
   Runtime();
   Status start(const Options& options);
   Status meet(const std::string& host, const std::string& iface_addr, const std::string& bootstrap,
-              std::string secret, Deadline deadline);
+              std::string& secret, Deadline deadline, std::string* nonce);
   Status join_members(const std::vector<int>& members);
   Status build_process_set(int id, const std::vector<int>& ranks);
   Status make_comm(const std::vector<int>& ranks, int set_id, Channel channel, std::shared_ptr<Comm>* out);
@@ -114,6 +124,9 @@ class Runtime {
   std::mutex admin_mutex_;  // serialises collective set-up calls on world_boot_
   std::mutex direct_mutex_;
   std::unique_ptr<RendezvousServer> rendezvous_;  // world rank 0 with rendezvous_serve=1 or bootstrap=mpi
+  Digest object_key_{};
+  std::mutex object_mutex_;
+  std::map<std::pair<int, std::string>, int64_t> object_sequences_;
   bool mpi_initialized_here_ = false;
 
   std::unique_ptr<Engine> engine_;

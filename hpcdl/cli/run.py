@@ -19,7 +19,7 @@ from hpcdl.runner.hosts import parse_hostfile, parse_hosts_arg
 from hpcdl.runner.launch import LaunchSpec, MpiOptions, launch
 from hpcdl.runner.launchers import LAUNCHER_CHOICES
 from hpcdl.runner.output import OutputOptions
-from hpcdl.runner.procs import SshOptions
+from hpcdl.runner.procs import HOST_KEY_POLICIES, SshOptions
 from hpcdl.runner.rank_env import parse_extra_env
 from hpcdl.runner.tunables import TUNABLES, check_value, load_config_file, merge_hierarchical
 
@@ -88,6 +88,12 @@ def run_command(
     ssh_port: Optional[int] = typer.Option(None, "-p", "--ssh-port", help="ssh port of the other hosts."),
     ssh_identity_file: Optional[Path] = typer.Option(None, "-i", "--ssh-identity-file", help="ssh key."),
     ssh_config_file: Optional[Path] = typer.Option(None, "--ssh-config-file", help="ssh -F config file."),
+    ssh_host_key_policy: Optional[str] = typer.Option(
+        None,
+        "--ssh-host-key-policy",
+        help="StrictHostKeyChecking for ssh to other hosts: yes, accept-new (trust a host's key on first "
+        "use) or no. Default: as your ssh configuration says (OpenSSH: refuse hosts not in known_hosts).",
+    ),
     extra_env: list[str] = typer.Option(
         [], "-x", help="Pass NAME (its value here) or NAME=VALUE to every rank; repeatable."
     ),
@@ -289,7 +295,7 @@ def _spec_from_flags(params: dict[str, Any]) -> tuple[LaunchSpec, list[str]]:
         hosts=hosts,
         settings=settings,
         extra_env=parse_extra_env(params["extra_env"], os.environ),
-        ssh=SshOptions(params["ssh_port"], params["ssh_identity_file"], params["ssh_config_file"]),
+        ssh=_ssh_options(params),
         output=OutputOptions(params["prefix_timestamp"], params["output_filename"], params["force"]),
         start_timeout=start_timeout,
         slots_per_host=params["slots_per_host"],
@@ -302,6 +308,14 @@ def _spec_from_flags(params: dict[str, Any]) -> tuple[LaunchSpec, list[str]]:
         interfaces=tuple(interfaces),
     )
     return spec, no_effect_notes(ignored)
+
+
+def _ssh_options(params: dict[str, Any]) -> SshOptions:
+    policy = params["ssh_host_key_policy"]
+    if policy is not None and policy not in HOST_KEY_POLICIES:
+        raise LaunchError(f"--ssh-host-key-policy {policy}: choose one of {', '.join(HOST_KEY_POLICIES)}")
+    ssh = (params["ssh_port"], params["ssh_identity_file"], params["ssh_config_file"])
+    return SshOptions(*ssh, host_key_policy=policy)
 
 
 def _elastic_options(params: dict[str, Any]) -> Optional[ElasticOptions]:

@@ -21,12 +21,13 @@ ports picked by the job and step id below the kernel's ephemeral range), and the
 sequence until they find it. A port held by someone else fails the authenticated handshake (or names
 another job), and the rank moves on.
 
-The job secret is ``HPCDL_SECRET``. Without it (a launcher other than ``hpcdl run``), ranks derive one
-from what they share (job id, rendezvous address, user id) and warn: that keeps stray jobs apart but is
-guessable by other users of the machine, so set HPCDL_SECRET yourself (the same random hex on every
-rank, e.g. ``export HPCDL_SECRET=$(python -c "import secrets; print(secrets.token_hex(32))")`` before
-srun/mpirun) or launch with ``hpcdl run``. Under ``bootstrap=mpi`` rank 0 makes a random secret and
-sends it over MPI, so no warning is needed there.
+The job secret is ``HPCDL_SECRET``: every rank proves it holds it before it may join, so it must be
+random and known only to the job. ``hpcdl run`` and the scripts of ``hpcdl submit`` make one. Ranks that
+meet over TCP without it refuse to start, saying how to set one (the same random value on every rank, e.g.
+``export HPCDL_SECRET=$(python3 -c "import secrets; print(secrets.token_hex(32))")`` before srun or
+torchrun): anything the ranks could derive alike from their environment (job id, addresses, user id) is
+known to the other users of the cluster too. Under ``bootstrap=mpi`` rank 0 makes a random secret and
+sends it over MPI, a channel only the job's processes share, so none is needed there.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ import hashlib
 import os
 import re
 import socket
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Optional
@@ -91,7 +91,6 @@ class Meeting:
     ports: tuple[int, ...] = ()  # where the rendezvous listens; several: rank 0 binds the first free one
     serve: bool = False
     secret: str = ""
-    secret_derived: bool = False
     job: str = ""  # tells this job's ranks from another's that walk the same ports with the same secret
     origin: str = ""  # the variables that named the rendezvous, for messages
 
@@ -154,16 +153,22 @@ def _first_slurm_host(nodelist: str) -> str:
     return prefix + first
 
 
-def _derived_secret(parts: list[str]) -> str:
-    material = "|".join([*parts, str(os.getuid())])
-    return hashlib.sha256(material.encode()).hexdigest()
-
-
 def _job_tag(env: Mapping[str, str], *parts: str) -> str:
     """What every rank of this job (and no other job) shares: the rendezvous and the launcher's job ids."""
     ids = [env.get(name, "") for name in ("SLURM_JOB_ID", "SLURM_STEP_ID", "TORCHELASTIC_RUN_ID",
                                           "TORCHELASTIC_RESTART_COUNT")]  # fmt: skip
     return hashlib.sha256("|".join([*parts, *ids]).encode()).hexdigest()[:16]
+
+
+def _no_secret(info: RankInfo, origin: str) -> str:
+    return (
+        f"HPCDL_SECRET is not set (rank {info.rank} of {info.size}, {info.launcher} launch, rendezvous from "
+        f"{origin}). Ranks that meet over TCP prove to each other that they hold the job's secret, which "
+        "must be random: anything they could derive alike from the job (its id, addresses, your user id) "
+        "the other users of the cluster can derive too. Launch with 'hpcdl run' or a script from 'hpcdl "
+        "submit' (both make one), or export the same random value to every rank before starting them: "
+        "export HPCDL_SECRET=$(python3 -c 'import secrets; print(secrets.token_hex(32))')"
+    )
 
 
 def meeting(info: RankInfo, env: Mapping[str, str] | None = None, mpi_vendor: str = "") -> Meeting:
@@ -176,16 +181,9 @@ def meeting(info: RankInfo, env: Mapping[str, str] | None = None, mpi_vendor: st
     def tcp(addr: str, ports: tuple[int, ...], serve: bool, origin: str) -> Meeting:
         # Not the size: a rank started with another size should reach the rendezvous and be told.
         job = _job_tag(env, addr, str(ports[0])) if len(ports) > 1 else ""
-        if secret:
-            return Meeting("tcp", addr, ports, serve, secret, job=job, origin=origin)
-        warnings.warn(
-            f"HPCDL_SECRET is not set ({info.launcher} launch, rendezvous from {origin}); ranks authenticate "
-            "with a secret derived from the job's identity, which other users of these hosts could guess. "
-            "Launch with 'hpcdl run', or export the same random HPCDL_SECRET to every rank.",
-            stacklevel=3,
-        )
-        derived = _derived_secret([env.get("SLURM_JOB_ID", ""), addr, str(ports[0]), str(info.size)])
-        return Meeting("tcp", addr, ports, serve, derived, secret_derived=True, job=job, origin=origin)
+        if not secret:
+            raise HpcdlConfigError(_no_secret(info, origin))
+        return Meeting("tcp", addr, ports, serve, secret, job=job, origin=origin)
 
     if env.get("HPCDL_RENDEZVOUS_ADDR"):
         if not env.get("HPCDL_RENDEZVOUS_PORT"):

@@ -3,19 +3,19 @@
 The launcher runs a driver that groups the live workers into rounds. Each time hpcdl initializes in a
 worker, :func:`join_next_round` asks the driver for this worker's place in the next round it belongs to
 (rank, size, the round's rendezvous); :func:`round_changed` tells whether a newer round has formed since,
-which ``hpcdl.torch.elastic.State.commit`` turns into ``HostsUpdatedInterrupt``. Protocol: one JSON object
-per line over TCP, each request carrying the job secret.
+which ``hpcdl.torch.elastic.State.commit`` turns into ``HostsUpdatedInterrupt``. Protocol: one JSON request
+per connection, in the header of the job's challenge-response handshake (the secret is proven, never
+sent), answered with one authenticated frame (:func:`hpcdl.common.handshake.request`).
 """
 
 from __future__ import annotations
 
-import json
 import os
-import socket
 import time
 from typing import Any
 
-from hpcdl.common.exceptions import HpcdlConfigError, HpcdlError
+from hpcdl.common import handshake
+from hpcdl.common.exceptions import HpcdlAuthError, HpcdlConfigError, HpcdlError
 
 DRIVER_ENV = "HPCDL_ELASTIC_DRIVER"  # host:port of the launcher's driver
 WORKER_ENV = "HPCDL_ELASTIC_WORKER"  # this worker's number in the job
@@ -34,19 +34,23 @@ def enabled() -> bool:
 def _request(message: dict[str, Any], timeout: float) -> dict[str, Any]:
     address = os.environ[DRIVER_ENV]
     host, _, port = address.rpartition(":")
-    payload = {**message, "secret": os.environ.get("HPCDL_SECRET", ""), "worker": _worker()}
+    where = f"the elastic driver at {address}"
     try:
-        with socket.create_connection((host, int(port)), timeout=timeout) as conn:
-            conn.settimeout(timeout)
-            conn.sendall(json.dumps(payload).encode() + b"\n")
-            reply = conn.makefile("rb").readline()
-    except (OSError, ValueError) as exc:
-        raise HpcdlError(
-            f"cannot reach the elastic driver at {address} ({exc}); the launcher (hpcdl run) may have ended"
+        answer = handshake.request(
+            (host, int(port)),
+            os.environ.get("HPCDL_SECRET", ""),
+            {**message, "worker": _worker()},
+            timeout,
+            where,
+        )
+    except HpcdlAuthError as exc:
+        raise HpcdlAuthError(
+            f"{exc}; the worker and its launcher (hpcdl run) do not share the job's secret"
         ) from None
-    if not reply:
-        raise HpcdlError(f"the elastic driver at {address} closed the connection without an answer")
-    answer = json.loads(reply)
+    except (HpcdlError, ValueError) as exc:
+        raise HpcdlError(f"cannot reach {where} ({exc}); the launcher (hpcdl run) may have ended") from None
+    if not isinstance(answer, dict):
+        raise HpcdlError(f"{where} answered something else than a JSON object")
     if "error" in answer:
         raise HpcdlError(f"elastic driver: {answer['error']}")
     return answer
@@ -64,7 +68,8 @@ def join_next_round(timeout: float) -> dict[str, str]:
     """Wait (up to `timeout` s) for a round newer than the last one this process joined; return the
     environment that describes this worker's place in it (HPCDL_RANK, HPCDL_SIZE, rendezvous...)."""
     global _joined_round, _last_seen_round
-    answer = _request({"op": "assign", "after": _joined_round}, timeout)
+    # The driver answers within `timeout` (no new round: an error); the margin lets that answer arrive.
+    answer = _request({"op": "assign", "after": _joined_round}, timeout + 10.0)
     _joined_round = _last_seen_round = int(answer["round"])
     return {
         "HPCDL_RANK": str(answer["rank"]),

@@ -61,6 +61,11 @@ class HpcdlAuthError(HpcdlError):
     """Rendezvous authentication failed: the ranks and the launcher do not share the job's secret."""
 
 
+class HpcdlIntegrityError(HpcdlAuthError):
+    """A payload that will be unpickled (an object collective's) failed its MAC: altered or replayed on the
+    way. It was refused before anything read it."""
+
+
 class HpcdlUnsupportedError(HpcdlError):
     """The build lacks what was asked for (e.g. transport='mpi' without MPI compiled in)."""
 

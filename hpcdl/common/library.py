@@ -84,6 +84,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "hpcdl_rendezvous_server_port": (c.c_int, [c.c_int64]),
         "hpcdl_rendezvous_server_arrived": (c.c_int, [c.c_int64, i32p, c.c_int]),
         "hpcdl_rendezvous_server_stop": (c.c_int, [c.c_int64]),
+        "hpcdl_object_key": (c.c_int, [c.POINTER(c.c_uint8)]),
+        "hpcdl_object_sequence": (c.c_int64, [c.c_int, c.c_char_p]),
         "hpcdl_allreduce": (
             c.c_int,
             [c.c_void_p, c.c_void_p, c.c_int64, c.c_int, c.c_int, c.c_double, c.c_double, c.c_int],

@@ -15,6 +15,7 @@ then stops the job.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import signal
 import socket
@@ -49,6 +50,17 @@ def advertised_address(environ: Mapping[str, str]) -> str:
     return socket.gethostname()
 
 
+def listen_address(advertised: str) -> str:
+    """Where the server listens: the advertised address when it is one of this host's IPv4 addresses (the
+    ranks are given it, so no other interface need be open), every interface when it is the host's name
+    (which other hosts may resolve to another of its addresses than this host does)."""
+    try:
+        ipaddress.IPv4Address(advertised)
+    except ValueError:
+        return "0.0.0.0"
+    return advertised
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m hpcdl.runner.batch_rendezvous")
     parser.add_argument("--size", type=int, required=True, help="ranks of the job")
@@ -75,7 +87,7 @@ def serve(args: argparse.Namespace) -> int:
         return 1
     try:
         address = advertised_address(os.environ)
-        server = RendezvousServer(args.size, secret, port=int(fixed or 0))
+        server = RendezvousServer(args.size, secret, listen_address(address), int(fixed or 0))
         server.start()
     except (HpcdlError, OSError, ValueError) as exc:
         where = f"port {fixed} (your HPCDL_RENDEZVOUS_PORT) on " if fixed else ""

@@ -1,64 +1,16 @@
-"""Small services the launcher hosts for its ranks: one JSON object per line over TCP, one request per
-connection, each carrying the job secret (compared in constant time; a wrong one gets an error and nothing
-else). The elastic driver answers on one (``hpcdl.runner.elastic``); the :class:`Board` on another lets rank 0
-publish what only its host can choose (the MASTER_PORT it holds for torch.distributed) to the other ranks.
+"""The board through which rank 0 publishes what only its host can choose (the MASTER_PORT it holds for
+torch.distributed) to the other ranks: served by :class:`hpcdl.runner.service.ServiceServer`, so only the
+job's ranks are heard and the secret never travels.
 """
 
 from __future__ import annotations
 
-import hmac
-import json
-import socketserver
 import threading
-from typing import Any, Callable
+from typing import Any
 
-Respond = Callable[[dict[str, Any]], dict[str, Any]]
+from hpcdl.runner.service import ServiceServer, capacity_for
+
 MAX_WAIT_SECONDS = 3600.0
-
-
-class _Handler(socketserver.StreamRequestHandler):
-    server: JsonLineServer
-    timeout = 30.0  # a client that connects and sends nothing is dropped
-
-    def handle(self) -> None:
-        try:
-            request = json.loads(self.rfile.readline())
-        except ValueError:
-            return
-        secret = request.get("secret") if isinstance(request, dict) else None
-        if not isinstance(secret, str) or not hmac.compare_digest(
-            secret.encode(), self.server.secret.encode()
-        ):
-            answer: dict[str, Any] = {"error": "wrong job secret"}
-        else:
-            try:
-                answer = self.server.respond(request)
-            except (KeyError, TypeError, ValueError) as exc:
-                answer = {"error": f"malformed request: {exc}"}
-        self.wfile.write(json.dumps(answer).encode() + b"\n")
-
-
-class JsonLineServer(socketserver.ThreadingTCPServer):
-    """Answers each request with ``respond(request)`` on a thread of its own, on all interfaces, port 0."""
-
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def __init__(self, secret: str, respond: Respond) -> None:
-        super().__init__(("0.0.0.0", 0), _Handler)
-        self.secret = secret
-        self.respond = respond
-
-    @property
-    def port(self) -> int:
-        return int(self.server_address[1])
-
-    def start(self) -> None:
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-
-    def stop(self) -> None:
-        self.shutdown()
-        self.server_close()
 
 
 class Board:
@@ -101,11 +53,11 @@ class Board:
 
 
 class BoardServer:
-    """A :class:`Board` served for the ranks of one job."""
+    """A :class:`Board` served for the `ranks` ranks of one job at `host` (the address they are given)."""
 
-    def __init__(self, secret: str) -> None:
+    def __init__(self, secret: str, host: str, ranks: int) -> None:
         self.board = Board()
-        self._server = JsonLineServer(secret, self.board.respond)
+        self._server = ServiceServer(secret, self.board.respond, host, capacity_for(ranks))
         self._server.start()
 
     @property

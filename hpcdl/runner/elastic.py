@@ -172,9 +172,9 @@ class RoundBoard:
 
 
 def driver_requests(board: RoundBoard, wait: float) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    """The driver's answers to workers (served by ``hpcdl.runner.board.JsonLineServer``, which checks the
-    secret): ``round`` (the newest round's number) and ``assign`` (a worker's place in its next round,
-    waiting up to `wait` s for it)."""
+    """The driver's answers to workers (served by ``hpcdl.runner.service.ServiceServer``, which hears only
+    clients that prove the secret): ``round`` (the newest round's number) and ``assign`` (a worker's place
+    in its next round, waiting up to `wait` s for it)."""
 
     def respond(request: dict[str, Any]) -> dict[str, Any]:
         if request.get("op") == "round":

@@ -42,6 +42,8 @@ class RankSlot:
 def _check_host(name: str, where: str) -> str:
     if not name or not _HOST_RE.match(name):
         raise LaunchError(f"{where}: '{name}' is not a host name; use letters, digits, '.', '-', '_'")
+    if name.startswith("-"):  # ssh and mpirun would read it as an option
+        raise LaunchError(f"{where}: '{name}' is not a host name: host names do not start with '-'")
     return name
 
 

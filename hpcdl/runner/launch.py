@@ -10,10 +10,12 @@ import socket
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
+from hpcdl.common import handshake
 from hpcdl.runner.allocation import Allocation, detect_allocation
-from hpcdl.runner.board import BoardServer, JsonLineServer
+from hpcdl.runner.board import BoardServer
 from hpcdl.runner.elastic import (
     ElasticJob,
     ElasticOptions,
@@ -44,11 +46,13 @@ from hpcdl.runner.rank_env import (
     torch_variables,
 )
 from hpcdl.runner.rendezvous_host import host_rendezvous
+from hpcdl.runner.service import ServiceServer, capacity_for
 from hpcdl.runner.supervisor import JobProcess, Supervisor
 from hpcdl.runner.tagged import TaggedRun, step_agent_reader
 from hpcdl.runner.tunables import tunable_environment
 
 DEFAULT_START_TIMEOUT = 30.0
+BOARD_CLIENT_SOURCE = Path(handshake.__file__).read_text()
 # Inherited values that would point ranks at another job's rendezvous.
 _JOB_SPECIFIC = (
     "HPCDL_RENDEZVOUS_ADDR", "HPCDL_RENDEZVOUS_PORT", "HPCDL_RENDEZVOUS_SERVE", "HPCDL_SECRET",
@@ -187,7 +191,7 @@ def torch_master(
     if rank0.host in local_hosts:
         holder = reserve_port()
         return TorchMaster({**env, "MASTER_PORT": str(holder.getsockname()[1])}, holder=holder)
-    board = BoardServer(secret)
+    board = BoardServer(secret, here, len(slots))
     return TorchMaster(env, board=board, board_address=f"{here}:{board.port}")
 
 
@@ -216,6 +220,7 @@ class _Job:
             extra["interfaces"] = list(self.spec.interfaces)
         if self.master.board_address:
             extra["master_board"] = self.master.board_address
+            extra["board_client"] = BOARD_CLIENT_SOURCE  # the agent may run where hpcdl is not installed
         return extra
 
 
@@ -262,7 +267,7 @@ def launch(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> int:
             f"hpcdl run: {num_proc} ranks on {shown} (hosts from {resolved.source}; launcher {launcher})",
             file=sys.stderr,
         )
-    hosted = host_rendezvous(num_proc)
+    hosted = host_rendezvous(num_proc, rendezvous_addr)
     server, rendezvous = None, None
     if hosted is not None:
         server, secret = hosted
@@ -319,7 +324,7 @@ def _launcher_name(spec: LaunchSpec, resolved: ResolvedHosts, local_hosts: set[s
 
 
 def _ssh_options(spec: LaunchSpec, start_timeout: float) -> SshOptions:
-    return SshOptions(spec.ssh.port, spec.ssh.identity_file, spec.ssh.config_file, min(start_timeout, 30.0))
+    return replace(spec.ssh, connect_timeout=min(start_timeout, 30.0))
 
 
 def _start_agent(
@@ -441,7 +446,9 @@ def _launch_elastic(spec: LaunchSpec, options: ElasticOptions, environ: dict[str
     addr = _rendezvous_address(spec, remote)
     board = RoundBoard()
     start_timeout = resolve_start_timeout(spec.start_timeout, environ)
-    driver = JsonLineServer(secret, driver_requests(board, options.timeout))
+    driver = ServiceServer(
+        secret, driver_requests(board, options.timeout), addr, capacity_for(options.max_np)
+    )
     driver.start()
     common_env = {
         **rank_settings_env(spec),
@@ -464,7 +471,7 @@ def _launch_elastic(spec: LaunchSpec, options: ElasticOptions, environ: dict[str
         return _start_agent(spec, slot, environ, env, router.for_rank(number), where, extra_spec, "worker")
 
     def start_rendezvous(size: int) -> tuple[int, Callable[[], None]]:
-        server = RendezvousServer(size, secret)
+        server = RendezvousServer(size, secret, addr)
         server.start()
         return server.port, server.stop
 

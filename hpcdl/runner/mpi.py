@@ -94,7 +94,7 @@ def build_mpi_command(
         if name in FORWARDED_NAMES or name.startswith(FORWARDED_PREFIXES) or name in rank_env
     )
     host_list = ",".join(f"{h.name}:{h.slots}" for h in hosts)
-    ssh_args = shlex.join(ssh.argv("HOST")[2:-1])  # options between 'ssh -T' and the host
+    ssh_args = shlex.join(ssh.options())
     shown_env = ""
     if flavor == OPENMPI:
         argv = [mpirun, *(["--allow-run-as-root"] if is_root else []), "--tag-output"]

@@ -91,12 +91,19 @@ class RemoteStart(Protocol):
         ...
 
 
+# --ssh-host-key-policy: OpenSSH's StrictHostKeyChecking. Without one, ssh does what the user's ssh
+# configuration says, and OpenSSH's default there ("ask", which BatchMode turns into "yes") refuses a host
+# whose key is not in the user's known_hosts: no key is trusted on first use unless asked for.
+HOST_KEY_POLICIES = ("yes", "accept-new", "no")
+
+
 @dataclass(frozen=True)
 class SshOptions:
     port: int | None = None
     identity_file: Path | None = None
     config_file: Path | None = None
     connect_timeout: float = 30.0
+    host_key_policy: str | None = None  # one of HOST_KEY_POLICIES, None: as the ssh configuration says
 
     def agent_argv(self, host: str, python: str, source: str) -> list[str]:
         remote_command = (
@@ -104,20 +111,32 @@ class SshOptions:
         )
         return [*self.argv(host), remote_command]
 
-    def lost(self, host: str, returncode: int) -> str:
-        return f"ssh to {host} failed; see its stderr" if returncode == 255 else ""
-
-    def argv(self, host: str) -> list[str]:
-        """``ssh`` and its options up to the host (the remote command follows)."""
-        argv = ["ssh", "-T", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new"]
-        argv += ["-o", f"ConnectTimeout={max(1, round(self.connect_timeout))}"]
+    def options(self) -> list[str]:
+        """The options of ``ssh -T`` for every host (also what mpirun's ssh gets)."""
+        argv = ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, round(self.connect_timeout))}"]
+        if self.host_key_policy is not None:
+            argv += ["-o", f"StrictHostKeyChecking={self.host_key_policy}"]
         if self.config_file is not None:
             argv += ["-F", str(self.config_file)]
         if self.port is not None:
             argv += ["-p", str(self.port)]
         if self.identity_file is not None:
             argv += ["-i", str(self.identity_file)]
-        return [*argv, host]
+        return argv
+
+    def lost(self, host: str, returncode: int) -> str:
+        """What ssh's own exit status (255) says about a rank that never reported its status."""
+        if returncode != 255:
+            return ""
+        return (
+            f"ssh to {host} failed: the host is unreachable, refused the connection or the login, or its "
+            "host key is not in your known_hosts (see --ssh-host-key-policy); its stderr above says which"
+        )
+
+    def argv(self, host: str) -> list[str]:
+        """``ssh`` and its options up to the host (the remote command follows); ``--`` ends the options,
+        so that no host name can be read as one."""
+        return ["ssh", "-T", *self.options(), "--", host]
 
 
 def _spawn_error(argv: list[str], exc: OSError) -> LaunchError:

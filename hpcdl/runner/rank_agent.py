@@ -1,14 +1,15 @@
 """Runs one rank for ``hpcdl run``: ``python -c <this file>``, here or on another host over ssh.
 
-Standard library only (a remote host needs Python, not hpcdl, to run plain programs). Protocol on
-stdin: the first line is JSON ``{"argv", "env", "cwd", "token"}`` (so the job secret never appears on
-a command line), optionally with ``interfaces`` (the first of these network interfaces this host has
-becomes the rank's HPCDL_IFACE) and ``master_board`` (``host:port`` of the launcher's board, through which
-rank 0 publishes the MASTER_PORT it holds and the other ranks learn it); later lines ``signal N`` forward
-a signal to the rank's process group. EOF on stdin means the launcher is gone (even killed with SIGKILL,
-or its ssh connection lost): the rank's process group gets SIGTERM, then SIGKILL, so no rank outlives its
-launcher. When the rank ends, the agent writes ``<token> exit <returncode>`` on stderr and exits;
-``<token> pid <pid>`` after the start names the rank's process group. The launcher strips these lines
+Standard library only (a remote host needs Python, not hpcdl, to run plain programs). Protocol on stdin: the
+first line is JSON ``{"argv", "env", "cwd", "token"}`` (so the job secret never appears on a command line),
+optionally with ``interfaces`` (the first of these network interfaces this host has becomes the rank's
+HPCDL_IFACE) and ``master_board`` (``host:port`` of the launcher's board, through which rank 0 publishes the
+MASTER_PORT it holds and the other ranks learn it, with ``board_client``: the source of
+``hpcdl.common.handshake``, which proves the job's secret to the board without sending it); later lines
+``signal N`` forward a signal to the rank's process group. EOF on stdin means the launcher is gone (even
+killed with SIGKILL, or its ssh connection lost): the rank's process group gets SIGTERM, then SIGKILL, so no
+rank outlives its launcher. When the rank ends, the agent writes ``<token> exit <returncode>`` on stderr and
+exits; ``<token> pid <pid>`` after the start names the rank's process group. The launcher strips these lines
 from the rank's output. ``hpcdl.runner.step_agent`` reuses these pieces for ranks started by a scheduler's
 launcher.
 """
@@ -26,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+from types import ModuleType
 from typing import Any, BinaryIO
 
 GRACE_SECONDS = 3.0
@@ -84,35 +86,50 @@ def reserve_port() -> socket.socket:
     return holder
 
 
-def board_request(board: str, request: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """One JSON request to the launcher's board (``hpcdl.runner.board``); OSError when it fails."""
+def board_client(source: str) -> ModuleType:
+    """``hpcdl.common.handshake`` from the source the launcher sent (this host may not have hpcdl)."""
+    module = ModuleType("hpcdl_board_client")
+    sys.modules[module.__name__] = module  # dataclasses look their module up
+    exec(compile(source, "hpcdl/common/handshake.py", "exec"), module.__dict__)
+    return module
+
+
+def board_request(client: Any, board: str, secret: str, request: dict[str, Any], timeout: float) -> Any:
+    """One request to the launcher's board (``hpcdl.runner.board``), proving the job's secret through
+    `client` (``hpcdl.common.handshake``); OSError when it fails."""
     host, _, port = board.rpartition(":")
-    with socket.create_connection((host, int(port)), timeout=timeout) as conn:
-        conn.settimeout(timeout)
-        conn.sendall(json.dumps(request).encode() + b"\n")
-        reply = conn.makefile("rb").readline()
-    if not reply:
-        raise OSError(f"the launcher's board at {board} closed the connection without an answer")
-    answer = json.loads(reply)
+    where = f"the launcher's board at {board}"
+    try:
+        answer = client.request((host, int(port)), secret, request, timeout, where)
+    except (RuntimeError, ValueError) as exc:  # the handshake's errors, a malformed address or answer
+        raise OSError(str(exc)) from None
+    if not isinstance(answer, dict):
+        raise OSError(f"{where} answered something else than a JSON object")
     if "error" in answer:
-        raise OSError(f"the launcher's board at {board}: {answer['error']}")
+        raise OSError(f"{where}: {answer['error']}")
     return answer
 
 
-def learn_master_port(board: str, secret: str, rank: int, timeout: float) -> tuple[socket.socket | None, int]:
+def learn_master_port(
+    board: str, secret: str, rank: int, timeout: float, client: Any = None
+) -> tuple[socket.socket | None, int]:
     """Rank 0 reserves MASTER_PORT on its host and posts it to the board (returning the holder to keep);
-    the others wait up to `timeout` s for it. OSError when that fails."""
-    request: dict[str, Any] = {"secret": secret, "key": "MASTER_PORT"}
+    the others wait up to `timeout` s for it. `client`: ``hpcdl.common.handshake`` (imported when None).
+    OSError when that fails."""
+    if client is None:
+        from hpcdl.common import handshake as client
+    request: dict[str, Any] = {"key": "MASTER_PORT"}
     if rank == 0:
         holder = reserve_port()
         port = holder.getsockname()[1]
-        board_request(board, {**request, "op": "put", "value": str(port)}, timeout)
+        board_request(client, board, secret, {**request, "op": "put", "value": str(port)}, timeout)
         return holder, port
+    # The board answers within `timeout` (nobody published it: an error); the margin lets that answer arrive.
+    answer = board_request(client, board, secret, {**request, "op": "get", "wait": timeout}, timeout + 5.0)
     try:
-        answer = board_request(board, {**request, "op": "get", "wait": timeout}, timeout + 5.0)
-    except TimeoutError:
-        raise OSError(f"rank 0 did not publish MASTER_PORT within {timeout:g} s") from None
-    return None, int(answer["value"])
+        return None, int(answer["value"])
+    except (KeyError, TypeError, ValueError):
+        raise OSError(f"the launcher's board at {board} answered no port: {answer}") from None
 
 
 def interrupts_by_default() -> None:
@@ -133,7 +150,11 @@ def main() -> None:
     if spec.get("master_board"):
         try:
             holder, port = learn_master_port(
-                spec["master_board"], env.get("HPCDL_SECRET", ""), spec["rank"], spec["start_timeout"]
+                spec["master_board"],
+                env.get("HPCDL_SECRET", ""),
+                spec["rank"],
+                spec["start_timeout"],
+                board_client(spec["board_client"]),
             )
         except OSError as exc:
             sys.stderr.write(f"hpcdl run: rank {spec['rank']}: {exc}\n")

@@ -17,8 +17,9 @@ class RendezvousHandle(Protocol):
     def stop(self) -> None: ...
 
 
-def host_rendezvous(size: int) -> tuple[RendezvousHandle, str] | None:
-    """Start the server on all interfaces with a new job secret; return it and the secret.
+def host_rendezvous(size: int, host: str) -> tuple[RendezvousHandle, str] | None:
+    """Start the server on `host` (the address the ranks are given, not every interface) with a new job
+    secret; return it and the secret.
 
     None (with a warning) when the runtime cannot host it: plain programs need no rendezvous, and
     hpcdl ranks then fail on their own with the runtime's error.
@@ -27,7 +28,7 @@ def host_rendezvous(size: int) -> tuple[RendezvousHandle, str] | None:
         from hpcdl.common.rendezvous import RendezvousServer, make_secret
 
         secret = make_secret()
-        server = RendezvousServer(size, secret)
+        server = RendezvousServer(size, secret, host)
         server.start()
     except (ImportError, HpcdlError, OSError) as exc:
         print(f"hpcdl run: warning: no rendezvous server for the ranks ({exc})", file=sys.stderr)

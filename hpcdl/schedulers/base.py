@@ -7,7 +7,6 @@ cancel and logs go through the scheduler's own commands.
 
 from __future__ import annotations
 
-import shlex
 import subprocess
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from typing import ClassVar, Optional
 from hpcdl.schedulers.errors import JobSpecError, SchedulerError, ScriptCheckError
 from hpcdl.schedulers.job import JobSpec
 from hpcdl.schedulers.render import render_parts
+from hpcdl.schedulers.shell import quote, shell_word
 from hpcdl.schedulers.site import SiteConfig
 
 COMMAND_TIMEOUT_S = 60.0
@@ -60,10 +60,6 @@ class JobState:
     job_id: str
     state: str  # PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, HELD, SUSPENDED, UNKNOWN
     native: str
-
-
-def quote(argv: list[str]) -> str:
-    return " ".join(shlex.quote(a) for a in argv)
 
 
 def run_command(
@@ -213,16 +209,18 @@ class Scheduler(ABC):
         launch = quote([*self.launcher(job), *job.launcher_args, *rank_command])
         timer, requeue = self.signal_parts(job) if job.signal else (None, None)
         exports = [("OMP_NUM_THREADS", str(job.resolved_cpus_per_rank))]
-        exports += [(k, shlex.quote(v)) for k, v in job.env.items()]
+        exports += [(k, shell_word(v, f"the value of {k}")) for k, v in job.env.items()]
         cases: list[tuple[int, list[tuple[str, str]]]] = []
         if job.sweep:
             for index, point in zip(self.array_indices(job) or (), job.sweep.points):
-                cases.append((index, [(n, shlex.quote(v)) for n, v in zip(job.sweep.names, point)]))
+                cases.append(
+                    (index, [(n, shell_word(v, "sweep value")) for n, v in zip(job.sweep.names, point)])
+                )
         return ScriptParts(
             scheduler=self.name,
             directives=self.directives(job, site),
             exports=exports,
-            modules=[shlex.quote(m) for m in job.modules],
+            modules=[shell_word(m, "module") for m in job.modules],
             setup=list(job.setup),
             secret_command=quote([job.python, "-c", "import secrets; print(secrets.token_hex(32))"]),
             rendezvous_command=self.rendezvous_command(job),

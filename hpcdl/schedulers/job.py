@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from hpcdl.schedulers.errors import JobSpecError
+from hpcdl.schedulers.shell import check_directive_value, check_value
 
 WALLTIME_FORMS = (
     "HH:MM:SS, D-HH:MM:SS, a number of minutes (e.g. 90), or a number with a unit s/m/h/d (e.g. 2h)"
@@ -210,9 +211,11 @@ class JobSpec:
             raise JobSpecError(
                 f"job name {self.job_name!r}: use 1-64 letters, digits, '_', '.', '-' starting with a letter"
             )
-        for key in self.env:
+        for key, value in self.env.items():
             if not _NAME.match(key):
                 raise JobSpecError(f"environment variable name {key!r} is not valid; use letters, digits, _")
+            check_value(value, f"the value of {key}")
+        self._check_script_values()
         if self.signal and self.signal.seconds >= self.walltime_seconds:
             raise JobSpecError(
                 f"signal {self.signal.seconds}s before the end is not inside the walltime "
@@ -225,6 +228,29 @@ class JobSpec:
         if self.array and self.sweep:
             raise JobSpecError("give either --array or --sweep, not both (a sweep makes its own array)")
         return self
+
+    def _check_script_values(self) -> None:
+        """Values that reach the script's directives or its shell (see :mod:`hpcdl.schedulers.shell`)."""
+        for option, value in (
+            ("--account", self.account),
+            ("--partition", self.partition),
+            ("--qos", self.qos),
+            ("--constraint", self.constraint),
+            ("--output", self.output),
+            ("--error", self.error),
+        ):
+            if value is not None:
+                check_directive_value(value, option)
+        for module in self.modules:
+            check_value(module, "module")
+            if not module or module.startswith("-"):
+                raise JobSpecError(f"module {module!r} is not a module name (names do not start with '-')")
+        for arg in self.launcher_args:
+            check_value(arg, "launcher argument")
+        check_value(self.python, "python")
+        for point in self.sweep.points if self.sweep else ():
+            for value in point:
+                check_value(value, "sweep value")
 
     @property
     def gpu_slice(self) -> tuple[int, int]:

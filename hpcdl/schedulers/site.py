@@ -15,8 +15,9 @@ from typing import Any, Optional
 
 import yaml
 
-from hpcdl.schedulers.errors import SiteConfigError
+from hpcdl.schedulers.errors import JobSpecError, SiteConfigError
 from hpcdl.schedulers.job import JobSpec, format_clock, parse_walltime
+from hpcdl.schedulers.shell import check_directive_value, check_value
 
 SYSTEM_SITE_FILE = Path("/etc/hpcdl/site.yaml")
 SCHEDULER_NAMES = ("slurm", "pbs", "cobalt", "lsf", "flux")
@@ -146,6 +147,13 @@ class SiteConfig:
         for key in ("modules", "setup", "launcher_args", "extra_directives", "pbs_chunk_resources"):
             if not all(isinstance(item, str) for item in getattr(self, key)):
                 raise SiteConfigError(f"{self.origin(key)}: every entry of {key} must be a string")
+        # Directives go into the script as written (the site's own), but no line break may start a command.
+        for key, check in (("extra_directives", check_value), ("pbs_chunk_resources", check_directive_value)):
+            for item in getattr(self, key):
+                try:
+                    check(item, f"{key} entry")
+                except JobSpecError as exc:
+                    raise SiteConfigError(f"{self.origin(key)}: {exc}") from None
         self.env = {str(k): str(v) for k, v in self.env.items()}
 
     def origin(self, key: str) -> str:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,17 +16,41 @@ from hpcdl.schedulers.job import JobSpec
 from hpcdl.schedulers.records import JobRecord, load_record, records_dir
 from hpcdl.schedulers.site import SiteConfig
 
+SCRIPT_MODE = 0o700
+
 
 def write_script(script: str, path: Path, force: bool) -> Path:
-    """Write a rendered script (executable); refuses to replace an existing file unless ``force``."""
-    if path.exists() and not force:
+    """Write a rendered script, readable and executable by its owner only (it holds the job's ``--env``
+    values), never through a symbolic link: a new file is created exclusively (``O_EXCL|O_NOFOLLOW``), and
+    with ``force`` an existing path is replaced by renaming a file made beside it, which replaces a link
+    planted there instead of writing where it points. Refuses to replace anything without ``force``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        if not force:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            _write_private(os.open(path, flags, SCRIPT_MODE), script)
+            return path
+        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        try:
+            _write_private(fd, script)
+            os.replace(temporary, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise
+    except FileExistsError:
         raise SchedulerError(
             f"{path} already exists; pass --force to overwrite it, or choose another -o path"
-        )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(script)
-    path.chmod(0o755)
+        ) from None
+    except OSError as exc:
+        raise SchedulerError(f"cannot write the script to {path}: {exc.strerror}") from None
     return path
+
+
+def _write_private(fd: int, text: str) -> None:
+    with os.fdopen(fd, "w") as out:
+        os.fchmod(fd, SCRIPT_MODE)
+        out.write(text)
 
 
 @dataclass(frozen=True)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import collections
 from typing import Any, Callable, Optional
 
-import cloudpickle
 import torch
 
+from hpcdl.common import payloads
 from hpcdl.torch.async_ops import broadcast_async_, synchronize
 from hpcdl.torch.basics import rank
 from hpcdl.torch.ops import allgather, broadcast_
-from hpcdl.torch.process_sets import ProcessSet, global_process_set
+from hpcdl.torch.process_sets import ProcessSet, global_process_set, id_of
 
 
 def broadcast_parameters(params: Any, root_rank: int) -> None:
@@ -127,35 +127,35 @@ def broadcast_object(
     """Return ``root_rank``'s ``obj`` on every rank of the set (serialized with cloudpickle).
 
     Non-root ranks may pass anything (e.g. None): unlike Horovod, the default operation name does not
-    depend on the object's type, so ``broadcast_object(x if rank == 0 else None)`` works.
+    depend on the object's type, so ``broadcast_object(x if rank == 0 else None)`` works. The payload
+    travels with a MAC that receivers check before unpickling it (:mod:`hpcdl.common.payloads`).
     """
     name = name or "broadcast_object"
+    operation = payloads.operation("broadcast_object", id_of(process_set), name)
     if rank() == root_rank:
-        payload = torch.frombuffer(bytearray(cloudpickle.dumps(obj)), dtype=torch.uint8)
+        payload = torch.frombuffer(operation.pickle(root_rank, obj), dtype=torch.uint8)
         length = torch.tensor([payload.numel()], dtype=torch.int64)
         broadcast_(length, root_rank, name + ".sz", process_set)
     else:
         length = torch.zeros(1, dtype=torch.int64)
         broadcast_(length, root_rank, name + ".sz", process_set)
-        payload = torch.empty(int(length.item()), dtype=torch.uint8)
+        payload = torch.empty(operation.check_length(root_rank, int(length.item())), dtype=torch.uint8)
     broadcast_(payload, root_rank, name + ".t", process_set)
     if rank() == root_rank:
         return obj
-    return cloudpickle.loads(payload.numpy().tobytes())
+    return operation.unpickle(root_rank, payload.numpy())
 
 
 def allgather_object(
     obj: Any, name: Optional[str] = None, process_set: ProcessSet = global_process_set
 ) -> list:
-    """Return the list of every rank's ``obj`` (in rank order of the set); objects may differ in type."""
+    """Return the list of every rank's ``obj`` (in rank order of the set); objects may differ in type.
+    Every piece is checked against its MAC before any is unpickled (:mod:`hpcdl.common.payloads`)."""
     name = name or "allgather_object"
-    payload = torch.frombuffer(bytearray(cloudpickle.dumps(obj)), dtype=torch.uint8)
+    operation = payloads.operation("allgather_object", id_of(process_set), name)
+    payload = torch.frombuffer(operation.pickle(process_set.rank(), obj), dtype=torch.uint8)
     lengths = allgather(
         torch.tensor([payload.numel()], dtype=torch.int64), name=name + ".sz", process_set=process_set
     )
-    gathered = allgather(payload, name=name + ".t", process_set=process_set).numpy()
-    objects, start = [], 0
-    for length in lengths.tolist():
-        objects.append(cloudpickle.loads(gathered[start : start + length].tobytes()))
-        start += length
-    return objects
+    gathered = allgather(payload, name=name + ".t", process_set=process_set)
+    return operation.unpickle_pieces(lengths.tolist(), gathered.numpy())

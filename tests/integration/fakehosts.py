@@ -44,8 +44,8 @@ def fake_host(workdir: Path, hostname: str = "fakehost2") -> Iterator[FakeHost]:
     with VirtualHosts(workdir, [hostname], uplink=True) as hosts:
         ssh_config = workdir / "ssh_config"  # for ssh from this machine (the host has its own /etc/ssh)
         ssh_config.write_text(
-            "Host *\n  User root\n  IdentitiesOnly yes\n  StrictHostKeyChecking no\n"
-            "  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n"
+            f"Host *\n  User root\n  IdentitiesOnly yes\n  UserKnownHostsFile {hosts.known_hosts}\n"
+            "  LogLevel ERROR\n"
         )
         host = hosts[hostname]
         yield FakeHost(

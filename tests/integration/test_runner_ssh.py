@@ -205,6 +205,38 @@ def test_unreachable_ssh_port_is_reported(host: FakeHost) -> None:
     assert "Connection refused" in done.stderr
 
 
+def test_a_host_key_is_trusted_only_when_known_or_when_the_policy_says_so(
+    host: FakeHost, tmp_path: Path
+) -> None:
+    """hpcdl run used to pass StrictHostKeyChecking=accept-new, trusting any host's key on first use. Now the
+    user's ssh configuration decides (here: a known_hosts without the host), unless --ssh-host-key-policy
+    says otherwise; a key that differs from the known one is refused even then."""
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text("")
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host *\n  User root\n  IdentitiesOnly yes\n  UserKnownHostsFile {known_hosts}\n")
+
+    def run(*policy: str) -> subprocess.CompletedProcess:
+        ssh = ["-p", "22", "-i", str(host.identity_file), "--ssh-config-file", str(config), *policy]
+        argv = [sys.executable, "-m", "hpcdl", "run", "-np", "1", "-H", f"{host.address}:1", *ssh, "hostname"]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60, env=_env())
+
+    unknown = run()
+    assert unknown.returncode == 255 and "Host key verification failed" in unknown.stderr, unknown.stderr
+    assert "--ssh-host-key-policy" in unknown.stderr and known_hosts.read_text() == ""
+    accepted = run("--ssh-host-key-policy", "accept-new")
+    assert accepted.returncode == 0 and host.hostname in accepted.stdout, accepted.stderr
+    assert host.address in known_hosts.read_text()
+    assert run().returncode == 0  # known now
+    other_key = subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "k")],
+                               capture_output=True, timeout=30, check=True)  # fmt: skip
+    assert other_key.returncode == 0
+    forged = (tmp_path / "k.pub").read_text().split()[:2]
+    known_hosts.write_text(f"{host.address} {' '.join(forged)}\n")
+    changed = run("--ssh-host-key-policy", "accept-new")
+    assert changed.returncode == 255 and "HOST IDENTIFICATION HAS CHANGED" in changed.stderr, changed.stderr
+
+
 ALLREDUCE = r"""
 import numpy as np
 import hpcdl.common as hc

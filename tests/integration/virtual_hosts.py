@@ -184,6 +184,7 @@ class VirtualHosts:
             addresses = {name: f"{network}.{i + 1}" for i, name in enumerate(self.names)}
             if self.ssh:
                 self._make_keys()
+                self._write_known_hosts(addresses)
             for i, name in enumerate(self.names):
                 self.hosts[name] = self._make_host(name, i, addresses)
             if self.ssh:
@@ -322,10 +323,21 @@ class VirtualHosts:
         os.chmod(keys / "authorized_keys", 0o600)
         Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory
 
+    @property
+    def known_hosts(self) -> Path:
+        """Every host's key under its name and address: ssh checks them strictly, nothing is trusted on
+        first use."""
+        return self.workdir / "ssh" / "known_hosts"
+
+    def _write_known_hosts(self, addresses: Mapping[str, str]) -> None:
+        key = (self.workdir / "ssh" / "host_ed25519.pub").read_text().split()[:2]
+        lines = [f"{name},{address} {' '.join(key)}" for name, address in addresses.items()]
+        self.known_hosts.write_text("\n".join(lines) + "\n")
+
     def _ssh_client_config(self) -> str:
         return (
             f"Host *\n  User root\n  IdentityFile {self.identity_file}\n  IdentitiesOnly yes\n"
-            "  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  BatchMode yes\n"
+            f"  StrictHostKeyChecking yes\n  UserKnownHostsFile {self.known_hosts}\n  BatchMode yes\n"
             "  ConnectTimeout 5\n  LogLevel ERROR\n"
         )
 

@@ -6,7 +6,8 @@ object it printed on a line ``RESULT <json>`` (see :func:`result_line`). Launche
 
 - ``"hpcdl"``: ``python -m hpcdl run -np N`` (the way users launch);
 - ``"openmpi"`` / ``"mpich"``: ``mpirun.openmpi`` / ``mpiexec.mpich`` (ranks meet over MPI with Open MPI,
-  over TCP through MASTER_ADDR/MASTER_PORT with MPICH, whose MPI this build does not link);
+  over TCP through MASTER_ADDR/MASTER_PORT and an exported HPCDL_SECRET with MPICH, whose MPI this build
+  does not link);
 - ``"mpich-mpi"``: ``mpiexec.mpich`` without MASTER_ADDR, for a library built against MPICH (selected with
   ``HPCDL_LIBRARY``): the ranks meet through MPICH's MPI;
 - ``"manual"``: the env contract set by hand with an in-process rendezvous server; lets a test give each
@@ -151,7 +152,7 @@ def run_ranks(
             pattern = ""
         elif launcher in ("mpich", "mpich-mpi"):
             if launcher == "mpich":
-                base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+                base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), HPCDL_SECRET=make_secret())
             # per-rank files here too: -prepend-rank output can glue lines of different ranks together
             cmd = [MPICH, "-np", str(np), "-outfile-pattern", str(workdir / "rank.%r.stdout")]
             cmd += ["-errfile-pattern", str(workdir / "rank.%r.stderr"), sys.executable, script, *args]

@@ -104,13 +104,31 @@ def test_no_meeting_place_says_how_to_launch() -> None:
     assert "MASTER_ADDR" in str(err.value) and "built with Open MPI" in str(err.value)
 
 
-def test_missing_secret_warns_and_derives_one_shared_by_all_ranks() -> None:
-    env = {"MASTER_ADDR": "10.0.0.2", "MASTER_PORT": "6000"}
-    with pytest.warns(UserWarning, match="HPCDL_SECRET is not set"):
-        first = discovery.meeting(info("torchrun", rank=0), env)
-    with pytest.warns(UserWarning):
-        second = discovery.meeting(info("torchrun", rank=3), env)
-    assert first.secret == second.secret and len(first.secret) == 64 and first.secret_derived
+@pytest.mark.parametrize(
+    ("launcher", "env"),
+    [
+        ("torchrun", {"MASTER_ADDR": "10.0.0.2", "MASTER_PORT": "6000"}),
+        ("Slurm srun", {"SLURM_JOB_NODELIST": "node[1-2]", "SLURM_JOB_ID": "77"}),
+        ("Slurm srun", {"HPCDL_RENDEZVOUS_ADDR": "node1", "HPCDL_RENDEZVOUS_PORT": "29555"}),
+    ],
+)
+@pytest.mark.parametrize("secret", [None, ""])
+def test_ranks_meeting_over_tcp_without_a_secret_refuse_and_say_how_to_make_one(
+    launcher: str, env: dict, secret: str | None
+) -> None:
+    """A secret derived from the job id, the rendezvous address and the uid (what ranks used to share without
+    HPCDL_SECRET) is known to every other user of the cluster too; an empty one is no secret either."""
+    if secret is not None:
+        env = {**env, "HPCDL_SECRET": secret}
+    with pytest.raises(HpcdlConfigError, match="HPCDL_SECRET is not set") as err:
+        discovery.meeting(info(launcher, rank=0), env)
+    assert "secrets.token_hex(32)" in str(err.value) and "hpcdl run" in str(err.value)
+
+
+def test_a_job_of_one_and_an_mpi_bootstrap_need_no_secret() -> None:
+    assert discovery.meeting(discovery.RankInfo(0, 1, "h", "none"), {}).bootstrap == "tcp"
+    meet = discovery.meeting(info("OpenMPI mpirun"), {}, mpi_vendor="Open MPI")
+    assert (meet.bootstrap, meet.secret) == ("mpi", "")  # rank 0 makes one and sends it over MPI
 
 
 def test_rendezvous_serve_makes_rank_zero_host_the_given_address() -> None:

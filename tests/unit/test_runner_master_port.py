@@ -9,6 +9,7 @@ import threading
 
 import pytest
 
+from hpcdl.common import handshake
 from hpcdl.runner.board import BoardServer
 from hpcdl.runner.hosts import HostSlots, assign_ranks
 from hpcdl.runner.launch import torch_master
@@ -42,7 +43,7 @@ def test_a_held_port_is_given_to_nobody_else_but_torch_can_listen_on_it() -> Non
 
 
 def test_rank0_publishes_its_port_and_the_others_wait_for_it() -> None:
-    board = BoardServer(SECRET)
+    board = BoardServer(SECRET, "127.0.0.1", 4)
     address = f"127.0.0.1:{board.port}"
     try:
         learned: list[int] = []
@@ -53,16 +54,16 @@ def test_rank0_publishes_its_port_and_the_others_wait_for_it() -> None:
         assert holder is not None and holder.getsockname()[1] == port
         assert learned == [port]
         holder.close()
-        with pytest.raises(OSError, match="wrong job secret"):
-            board_request(address, {"secret": "cd" * 32, "op": "get", "key": "MASTER_PORT", "wait": 1}, 5)
+        with pytest.raises(OSError, match="does not accept this job's secret"):
+            board_request(handshake, address, "cd" * 32, {"op": "get", "key": "MASTER_PORT", "wait": 1}, 5)
         with pytest.raises(OSError, match=r"nobody published OTHER within 0\.2 s"):
-            board_request(address, {"secret": SECRET, "op": "get", "key": "OTHER", "wait": 0.2}, 5)
+            board_request(handshake, address, SECRET, {"op": "get", "key": "OTHER", "wait": 0.2}, 5)
     finally:
         board.stop()
 
 
 def test_a_stopped_board_ends_every_wait() -> None:
-    board = BoardServer(SECRET)
+    board = BoardServer(SECRET, "127.0.0.1", 4)
     address = f"127.0.0.1:{board.port}"
     errors: list[Exception] = []
 
@@ -72,8 +73,17 @@ def test_a_stopped_board_ends_every_wait() -> None:
         except OSError as exc:
             errors.append(exc)
 
+    waiting = threading.Event()  # the waiter's request has reached the board (not merely been started)
+    get = board.board.get
+
+    def noted_get(key: str, wait: float) -> str | None:
+        waiting.set()
+        return get(key, wait)
+
+    board.board.get = noted_get  # type: ignore[method-assign]
     waiter = threading.Thread(target=wait)
     waiter.start()
+    assert waiting.wait(30)
     board.stop()
     waiter.join(timeout=10)
     assert not waiter.is_alive() and len(errors) == 1
@@ -93,10 +103,10 @@ def test_rank0_here_gets_a_port_held_by_the_launcher() -> None:
 
 
 def test_rank0_elsewhere_publishes_through_the_board() -> None:
-    master = torch_master(SLOTS, {"node2"}, {}, "10.0.0.2", SECRET)
+    master = torch_master(SLOTS, {"node2"}, {}, "127.0.0.1", SECRET)  # the address the ranks reach us at
     try:
         assert master.env == {"MASTER_ADDR": "node1", "WORLD_SIZE": "4"}
-        assert master.holder is None and master.board_address == f"10.0.0.2:{master.board.port}"
+        assert master.holder is None and master.board_address == f"127.0.0.1:{master.board.port}"
     finally:
         master.stop()
 

@@ -159,6 +159,17 @@ HPCDL_API int hpcdl_rendezvous_server_port(int64_t server);
 HPCDL_API int hpcdl_rendezvous_server_arrived(int64_t server, int32_t* ranks, int capacity);
 HPCDL_API int hpcdl_rendezvous_server_stop(int64_t server);
 
+/* ---- object payloads ---------------------------------------------------------------------------------
+ * Receivers unpickle the payloads of object collectives (broadcast_object, allgather_object, ...), so each
+ * payload travels with an HMAC-SHA-256 that receivers check first. hpcdl_object_key writes this job's
+ * 32-byte key for it: derived from the job secret and the nonce of this job's rendezvous round, the same on
+ * every rank of the job and new with every init. hpcdl_object_sequence returns the next number (1, 2, ...)
+ * of object operations called `name` on `process_set` in this process; every member calls it once per
+ * operation, so a MAC over (operation, set, name, number, sender, payload) binds a payload to one operation
+ * and a replayed one is refused like an altered one. Returns < 0 (a negated status) when not initialised. */
+HPCDL_API int hpcdl_object_key(uint8_t* key);
+HPCDL_API int64_t hpcdl_object_sequence(int process_set, const char* name);
+
 /* ---- direct, blocking collectives (caller's thread) ----------------------------------------------
  * process_set: 0 = global; others come from init's process_sets or hpcdl_add_process_set.
  * send == recv means in place. counts are elements, not bytes. */

@@ -1,5 +1,7 @@
 #include "bootstrap/rendezvous.h"
 
+#include <arpa/inet.h>
+#include <poll.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -33,11 +35,40 @@ bool parse_int(const std::string& s, long* out) {
   return end && *end == '\0';
 }
 
-Status send_frame(int fd, const std::string& text, Deadline deadline, const std::string& what) {
-  uint32_t len = uint32_t(text.size());
-  std::string frame(reinterpret_cast<const char*>(&len), 4);
-  frame += text;
-  return send_all(fd, frame.data(), frame.size(), deadline, "rank", what);
+// Longest table or refusal a rank accepts from the rendezvous (a table line is well under 200 bytes for
+// host names of usual length; the bound keeps a broken server from making a rank allocate without end).
+constexpr uint32_t kMaxTableBytes = 1u << 24;
+
+bool is_ipv4(const std::string& text) {
+  in_addr parsed{};
+  return inet_pton(AF_INET, text.c_str(), &parsed) == 1;
+}
+
+// Whether a registered rank's connection is still open. A rank sends nothing after registering, so a
+// readable socket means it closed (or broke the protocol).
+bool connection_open(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  if (poll(&p, 1, 0) < 0) return true;
+  return (p.revents & (POLLIN | POLLERR | POLLHUP | POLLNVAL)) == 0;
+}
+
+std::string hex(const uint8_t* data, size_t size) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (size_t i = 0; i < size; ++i) out += std::string{digits[data[i] >> 4], digits[data[i] & 15]};
+  return out;
+}
+
+bool unhex(const std::string& text, std::string* out) {
+  auto value = [](char c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1; };
+  out->clear();
+  if (text.size() % 2) return false;
+  for (size_t i = 0; i < text.size(); i += 2) {
+    int hi = value(text[i]), lo = value(text[i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    *out += char(hi << 4 | lo);
+  }
+  return true;
 }
 
 // "29501, 29503-29516": runs of three or more consecutive ports as ranges.
@@ -74,17 +105,20 @@ bool RendezvousServer::Registration::on_server_host() const {
 Status RendezvousServer::start(const std::string& host, const std::vector<int>& ports, const std::string& secret,
                                int size, const std::string& job, const std::string& origin) {
   if (size < 1) return Status::error(HPCDL_ERR_INVALID, "rendezvous server: size must be at least 1");
+  Status st = check_job_secret(secret);
+  if (!st.is_ok()) return Status::error(st.code, "rendezvous server: " + st.message);
   if (ports.empty()) return Status::error(HPCDL_ERR_INVALID, "rendezvous server: no port to listen on");
   size_ = size;
   job_ = job;
   // It holds every registered rank's connection until the round completes, besides open handshakes.
-  Status st = ensure_open_files(size_t(size) + kMaxPendingHandshakes,
+  st = ensure_open_files(size_t(size) + kMaxPendingHandshakes,
                                 "the rendezvous of " + std::to_string(size) + " ranks");
   if (!st.is_ok()) return st;
   int listen_errno = 0;
   for (int port : ports) {
     st = server_.start(
-        host, port, secret, [this](int fd, const std::string& header) { on_client(fd, header); },
+        host, port, secret,
+        [this](int fd, const std::string& header, const Digest& session) { on_client(fd, header, session); },
         [this] { send_progress(); }, &listen_errno);
     if (st.is_ok() || listen_errno != EADDRINUSE) return st;
   }
@@ -108,13 +142,14 @@ void RendezvousServer::send_progress() {
   for (auto& entry : round_) text += std::to_string(entry.first) + ",";
   text += "\n";
   for (auto& entry : round_)
-    send_frame(entry.second.fd, text, now + std::chrono::milliseconds(100), "rendezvous progress");
+    entry.second.session.send(text, now + std::chrono::milliseconds(100), "rank " + std::to_string(entry.first),
+                              "rendezvous progress");
 }
 
 void RendezvousServer::stop() {
   server_.stop();
   std::lock_guard<std::mutex> lock(mutex_);
-  for (auto& entry : round_) close(entry.second.fd);
+  for (auto& entry : round_) close(entry.second.session.fd());
   round_.clear();
 }
 
@@ -126,11 +161,12 @@ std::vector<int> RendezvousServer::arrived() const {
   return out;
 }
 
-void RendezvousServer::on_client(int fd, const std::string& header) {
+void RendezvousServer::on_client(int fd, const std::string& header, const Digest& session) {
   auto fields = parse_lines(header);
-  auto refuse = [fd](const std::string& line) {
-    send_frame(fd, line + "\n", Clock::now() + std::chrono::seconds(2), "rendezvous");
-    close(fd);
+  Session channel(fd, session, Session::Side::kServer);
+  auto refuse = [&channel](const std::string& line) {
+    channel.send(line + "\n", Clock::now() + std::chrono::seconds(2), "a registering rank", "rendezvous");
+    close(channel.fd());
   };
   if (!job_.empty() && fields["job"] != job_) {
     // Another job walking the same ports with the same secret: it moves on to its own rendezvous.
@@ -138,31 +174,58 @@ void RendezvousServer::on_client(int fd, const std::string& header) {
     return;
   }
   long rank = -1, size = -1, port = 0, pid = 0;
-  bool ok = fields["purpose"] == "register" && parse_int(fields["rank"], &rank) &&
-            parse_int(fields["size"], &size) && parse_int(fields["port"], &port) && parse_int(fields["pid"], &pid) &&
-            size == size_ && rank >= 0 && rank < size_;
-  Registration reg;
-  reg.fd = fd;
-  reg.info.rank = int(rank);
-  reg.info.host = fields["host"];
-  reg.info.addr = fields["addr"];
-  reg.info.port = int(port);
-  reg.info.pid = int(pid);
-  for (char c : reg.info.host + reg.info.addr)
-    if (c == '\t' || c == '\n') ok = false;
-  if (!ok) {  // an authenticated but inconsistent client (e.g. launched with another size): tell it why
+  if (fields["purpose"] != "register" || !parse_int(fields["rank"], &rank) || !parse_int(fields["size"], &size) ||
+      size != size_ || rank < 0 || rank >= size_) {
+    // An authenticated but inconsistent client (e.g. launched with another size): tell it why.
     refuse("error=the rendezvous expects " + std::to_string(size_) + " ranks; this rank registered as " +
            fields["rank"] + " of " + fields["size"]);
     return;
   }
+  Registration reg;
+  reg.session = channel;
+  reg.info.rank = int(rank);
+  reg.info.host = fields["host"];
+  reg.info.addr = fields["addr"];
+  bool ok = parse_int(fields["port"], &port) && port > 0 && port < 65536 && parse_int(fields["pid"], &pid) &&
+            pid >= 0 && !reg.info.host.empty() && (reg.info.addr.empty() || is_ipv4(reg.info.addr));
+  for (char c : reg.info.host)
+    if (c == '\t' || c == '\n') ok = false;
+  if (!ok) {
+    refuse("error=rank " + std::to_string(rank) + " registered an unusable host '" + reg.info.host +
+           "', address '" + reg.info.addr + "' or port '" + fields["port"] + "'");
+    return;
+  }
+  reg.info.port = int(port);
+  reg.info.pid = int(pid);
   reg.seen = socket_peer_address(fd);
   reg.reached = socket_local_address(fd);
   std::vector<Registration> complete;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = round_.find(reg.info.rank);
-    if (it != round_.end()) close(it->second.fd);  // the rank restarted: keep the newest registration
+    if (it != round_.end()) {
+      const PeerInfo& first = it->second.info;
+      if (connection_open(it->second.session.fd())) {
+        refuse("error=rank " + std::to_string(rank) + " is already registered, by process " +
+               std::to_string(first.pid) + " on host '" + first.host + "' (from " + it->second.seen +
+               "); two processes claim rank " + std::to_string(rank) +
+               ". Check that the launcher starts every rank once, with its own rank number");
+        return;
+      }
+      close(it->second.session.fd());  // the first registration's process is gone: this one replaces it
+    }
     round_[reg.info.rank] = reg;
+    if (int(round_.size()) < size_) return;
+    // The round would complete: a rank that has gone since it registered (a restarted process) must not be
+    // in the table; its rank waits for the new registration.
+    for (auto it = round_.begin(); it != round_.end();) {
+      if (connection_open(it->second.session.fd())) {
+        ++it;
+      } else {
+        close(it->second.session.fd());
+        it = round_.erase(it);
+      }
+    }
     if (int(round_.size()) < size_) return;
     last_complete_.clear();
     for (auto& entry : round_) {
@@ -205,53 +268,69 @@ std::string RendezvousServer::address_problem(const std::vector<Registration>& r
 // Sends every rank the table. Entries of ranks that reached the server from its own host, without a pinned
 // address, are marked local: a rank on another host reaches them at the address it reached the server at
 // ("via"); a rank on the server's host uses the address they came from (possibly loopback).
-void RendezvousServer::finish_round(const std::vector<Registration>& round) {
-  const std::string problem = address_problem(round);
-  std::string table = "size=" + std::to_string(size_) + "\n";
+void RendezvousServer::finish_round(std::vector<Registration>& round) {
+  std::string problem = address_problem(round);
+  uint8_t nonce[32];
+  Status drawn = random_bytes(nonce, sizeof(nonce));
+  if (!drawn.is_ok()) problem = "the rendezvous server could not make the round's nonce: " + drawn.message;
+  std::string table = "size=" + std::to_string(size_) + "\nnonce=" + hex(nonce, sizeof(nonce)) + "\n";
   for (const auto& r : round) {
     const bool derived = r.info.addr.empty();
     table += "peer=" + std::to_string(r.info.rank) + "\t" + r.info.host + "\t" + (derived ? r.seen : r.info.addr) +
              "\t" + std::to_string(r.info.port) + "\t" + std::to_string(r.info.pid) + "\t" +
              (derived && r.on_server_host() ? "local" : "") + "\n";
   }
-  for (const auto& r : round) {
+  for (auto& r : round) {
     std::string text = problem.empty() ? "via=" + r.reached + "\nlocal=" + (r.on_server_host() ? "1" : "0") + "\n" + table
                                        : "error=" + problem + "\n";
-    send_frame(r.fd, text, Clock::now() + std::chrono::seconds(5), "rendezvous");
-    close(r.fd);
+    r.session.send(text, Clock::now() + std::chrono::seconds(5), "rank " + std::to_string(r.info.rank), "rendezvous");
+    close(r.session.fd());
   }
 }
 
 // ---- client ------------------------------------------------------------------------------------------
 namespace {
 
-Status parse_table(const std::string& text, int size, std::vector<PeerInfo>* peers) {
+// Reads the table the server sent, refusing one this rank cannot use rather than indexing or connecting
+// with what it says (the server is authenticated, but may run another version or be broken).
+Status parse_table(const std::string& text, int size, Meeting* meeting) {
+  auto bad = [](const std::string& why) {
+    return Status::error(HPCDL_ERR_INVALID, "the rendezvous sent a table this rank cannot use (" + why +
+                                                "); is the rendezvous server the same version of hpcdl?");
+  };
   auto fields = parse_lines(text);
+  if (fields["size"] != std::to_string(size)) return bad("it lists a job of '" + fields["size"] + "' ranks");
+  if (fields["nonce"].size() != 64 || !unhex(fields["nonce"], &meeting->nonce)) return bad("no round nonce");
   const bool me_local = fields["local"] == "1";
-  peers->assign(size_t(size), PeerInfo{});
+  if (!me_local && !is_ipv4(fields["via"])) return bad("no usable address of the rendezvous host");
+  std::vector<PeerInfo>& peers = meeting->peers;
+  peers.assign(size_t(size), PeerInfo{});
+  std::vector<bool> listed(size_t(size), false);
   std::istringstream in(text);
   std::string line;
   int seen = 0;
   while (std::getline(in, line)) {
     if (line.rfind("peer=", 0) != 0) continue;
-    std::istringstream fields_in(line.substr(5));
-    PeerInfo p;
-    std::string rank, port_text, pid, local;
-    std::getline(fields_in, rank, '\t');
-    std::getline(fields_in, p.host, '\t');
-    std::getline(fields_in, p.addr, '\t');
-    std::getline(fields_in, port_text, '\t');
-    std::getline(fields_in, pid, '\t');
-    std::getline(fields_in, local, '\t');
-    p.rank = std::atoi(rank.c_str());
-    p.port = std::atoi(port_text.c_str());
-    p.pid = std::atoi(pid.c_str());
-    if (local == "local" && !me_local) p.addr = fields["via"];
-    if (p.rank < 0 || p.rank >= size) return Status::error(HPCDL_ERR_INTERNAL, "rendezvous: bad table");
-    (*peers)[size_t(p.rank)] = p;
+    std::vector<std::string> cells;
+    std::istringstream cells_in(line.substr(5));
+    for (std::string cell; std::getline(cells_in, cell, '\t');) cells.push_back(cell);
+    if (cells.size() == 5) cells.emplace_back();  // an empty last cell (not local)
+    long rank = -1, port = 0, pid = 0;
+    if (cells.size() != 6 || !parse_int(cells[0], &rank) || rank < 0 || rank >= size || listed[size_t(rank)])
+      return bad("a missing, repeated or out-of-range rank in '" + line.substr(0, 80) + "'");
+    if (!parse_int(cells[3], &port) || port <= 0 || port > 65535 || !parse_int(cells[4], &pid) || pid < 0 ||
+        cells[1].empty() || !is_ipv4(cells[2]) || (!cells[5].empty() && cells[5] != "local"))
+      return bad("an unusable entry for rank " + std::to_string(rank));
+    PeerInfo& p = peers[size_t(rank)];
+    p.rank = int(rank);
+    p.host = cells[1];
+    p.addr = cells[5] == "local" && !me_local ? fields["via"] : cells[2];
+    p.port = int(port);
+    p.pid = int(pid);
+    listed[size_t(rank)] = true;
     ++seen;
   }
-  if (seen != size) return Status::error(HPCDL_ERR_INTERNAL, "rendezvous: incomplete table");
+  if (seen != size) return bad(std::to_string(seen) + " of the " + std::to_string(size) + " ranks");
   return Status::ok();
 }
 
@@ -263,17 +342,13 @@ struct Answer {
 };
 
 // Waits for the table on an authenticated, registered connection (progress frames come first).
-Answer await_table(int fd, const std::string& where, int size, Deadline deadline, std::vector<PeerInfo>* peers) {
+Answer await_table(Session& session, const std::string& where, int size, Deadline deadline, Meeting* meeting) {
   Answer answer;
   std::string text;
   Status& st = answer.status;
   while (true) {
-    uint32_t len = 0;
-    st = recv_all(fd, &len, 4, deadline, where, "waiting at the rendezvous for all " + std::to_string(size) + " ranks");
-    if (st.is_ok() && len > (1u << 24)) st = Status::error(HPCDL_ERR_INTERNAL, "rendezvous: oversized message");
-    if (!st.is_ok()) return answer;
-    text.assign(len, '\0');
-    st = recv_all(fd, &text[0], len, deadline, where, "reading the rendezvous table");
+    st = session.recv(&text, kMaxTableBytes, deadline, where,
+                      "waiting at the rendezvous for all " + std::to_string(size) + " ranks");
     if (!st.is_ok()) return answer;
     if (text.rfind("progress=", 0) != 0) break;
     answer.arrived = text.substr(9);
@@ -285,7 +360,7 @@ Answer await_table(int fd, const std::string& where, int size, Deadline deadline
   } else if (fields.count("error")) {
     st = Status::error(HPCDL_ERR_INVALID, "the rendezvous refused this rank: " + fields["error"]);
   } else {
-    st = parse_table(text, size, peers);
+    st = parse_table(text, size, meeting);
   }
   return answer;
 }
@@ -331,7 +406,7 @@ std::string outcome(const Status& st, bool connected, const std::string& where) 
 }  // namespace
 
 Status rendezvous_register(const RendezvousTarget& target, const std::string& secret, const std::string& job,
-                           int size, const PeerInfo& self, Deadline deadline, std::vector<PeerInfo>* peers) {
+                           int size, const PeerInfo& self, Deadline deadline, Meeting* meeting) {
   const std::string header = "purpose=register\nrank=" + std::to_string(self.rank) + "\nsize=" + std::to_string(size) +
                              "\njob=" + job + "\nhost=" + self.host + "\naddr=" + self.addr +
                              "\nport=" + std::to_string(self.port) + "\npid=" + std::to_string(self.pid) + "\n";
@@ -341,12 +416,14 @@ Status rendezvous_register(const RendezvousTarget& target, const std::string& se
   if (target.addrs.size() == 1 && target.ports.size() == 1) {
     const std::string where = "the rendezvous server at " + target.addrs[0] + ":" + std::to_string(target.ports[0]);
     int fd = -1;
-    Status st = connect_authenticated(target.addrs[0], target.ports[0], secret, header, deadline, where, &fd);
+    Digest key{};
+    Status st = connect_authenticated(target.addrs[0], target.ports[0], secret, header, deadline, where, &fd, &key);
     if (!st.is_ok()) {
       if (st.code == HPCDL_ERR_TIMEOUT) st.message = who + ": " + st.message + loopback_hint(target, self);
       return st;
     }
-    Answer answer = await_table(fd, where, size, deadline, peers);
+    Session session(fd, key, Session::Side::kClient);
+    Answer answer = await_table(session, where, size, deadline, meeting);
     close(fd);
     if (answer.status.code == HPCDL_ERR_TIMEOUT) return timed_out(target, self, size, where, answer.arrived);
     return answer.status;
@@ -364,9 +441,11 @@ Status rendezvous_register(const RendezvousTarget& target, const std::string& se
         Status st = connect_tcp(addr, port, attempt_by, who + " looking for " + where, &fd, false);
         if (st.code == HPCDL_ERR_INVALID) return st;  // the name does not resolve
         const bool connected = st.is_ok();
-        if (connected) st = auth_client(fd, secret, header, attempt_by, where);
+        Digest key{};
+        if (connected) st = auth_client(fd, secret, header, attempt_by, where, &key);
         if (st.is_ok()) {
-          Answer answer = await_table(fd, where, size, deadline, peers);
+          Session session(fd, key, Session::Side::kClient);
+          Answer answer = await_table(session, where, size, deadline, meeting);
           close(fd);
           if (answer.status.code == HPCDL_ERR_TIMEOUT) return timed_out(target, self, size, where, answer.arrived);
           if (!answer.foreign) return answer.status;

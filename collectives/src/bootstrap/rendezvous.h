@@ -1,6 +1,14 @@
 // The rendezvous: every rank registers (rank, host identity, data port) with one server, which answers
 // each with the table of all ranks once the whole job has arrived. Clients authenticate with the job
-// secret first (net/auth.h); the table is plain "key=value" text, never code or pickles.
+// secret first (net/auth.h), and every frame the server sends after that carries a MAC under the
+// connection's session key (net/session.h); the table is plain "key=value" text, never code or pickles.
+// Each completed round gets a fresh random nonce in its table, from which the job's ranks derive keys that
+// are new with every rendezvous (the object-payload key, see Runtime::object_key).
+//
+// One registration per rank: a second process registering a rank whose first registration is still
+// connected is refused (two processes claim one rank: a launch error, or someone else's process), not
+// preferred; a registration whose connection has closed is replaced, and is left out of a round that would
+// complete without its new one.
 //
 // Addresses: a rank's data address is the one the server saw its registration come from, unless the rank
 // pinned one (HPCDL_IFACE). That address is on the interface the rank's host routes towards the server,
@@ -17,6 +25,7 @@
 #include <vector>
 
 #include "net/auth.h"
+#include "net/session.h"
 #include "runtime.h"
 
 namespace hpcdl {
@@ -46,15 +55,15 @@ class RendezvousServer {
 
  private:
   struct Registration {
-    int fd = -1;
+    Session session;      // the rank's connection, kept open until the round completes
     PeerInfo info;        // addr: what the rank pinned, or empty
     std::string seen;     // the address its connection came from
     std::string reached;  // this server's address it connected to
     bool on_server_host() const;
   };
-  void on_client(int fd, const std::string& header);
+  void on_client(int fd, const std::string& header, const Digest& session);
   void send_progress();
-  void finish_round(const std::vector<Registration>& round);
+  void finish_round(std::vector<Registration>& round);
   static std::string address_problem(const std::vector<Registration>& round);
 
   AuthServer server_;
@@ -66,9 +75,16 @@ class RendezvousServer {
   Clock::time_point last_progress_{};
 };
 
-// Registers `self` (self.addr: a pinned data address, or empty for the one the server sees) and returns the
-// table of all `size` ranks, by rank, with the addresses this rank reaches them at.
+// What a rank learns at the rendezvous: every rank of the job, by rank, with the address this rank reaches
+// it at, and the round's nonce (32 random bytes, the same for every rank of the round).
+struct Meeting {
+  std::vector<PeerInfo> peers;
+  std::string nonce;
+};
+
+// Registers `self` (self.addr: a pinned data address, or empty for the one the server sees) and waits for
+// the table of all `size` ranks.
 Status rendezvous_register(const RendezvousTarget& target, const std::string& secret, const std::string& job,
-                           int size, const PeerInfo& self, Deadline deadline, std::vector<PeerInfo>* peers);
+                           int size, const PeerInfo& self, Deadline deadline, Meeting* meeting);
 
 }  // namespace hpcdl

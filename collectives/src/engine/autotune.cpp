@@ -1,5 +1,11 @@
 #include "engine/autotune.h"
 
+#include <unistd.h>
+
+#include <cmath>
+
+#include "engine/output_file.h"
+
 namespace hpcdl {
 
 namespace {
@@ -17,6 +23,11 @@ double Knobs::get(const std::string& name) const {
   return small_message_bytes;
 }
 
+bool Knobs::plausible() const {
+  auto within = [](double v, double most) { return std::isfinite(v) && v >= 0 && v <= most; };
+  return within(fusion_threshold, 1e15) && within(cycle_time_ms, 60e3) && within(small_message_bytes, 1e15);
+}
+
 void Knobs::set(const std::string& name, double value) {
   if (name == "fusion_threshold") fusion_threshold = value;
   else if (name == "cycle_time_ms") cycle_time_ms = value;
@@ -24,22 +35,29 @@ void Knobs::set(const std::string& name, double value) {
 }
 
 Autotuner::Autotuner(const Knobs& start, const std::set<std::string>& fixed, int warmup_samples,
-                     int steps_per_sample, const std::string& log_path)
+                     int steps_per_sample)
     : current_(start),
       warmup_samples_(warmup_samples < 0 ? 0 : warmup_samples),
       steps_per_sample_(steps_per_sample < 1 ? 1 : steps_per_sample) {
   for (const char* knob : {"fusion_threshold", "cycle_time_ms", "small_message_bytes"})
     if (fixed.count(knob) == 0) knobs_.push_back(knob);
-  if (!log_path.empty()) {
-    log_ = std::fopen(log_path.c_str(), "w");
-    if (log_ != nullptr) {
-      std::fprintf(log_, "sample,phase,fusion_threshold,cycle_time_ms,small_message_bytes,bytes,seconds,"
-                         "bytes_per_second\n");
-      std::fflush(log_);
-    }
-  }
   converged_ = knobs_.empty();
   if (!converged_) begin_knob();
+}
+
+Status Autotuner::open_log(const std::string& path) {
+  int fd = -1;
+  Status opened = open_output_file(path, "autotune log", &fd);
+  if (!opened.is_ok()) return opened;
+  log_ = fdopen(fd, "w");
+  if (log_ == nullptr) {
+    close(fd);
+    return Status::error(HPCDL_ERR_INTERNAL, "cannot write the autotune log to " + path + ": out of memory");
+  }
+  std::fprintf(log_, "sample,phase,fusion_threshold,cycle_time_ms,small_message_bytes,bytes,seconds,"
+                     "bytes_per_second\n");
+  std::fflush(log_);
+  return Status::ok();
 }
 
 Autotuner::~Autotuner() {

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "comm.h"
+
 namespace hpcdl {
 
 struct Knobs {
@@ -22,13 +24,19 @@ struct Knobs {
   double small_message_bytes = 65536;
   double get(const std::string& name) const;
   void set(const std::string& name, double value);
+  // Values any rank may be told to use (finite, not negative, not beyond what a machine holds).
+  bool plausible() const;
 };
 
 class Autotuner {
  public:
-  Autotuner(const Knobs& start, const std::set<std::string>& fixed, int warmup_samples, int steps_per_sample,
-            const std::string& log_path);
+  Autotuner(const Knobs& start, const std::set<std::string>& fixed, int warmup_samples, int steps_per_sample);
   ~Autotuner();
+  Autotuner(const Autotuner&) = delete;
+  Autotuner& operator=(const Autotuner&) = delete;
+
+  // Writes one CSV line per sample to `path` (see engine/output_file.h).
+  Status open_log(const std::string& path);
 
   // Records one step. Returns true when the knobs change; `next` then holds the values to use.
   bool record_step(int64_t bytes, double seconds, Knobs* next);

@@ -15,6 +15,9 @@ namespace hpcdl {
 namespace engine_detail {
 
 constexpr size_t kSlotBytes = 512;  // fixed part of each rank's control message (one allgather when it fits)
+// The most one rank's control message may hold (thousands of operations with long names take a few MB): a
+// larger announced length is a broken peer, refused before anything is allocated for it.
+constexpr uint32_t kMaxControlBytes = 64u << 20;
 // On a communicator that reduces segments natively (shared memory), a fused allreduce reduces its tensors
 // where they are, one segment each, except those at most kPackTensorMaxBytes: they are copied into the
 // fusion buffer, which is one segment, since for them a copy is cheaper than a piece of every kernel call

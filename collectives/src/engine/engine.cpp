@@ -62,8 +62,11 @@ Status Engine::start() {
   if (rank_ == 0 && o.get_bool("autotune", false)) {
     autotuner_ = std::make_unique<Autotuner>(knobs_, split_commas(o.get("autotune_fixed")),
                                              static_cast<int>(o.get_int("autotune_warmup_samples", 3)),
-                                             static_cast<int>(o.get_int("autotune_steps_per_sample", 10)),
-                                             o.get("autotune_log"));
+                                             static_cast<int>(o.get_int("autotune_steps_per_sample", 10)));
+    if (!o.get("autotune_log").empty()) {
+      Status s = autotuner_->open_log(o.get("autotune_log"));
+      if (!s.is_ok()) return s;
+    }
   }
   if (rank_ == 0 && !o.get("timeline").empty()) {
     Status s = timeline_.start(o.get("timeline"), o.get_bool("timeline_mark_cycles", false));
@@ -364,9 +367,11 @@ Status Engine::run_cycle(CycleResult* result) {
     bool shutdown = false;
     size_t before = work.size() + aborts.size();
     Knobs before_knobs = knobs_;
-    if (!decode(r, all[r], &shutdown, &aborts, &work, &join_changed))
-      return Status::error(HPCDL_ERR_INTERNAL,
-                           "the engine received a malformed control message from rank " + std::to_string(r));
+    std::string problem;
+    if (!decode(r, all[r], &shutdown, &aborts, &work, &join_changed, &problem))
+      return Status::error(HPCDL_ERR_INTERNAL, "the engine received a malformed control message from rank " +
+                                                   std::to_string(r) + (problem.empty() ? "" : " (" + problem + ")") +
+                                                   "; every rank of a job must run the same build of hpcdl");
     if (shutdown) result->shut_down.push_back(r);
     if (work.size() + aborts.size() != before) result->activity = true;
     if (r == 0 && (before_knobs.fusion_threshold != knobs_.fusion_threshold ||
@@ -473,6 +478,10 @@ Status Engine::exchange(const std::vector<uint8_t>& mine, Deadline until, std::v
     std::memcpy(&n, recv.data() + r * kSlotBytes, sizeof n);
     (*all)[r].assign(recv.data() + r * kSlotBytes + sizeof n,
                      recv.data() + r * kSlotBytes + sizeof n + std::min<size_t>(n, kInline));
+    if (n > kMaxControlBytes)
+      return Status::error(HPCDL_ERR_INTERNAL, what + ": rank " + std::to_string(r) + " announced a control message of " +
+                                                   std::to_string(n) + " bytes, more than the " +
+                                                   std::to_string(kMaxControlBytes) + " a cycle may carry");
     if (n > kInline) extra[r] = static_cast<int64_t>(n - kInline);
     extra_total += extra[r];
   }
@@ -518,7 +527,7 @@ void Engine::list_work(const Key& key, Pending& entry, std::vector<Ready>* work)
 }
 
 bool Engine::decode(int rank, const std::vector<uint8_t>& message, bool* shutdown, std::vector<Abort>* aborts,
-                    std::vector<Ready>* work, std::set<int>* join_changed) {
+                    std::vector<Ready>* work, std::set<int>* join_changed, std::string* problem) {
   ByteReader in(message.data(), message.size());
   uint32_t flags = 0, count = 0;
   if (!in.get(&flags) || !in.get(&count)) return false;
@@ -538,6 +547,11 @@ bool Engine::decode(int rank, const std::vector<uint8_t>& message, bool* shutdow
     } else {
       auto decoded = std::make_shared<OpRequest>();
       if (!decoded->decode(in)) return false;
+      *problem = wire_problem(*decoded, size_);
+      if (!problem->empty()) {
+        *problem = describe(*decoded) + ": " + *problem;
+        return false;
+      }
       request = std::move(decoded);
     }
     uint8_t has_payload = 0;
@@ -582,6 +596,10 @@ bool Engine::decode(int rank, const std::vector<uint8_t>& message, bool* shutdow
   if (flags & kFlagKnobs) {
     Knobs k;
     if (!in.get(&k.fusion_threshold) || !in.get(&k.cycle_time_ms) || !in.get(&k.small_message_bytes)) return false;
+    if (!k.plausible()) {
+      *problem = "engine settings out of range";
+      return false;
+    }
     std::lock_guard<std::mutex> lock(knob_mutex_);
     knobs_ = k;
   }

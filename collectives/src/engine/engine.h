@@ -186,8 +186,10 @@ class Engine {
   void pack(std::vector<uint8_t>* message);
   Status exchange(const std::vector<uint8_t>& mine, Deadline deadline, std::vector<std::vector<uint8_t>>* all);
   std::string pending_summary() const;
+  // Reads one rank's control message into the table; false when it is malformed or asks for something
+  // no rank could run (`problem` then says what, when it can).
   bool decode(int rank, const std::vector<uint8_t>& message, bool* shutdown, std::vector<Abort>* aborts,
-              std::vector<Ready>* work, std::set<int>* join_changed);
+              std::vector<Ready>* work, std::set<int>* join_changed, std::string* problem);
   using Table = std::unordered_map<Key, Pending, KeyHash>;
   Table::iterator drop(Table::iterator it, std::vector<Ready>* work);
   void list_work(const Key& key, Pending& entry, std::vector<Ready>* work);

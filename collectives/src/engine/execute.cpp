@@ -1,6 +1,8 @@
 // The engine's execution of negotiated batches on the engine-data communicators: single operations,
 // fusion buffers, and tiny allreduces reduced locally from the data that came with the negotiation.
+#include <cstdint>
 #include <cstring>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -11,6 +13,28 @@
 namespace hpcdl {
 
 using namespace engine_detail;
+
+namespace {
+
+// Sizes the engine-owned result of allgather or alltoall: `rows` come from what the members announced, so
+// a sum beyond 2^62 bytes or more memory than the machine gives is an error naming the operation, not an
+// overflow or an abort.
+Status allocate_result(std::vector<uint8_t>& out, int64_t rows, int64_t row, int dsize, const std::string& what) {
+  const int64_t limit = (int64_t(1) << 62) / dsize;
+  const bool representable = rows >= 0 && (row == 0 || rows <= limit / row);
+  const std::string size = representable ? std::to_string(rows * row * dsize) + " bytes" : "more than 2^62 bytes";
+  try {
+    if (representable) {
+      out.resize(static_cast<size_t>(rows * row * dsize));
+      return Status::ok();
+    }
+  } catch (const std::bad_alloc&) {
+  }
+  return Status::error(HPCDL_ERR_INVALID, what + ": cannot allocate the result of " + std::to_string(rows) +
+                                              " rows (" + size + ") on this rank; the members' inputs are too large");
+}
+
+}  // namespace
 
 int64_t Engine::entry_bytes(const Pending& e) const {
   const OpRequest* r = e.any();
@@ -132,15 +156,19 @@ Status Engine::run_one(Pending& e, Comm& c, const std::string& what) {
       for (int m = 0; m < n; ++m) {
         if (!e.by_member[m]) continue;
         counts[m] = e.by_member[m]->rows() * row;
-        rows += e.by_member[m]->rows();
+        rows = e.by_member[m]->rows() > INT64_MAX - rows ? -1 : rows + e.by_member[m]->rows();
+        if (rows < 0) break;
       }
       void* out;
       if (op != nullptr) {
-        op->owned_output.resize(static_cast<size_t>(rows * row * dsize));
+        Status allocated = allocate_result(op->owned_output, rows, row, dsize, what);
+        if (!allocated.is_ok()) return allocated;
         op->output_shape = req.shape;
         op->output_shape[0] = rows;
         out = op->owned_output.data();
       } else {
+        Status allocated = allocate_result(scratch_, rows, row, dsize, what);
+        if (!allocated.is_ok()) return allocated;
         out = scratch(rows * row * dsize);
       }
       const void* send = op != nullptr ? op->input : out;
@@ -172,9 +200,10 @@ Status Engine::run_one(Pending& e, Comm& c, const std::string& what) {
         send_counts[j] = splits[me][j] * row;
         recv_counts[j] = splits[j][me] * row;
         op->received_splits[j] = splits[j][me];
-        rows += splits[j][me];
+        rows = rows < 0 || splits[j][me] > INT64_MAX - rows ? -1 : rows + splits[j][me];
       }
-      op->owned_output.resize(static_cast<size_t>(rows * row * dsize));
+      Status allocated = allocate_result(op->owned_output, rows, row, dsize, what);
+      if (!allocated.is_ok()) return allocated;
       op->output_shape = req.shape;
       op->output_shape[0] = rows;
       return c.alltoallv(op->input, send_counts, op->owned_output.data(), recv_counts, any.dtype, deadline(), what);

@@ -134,6 +134,54 @@ std::string track_of(const OpRequest& r) {
   return r.process_set == 0 ? r.name : r.name + " [set " + std::to_string(r.process_set) + "]";
 }
 
+std::string wire_problem(const OpRequest& r, int world_size) {
+  if (r.op_type < HPCDL_OP_ALLREDUCE || r.op_type > HPCDL_OP_JOIN)
+    return "unknown operation type " + std::to_string(r.op_type);
+  if (dtype_size(r.dtype) == 0) return "unknown dtype " + std::to_string(r.dtype);
+  if (r.placement != HPCDL_PLACEMENT_HOST && r.placement != HPCDL_PLACEMENT_DEVICE)
+    return "unknown placement " + std::to_string(r.placement);
+  const bool reduces = r.op_type == HPCDL_OP_ALLREDUCE || r.op_type == HPCDL_OP_REDUCESCATTER;
+  if (reduces && (r.reduce_op < HPCDL_SUM || r.reduce_op > HPCDL_PRODUCT))
+    return "unknown reduction " + std::to_string(r.reduce_op);
+  if (r.group_id < 0 || r.group_size < 0 || (r.group_id != 0 && r.group_size < 1))
+    return "group " + std::to_string(r.group_id) + " of " + std::to_string(r.group_size);
+  // Bytes stay below 2^62, so that sums of a few of them and their products with small factors do not overflow.
+  const int64_t limit = (int64_t(1) << 62) / dtype_size(r.dtype);
+  int64_t elements = 1;
+  for (int64_t d : r.shape) {
+    if (d < 0 || (d > 0 && elements > limit / d)) return "shape " + shape_text(r.shape);
+    elements *= d;
+  }
+  int n = world_size;
+  if (r.process_set == 0) {
+    if (!r.members.empty()) return "a member list for the global process set";
+  } else {
+    for (size_t i = 0; i < r.members.size(); ++i)
+      if (r.members[i] < 0 || r.members[i] >= world_size || (i > 0 && r.members[i] <= r.members[i - 1]))
+        return "process set members that are not distinct ranks of the job in order";
+    if (r.members.empty()) return "an empty process set";
+    n = int(r.members.size());
+  }
+  if (r.op_type == HPCDL_OP_BROADCAST) {
+    const bool member = r.process_set == 0 ? r.root >= 0 && r.root < world_size
+                                           : std::find(r.members.begin(), r.members.end(), r.root) != r.members.end();
+    if (!member) return "broadcast root " + std::to_string(r.root) + " outside the process set";
+  }
+  const bool rows_op = r.op_type == HPCDL_OP_ALLGATHER || r.op_type == HPCDL_OP_ALLTOALL ||
+                       r.op_type == HPCDL_OP_REDUCESCATTER;
+  if (rows_op && r.shape.empty()) return "a scalar for an operation on rows";
+  if (r.op_type != HPCDL_OP_ALLTOALL) return r.splits.empty() ? "" : "splits for an operation that takes none";
+  if (r.splits.empty()) return r.rows() % n == 0 ? "" : "rows that do not divide among the set without splits";
+  if (int(r.splits.size()) != n)
+    return std::to_string(r.splits.size()) + " splits for a process set of " + std::to_string(n) + " members";
+  int64_t sum = 0;
+  for (int64_t s : r.splits) {
+    if (s < 0 || s > r.rows() - sum) return "splits " + shape_text(r.splits) + " for " + std::to_string(r.rows()) + " rows";
+    sum += s;
+  }
+  return sum == r.rows() ? "" : "splits " + shape_text(r.splits) + " for " + std::to_string(r.rows()) + " rows";
+}
+
 namespace {
 
 // Groups members by the text of one property; returns "ranks 0, 2 have X; rank 1 has Y" when they differ.

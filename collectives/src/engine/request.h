@@ -54,6 +54,14 @@ std::string describe(const OpRequest& request);
 // The timeline track of a name: the name, with the process set when it is not the global one.
 std::string track_of(const OpRequest& request);
 
+// Why a submission received from another rank cannot be run as it stands, or "" when it can: an unknown
+// operation, dtype, reduction or placement, a negative shape or one whose size overflows, members outside
+// the job or out of order, a broadcast root outside the set, alltoall splits that do not fit the set or the
+// tensor.
+// Ranks check their own submissions at enqueue; this keeps a peer that runs another build, or is broken,
+// from making this rank read out of bounds or allocate without end: the job fails with the reason instead.
+std::string wire_problem(const OpRequest& request, int world_size);
+
 // Checks that the submissions of one name agree. `requests[i]` is set member i's submission (nullptr
 // when that member did not submit: it joined). On disagreement returns false and sets `message` to a
 // text naming the tensor, the ranks and the difference; `world_ranks[i]` maps member i to a world rank.

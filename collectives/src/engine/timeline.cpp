@@ -1,11 +1,11 @@
 #include "engine/timeline.h"
 
-#include <fcntl.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <cstring>
 #include <sstream>
+
+#include "engine/output_file.h"
 
 namespace hpcdl {
 
@@ -50,10 +50,9 @@ Status Timeline::start(const std::string& path, bool mark_cycles) {
     return Status::error(HPCDL_ERR_INVALID, "a timeline is already being written to " + path_ +
                                                 "; call stop_timeline() before starting one at " + path);
   }
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0)
-    return Status::error(HPCDL_ERR_INVALID, "cannot write the timeline to " + path + ": " +
-                                                std::strerror(errno) + "; choose a writable path");
+  int fd = -1;
+  Status opened = open_output_file(path, "timeline", &fd);
+  if (!opened.is_ok()) return opened;
   fd_ = fd;
   path_ = path;
   mark_cycles_ = mark_cycles;

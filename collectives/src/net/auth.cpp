@@ -34,11 +34,31 @@ Digest server_mac(const std::string& secret, const uint8_t* nonce_s, const uint8
   return hmac_sha256(secret, "server" + bytes(nonce_c, 32) + bytes(nonce_s, 32) + header);
 }
 
+Digest session_key(const std::string& secret, const uint8_t* nonce_s, const uint8_t* nonce_c) {
+  return hmac_sha256(secret, "session" + bytes(nonce_s, 32) + bytes(nonce_c, 32));
+}
+
 }  // namespace
 
+Status check_job_secret(const std::string& secret) {
+  const std::string how = "'hpcdl run' and the scripts of 'hpcdl submit' make one; otherwise export the same random "
+                          "value to every rank, e.g. export HPCDL_SECRET=$(python3 -c 'import secrets; "
+                          "print(secrets.token_hex(32))')";
+  if (secret.empty())
+    return Status::error(HPCDL_ERR_INVALID, "the job has no secret: ranks that meet over TCP prove to each other "
+                                            "that they hold the job's secret (HPCDL_SECRET). " + how);
+  if (secret.size() < kMinSecretLength)
+    return Status::error(HPCDL_ERR_INVALID, "the job's secret (HPCDL_SECRET) has " + std::to_string(secret.size()) +
+                                                " characters: fewer than " + std::to_string(kMinSecretLength) +
+                                                " can be guessed by trying them. " + how);
+  return Status::ok();
+}
+
 Status auth_client(int fd, const std::string& secret, const std::string& header, Deadline deadline,
-                   const std::string& peer) {
+                   const std::string& peer, Digest* session) {
   const std::string what = "authenticating with " + peer;
+  Status usable = check_job_secret(secret);
+  if (!usable.is_ok()) return usable;
   if (header.size() > kMaxAuthHeader) return Status::error(HPCDL_ERR_INVALID, what + ": header too long");
   auto dropped = [&what](const char* when) {
     return Status::error(HPCDL_ERR_PEER_LOST, what + ": the server closed the connection " + when +
@@ -72,11 +92,12 @@ Status auth_client(int fd, const std::string& secret, const std::string& header,
   if (!digest_equal(reply, expected.data(), 32))
     return Status::error(HPCDL_ERR_AUTH, what + ": the server does not know this job's secret; refusing to talk "
                                                 "to it (check HPCDL_SECRET and the rendezvous address)");
+  if (session) *session = session_key(secret, challenge + 8, nonce_c);
   return Status::ok();
 }
 
 Status connect_authenticated(const std::string& host, int port, const std::string& secret, const std::string& header,
-                             Deadline deadline, const std::string& peer, int* fd) {
+                             Deadline deadline, const std::string& peer, int* fd, Digest* session) {
   auto backoff = std::chrono::milliseconds(5);
   Status dropped;  // the last handshake the server dropped: the cause to report when the deadline comes
   auto gave_up = [&dropped] {
@@ -85,7 +106,7 @@ Status connect_authenticated(const std::string& host, int port, const std::strin
   while (true) {
     Status st = connect_tcp(host, port, deadline, "connecting to " + peer, fd);
     if (st.is_ok()) {
-      st = auth_client(*fd, secret, header, deadline, peer);
+      st = auth_client(*fd, secret, header, deadline, peer, session);
       if (st.is_ok()) return st;
       close(*fd);
       *fd = -1;
@@ -111,6 +132,7 @@ struct AuthServer::Pending {
   bool verified = false;  // the client's MAC checked out; `out` holds our MAC
   bool refusing = false;  // the client's MAC was wrong; `out` holds the refusal
   std::string header;
+  Digest session{};
 
   bool stalled(Clock::time_point now) const {
     return !verified && !refusing && challenged != Clock::time_point{} && now - challenged > kShedGrace;
@@ -121,6 +143,8 @@ AuthServer::~AuthServer() { stop(); }
 
 Status AuthServer::start(const std::string& host, int port, const std::string& secret, Handler handler, Tick tick,
                          int* listen_errno) {
+  Status usable = check_job_secret(secret);
+  if (!usable.is_ok()) return usable;
   std::string error;
   listen_fd_ = listen_tcp(host, port, &port_, &error, listen_errno);
   if (listen_fd_ < 0) return Status::error(HPCDL_ERR_INVALID, error);
@@ -211,6 +235,7 @@ AuthServer::Step AuthServer::advance(Pending& p, Clock::time_point now) {
     p.out.assign(reply.begin(), reply.end());
     p.verified = true;
     p.header = std::move(header);
+    p.session = session_key(secret_, p.nonce_s, p.in.data() + 8);
   } else {
     p.out.assign(kAuthRefusal, kAuthRefusal + sizeof(kAuthRefusal));
     p.refusing = true;
@@ -242,9 +267,10 @@ void AuthServer::loop() {
       if (step == Step::kWaiting) continue;
       int fd = pending[i].fd;
       std::string header = std::move(pending[i].header);
+      const Digest session = pending[i].session;
       pending.erase(pending.begin() + long(i));
       if (step == Step::kDone)
-        handler_(fd, header);
+        handler_(fd, header, session);
       else
         close(fd);
     }

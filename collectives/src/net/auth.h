@@ -8,6 +8,9 @@
 //   server -> client  mac_s[32] = HMAC(secret, "server" nonce_c nonce_s header)
 //                     or, when mac_c is wrong, the 32-byte refusal kAuthRefusal, then close
 //
+// Both sides then hold the connection's session key, HMAC(secret, "session" nonce_s nonce_c), which
+// authenticates every frame that follows (net/session.h): fresh nonces make it new on every connection.
+//
 // A client can therefore tell a wrong secret (the refusal, or a wrong mac_s) from a connection the server
 // dropped (closed before answering: it was overloaded or restarting), which is worth retrying.
 //
@@ -24,10 +27,16 @@
 #include <thread>
 
 #include "comm.h"
+#include "crypto/sha256.h"
 
 namespace hpcdl {
 
 constexpr size_t kMaxAuthHeader = 4096;
+// Fewer characters than this are guessable by trying them against a listener (64 bits of hex).
+constexpr size_t kMinSecretLength = 16;
+
+// A secret a job may use: not empty, not shorter than kMinSecretLength. The error says how to make one.
+Status check_job_secret(const std::string& secret);
 constexpr size_t kMaxPendingHandshakes = 1024;
 constexpr auto kShedGrace = std::chrono::seconds(2);
 constexpr auto kHandshakeLimit = std::chrono::seconds(20);
@@ -35,20 +44,21 @@ constexpr auto kHandshakeLimit = std::chrono::seconds(20);
 // Client side: authenticates on a connected socket and sends `header` to the server. Fails with
 // HPCDL_ERR_AUTH when the other side is not an hpcdl server of this job (wrong protocol, wrong secret) and
 // with HPCDL_ERR_PEER_LOST when the server dropped the connection before answering (worth a retry).
+// `session` (when given) receives the connection's session key.
 Status auth_client(int fd, const std::string& secret, const std::string& header, Deadline deadline,
-                   const std::string& peer);
+                   const std::string& peer, Digest* session = nullptr);
 
 // Connects to host:port and authenticates with `header`, retrying until the deadline while nothing listens
 // there yet or the server drops the handshake (it is overloaded); fails at once on HPCDL_ERR_AUTH.
 Status connect_authenticated(const std::string& host, int port, const std::string& secret, const std::string& header,
-                             Deadline deadline, const std::string& peer, int* fd);
+                             Deadline deadline, const std::string& peer, int* fd, Digest* session = nullptr);
 
 // Server side: a listening socket and a thread that runs handshakes without blocking on any one client.
 class AuthServer {
  public:
-  // Receives each authenticated connection (blocking fd ownership passes to it) and the client's header.
-  // Runs on the server thread.
-  using Handler = std::function<void(int fd, const std::string& header)>;
+  // Receives each authenticated connection (blocking fd ownership passes to it), the client's header and
+  // the connection's session key. Runs on the server thread.
+  using Handler = std::function<void(int fd, const std::string& header, const Digest& session)>;
   // Called on the server thread about every 50 ms (e.g. to drop clients whose round expired).
   using Tick = std::function<void()>;
 
@@ -57,7 +67,7 @@ class AuthServer {
   AuthServer(const AuthServer&) = delete;
   AuthServer& operator=(const AuthServer&) = delete;
 
-  // Listens on host:port (0: any free port). On failure, *listen_errno (when given) says why (EADDRINUSE...).
+  // Listens on host:port (0: any free port); an empty secret is refused. On failure, *listen_errno (when given) says why (EADDRINUSE...).
   Status start(const std::string& host, int port, const std::string& secret, Handler handler, Tick tick = nullptr,
                int* listen_errno = nullptr);
   int port() const { return port_; }

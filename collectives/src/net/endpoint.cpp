@@ -16,7 +16,7 @@ Endpoint::~Endpoint() {
 Status Endpoint::start(const std::string& bind_host, const std::string& secret, int my_rank) {
   secret_ = secret;
   my_rank_ = my_rank;
-  return server_.start(bind_host, 0, secret, [this](int fd, const std::string& header) {
+  return server_.start(bind_host, 0, secret, [this](int fd, const std::string& header, const Digest&) {
     std::istringstream in(header);
     std::string line, key;
     int rank = -1;

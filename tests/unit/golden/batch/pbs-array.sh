@@ -10,7 +10,7 @@
 cd "${PBS_O_WORKDIR:-.}" || exit 1
 export OMP_NUM_THREADS=1
 export NCCL_DEBUG=WARN
-module load cuda/12.4 || { echo "hpcdl: module load cuda/12.4 failed" >&2; exit 1; }
+module load cuda/12.4 || { printf 'hpcdl: module load %s failed\n' cuda/12.4 >&2; exit 1; }
 source $HOME/venv/bin/activate
 
 # rendezvous of the hpcdl ranks: a fresh secret per job, and a server this script hosts for the whole job on
