@@ -41,10 +41,15 @@ def enabled(no_progress: bool = False, stream=None) -> bool:
 
 @dataclass
 class Bar:
-    """One task of a progress display; every method is a no-op when drawing is off."""
+    """One task of a progress display; every method is a no-op when drawing is off.
+
+    A count bar draws every step as it happens: its steps are few and each is work the user waits for (a
+    benchmark's message size, a study's run), which a 10 Hz redraw would skip when two finish close
+    together. A bytes bar redraws at rich's own pace, however many chunks arrive."""
 
     _progress: Optional[Progress] = None
     _task: Optional[TaskID] = None
+    _draw_each_step: bool = False
     completed: float = 0.0
     total: Optional[float] = None
     description: str = ""
@@ -53,6 +58,7 @@ class Bar:
         self.completed += amount
         if self._progress is not None and self._task is not None:
             self._progress.advance(self._task, amount)
+            self._drawn()
 
     def update(
         self,
@@ -69,6 +75,11 @@ class Bar:
             self.description = description
         if self._progress is not None and self._task is not None:
             self._progress.update(self._task, completed=completed, total=total, description=description)
+            self._drawn()
+
+    def _drawn(self) -> None:
+        if self._draw_each_step and self._progress is not None:
+            self._progress.refresh()
 
     def log(self, message: str) -> None:
         """Print a line above the bar (or plainly to standard error when no bar is drawn)."""
@@ -107,4 +118,10 @@ def bar(
     progress = Progress(*_columns(kind), console=Console(stderr=True), transient=False)
     with progress:
         task = progress.add_task(description, total=total)
-        yield Bar(_progress=progress, _task=task, total=total, description=description)
+        yield Bar(
+            _progress=progress,
+            _task=task,
+            _draw_each_step=kind == "count",
+            total=total,
+            description=description,
+        )

@@ -41,3 +41,16 @@ def test_a_terminal_gets_counts_and_eta(monkeypatch: pytest.MonkeyPatch) -> None
     with progress.bar("download", 2048, kind="bytes") as b:
         b.update(completed=2048)
     assert "2.0/2.0 kB" in out.getvalue()
+
+
+def test_a_count_bar_draws_every_step_even_when_steps_come_together(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps that finish within one redraw interval are each drawn (a benchmark's fast message sizes)."""
+    out = _Tty()
+    monkeypatch.setattr(progress.sys, "stderr", out)
+    monkeypatch.setattr(progress, "Console", lambda stderr: Console(file=out, force_terminal=True, width=100))
+    with progress.bar("sizes", 3) as b:
+        b.update(completed=1)
+        b.advance()
+        b.update(completed=3)
+    drawn = out.getvalue()
+    assert all(f"{n}/3" in drawn for n in (1, 2, 3)), drawn
