@@ -444,14 +444,18 @@ def join(process_set: int = 0, timeout: Optional[float] = None) -> int:
     return result
 
 
-def start_timeline(path: str, mark_cycles: bool = False) -> None:
-    """Start writing the engine's Chrome-trace timeline to ``path`` (world rank 0 writes it)."""
-    status = _lib().hpcdl_start_timeline(str(path).encode(), 1 if mark_cycles else 0)
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Start writing a Chrome-trace timeline of the engine's operations to ``file_path`` (world rank 0
+    writes it)."""
+    if not file_path:
+        raise ValueError("start_timeline needs a file path, e.g. hvd.start_timeline('/tmp/timeline.json')")
+    status = _lib().hpcdl_start_timeline(str(file_path).encode(), 1 if mark_cycles else 0)
     if status != _OK:
         _raise(status)
 
 
 def stop_timeline() -> None:
+    """Stop the timeline started by ``start_timeline`` (or ``HPCDL_TIMELINE``) and close the file."""
     status = _lib().hpcdl_stop_timeline()
     if status != _OK:
         _raise(status)

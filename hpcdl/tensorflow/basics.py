@@ -9,7 +9,7 @@ CUDA, ROCm, DDL, CCL) are all False here, whatever the installed TensorFlow was 
 from __future__ import annotations
 
 from hpcdl import common
-from hpcdl.common import engine
+from hpcdl.common.engine import start_timeline, stop_timeline
 from hpcdl.common.process_sets import init
 
 __all__ = [
@@ -67,15 +67,3 @@ def cuda_built() -> bool:
 
 def rocm_built() -> bool:
     return False
-
-
-def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
-    """Start writing a Chrome-trace timeline of the engine's operations to ``file_path`` (rank 0 writes)."""
-    if not file_path:
-        raise ValueError("start_timeline needs a file path, e.g. hvd.start_timeline('/tmp/timeline.json')")
-    engine.start_timeline(str(file_path), mark_cycles)
-
-
-def stop_timeline() -> None:
-    """Stop the timeline started by ``start_timeline`` (or ``HPCDL_TIMELINE``) and close the file."""
-    engine.stop_timeline()

@@ -15,8 +15,9 @@ import torch
 import torch.distributed as dist
 
 from hpcdl import common
-from hpcdl.common import engine
 from hpcdl.common import process_sets as _sets
+from hpcdl.common.engine import start_timeline as start_timeline  # re-exported: Horovod's basics
+from hpcdl.common.engine import stop_timeline as stop_timeline
 from hpcdl.common.process_sets import ProcessSet
 from hpcdl.torch import _gpu, _handles
 
@@ -133,15 +134,3 @@ def cuda_built() -> bool:
 
 def rocm_built() -> bool:
     return getattr(torch.version, "hip", None) is not None
-
-
-def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
-    """Start writing a Chrome-trace timeline of the engine's operations to ``file_path`` (rank 0 writes)."""
-    if not file_path:
-        raise ValueError("start_timeline needs a file path, e.g. hvd.start_timeline('/tmp/timeline.json')")
-    engine.start_timeline(str(file_path), mark_cycles)
-
-
-def stop_timeline() -> None:
-    """Stop the timeline started by ``start_timeline`` (or ``HPCDL_TIMELINE``) and close the file."""
-    engine.stop_timeline()

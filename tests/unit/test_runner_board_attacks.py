@@ -159,37 +159,32 @@ def test_250_idle_connections_take_no_thread_each_and_a_rank_still_gets_the_port
             sock.close()
 
 
+def _agent_spec(board: BoardServer, argv: list[str], secret: str) -> dict:
+    """What ``hpcdl run`` hands the rank agent of rank 1: the command, the job's secret (here `secret`),
+    the board to learn MASTER_PORT from, and the handshake's source to prove the secret with."""
+    return {
+        "argv": argv,
+        "env": {"HPCDL_SECRET": secret},
+        "cwd": "/",
+        "token": "TOKEN",
+        "rank": 1,
+        "start_timeout": 20,
+        "master_board": f"127.0.0.1:{board.port}",
+        "board_client": Path(handshake.__file__).read_text(),
+    }
+
+
 def test_a_rank_agent_without_hpcdl_learns_the_port_through_the_handshake_source(board: BoardServer) -> None:
     """The rank agent as ``hpcdl run`` starts it on another host: ``python -c <its source>``, here in an
     interpreter that cannot import hpcdl (-I -S: no site-packages), given the handshake's source."""
     board.board.put("MASTER_PORT", "29511")
     check = "import os, importlib.util; print(os.environ['MASTER_PORT'], importlib.util.find_spec('hpcdl'))"
-    spec = {
-        "argv": [sys.executable, "-I", "-S", "-c", check],
-        "env": {"HPCDL_SECRET": SECRET},
-        "cwd": "/",
-        "token": "TOKEN",
-        "rank": 1,
-        "start_timeout": 20,
-        "master_board": f"127.0.0.1:{board.port}",
-        "board_client": Path(handshake.__file__).read_text(),
-    }
-    agent = _run_agent(spec)
+    agent = _run_agent(_agent_spec(board, [sys.executable, "-I", "-S", "-c", check], SECRET))
     assert agent.stdout.split() == ["29511", "None"], agent.stderr
     assert "TOKEN exit 0" in agent.stderr
 
 
 def test_a_rank_agent_with_a_wrong_secret_says_so_and_starts_nothing(board: BoardServer) -> None:
-    spec = {
-        "argv": [sys.executable, "-c", "print('STARTED')"],
-        "env": {"HPCDL_SECRET": make_secret()},
-        "cwd": "/",
-        "token": "TOKEN",
-        "rank": 1,
-        "start_timeout": 20,
-        "master_board": f"127.0.0.1:{board.port}",
-        "board_client": Path(handshake.__file__).read_text(),
-    }
-    agent = _run_agent(spec)
+    agent = _run_agent(_agent_spec(board, [sys.executable, "-c", "print('STARTED')"], make_secret()))
     assert "STARTED" not in agent.stdout
     assert "does not accept this job's secret" in agent.stderr and "TOKEN exit 1" in agent.stderr
