@@ -20,7 +20,7 @@ import sys
 import threading
 from typing import BinaryIO
 
-from hpcdl.runner.rank_agent import learn_master_port
+from hpcdl.runner.rank_agent import learn_master_port, socket_interface_env
 
 # The variables naming an MPI rank's world rank, by MPI (Open MPI, then MPICH/Hydra and Intel MPI).
 _RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK")
@@ -45,6 +45,7 @@ def _master_port(env: dict[str, str]) -> tuple[socket.socket | None, str]:
 def main(argv: list[str]) -> int:
     token, command = argv[0], argv[1:]
     env = dict(os.environ)
+    env.update(socket_interface_env(env))
     holder = None  # rank 0's reservation of MASTER_PORT, held while the rank runs
     if env.get("HPCDL_MASTER_BOARD"):
         try:
