@@ -19,7 +19,9 @@ from hpcdl.scaling.cluster import load_jobs
 from hpcdl.schedulers import Scheduler, get_scheduler
 from hpcdl.schedulers.submission import job_log_files, scheduler_of, tail
 
-jobs_app = typer.Typer(help="Follow batch jobs: status, watch, cancel, logs.", no_args_is_help=True)
+jobs_app = typer.Typer(
+    help="Follow batch jobs: status, watch, cancel, logs.", no_args_is_help=True, rich_markup_mode=None
+)
 
 _SCHEDULER_HELP = "auto|slurm|pbs|cobalt|lsf|flux (default: the one hpcdl submitted the job to, else auto)."
 

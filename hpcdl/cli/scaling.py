@@ -23,6 +23,7 @@ from hpcdl.scaling.watch import JobStatus
 scaling_app = typer.Typer(
     help="Scaling studies: run a workload at several worker counts, fit T = G·f(W) + C(W), report and plot.",
     no_args_is_help=True,
+    rich_markup_mode=None,
 )
 
 _THRESHOLD_HELP = "Efficiency under which adding workers no longer pays."

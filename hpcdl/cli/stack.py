@@ -26,7 +26,9 @@ from hpcdl.stack.spec import parse_request
 from hpcdl.stack.tables import builtin_tables
 
 stack_app = typer.Typer(
-    help="Consistent MPI/CUDA/cuDNN/NCCL/PyTorch stacks: resolve, detect, check, build.", no_args_is_help=True
+    help="Consistent MPI/CUDA/cuDNN/NCCL/PyTorch stacks: resolve, detect, check, build.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
 )
 
 _RECIPES_HELP = "Extra recipe directory (repeatable; also HPCDL_RECIPES=DIR:DIR); overrides built-in recipes."
