@@ -16,7 +16,7 @@ from typing import Optional
 
 from hpcdl.scaling import watch
 from hpcdl.scaling.steps import REPEAT_VARIABLE
-from hpcdl.scaling.study import JOBS_FILE, StudyError, StudySpec, point_dir
+from hpcdl.scaling.study import JOBS_FILE, StudyError, StudySpec, mark_failed, point_dir
 from hpcdl.scaling.watch import JobStatus, WatchedJob
 from hpcdl.schedulers import JobSpec, Scheduler, SiteConfig, Sweep, get_scheduler, load_site
 from hpcdl.schedulers.submission import GroupSubmissionError, Submitted, prepare_job, submit_group
@@ -205,8 +205,10 @@ def finished_jobs(
     failed = [s for s in statuses if not s.succeeded and not s.error]
     if failed:
         listing = ", ".join(f"{s.job.job_id} ({s.summary()})" for s in failed)
-        raise StudyError(
+        reason = (
             f"job(s) {listing} did not complete; their output is in {directory}/points/W*/job-*.out "
             "(hpcdl jobs logs JOB)"
         )
+        mark_failed(directory, reason)  # every job has ended: a corrected rerun may reuse the directory
+        raise StudyError(reason)
     return statuses

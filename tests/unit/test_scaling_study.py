@@ -11,7 +11,7 @@ import pytest
 from hpcdl.scaling import costmodel, publish, report, textplot
 from hpcdl.scaling.results import RunResult, collect, summarize
 from hpcdl.scaling.steps import StepRecordError, StepTimer, parameter_bytes, read_rank_steps
-from hpcdl.scaling.study import StudyError, StudySpec, Workload, create, load, plan, repeat_dir
+from hpcdl.scaling.study import StudyError, StudySpec, Workload, create, load, mark_failed, plan, repeat_dir
 
 
 def spec(**changes) -> StudySpec:
@@ -110,6 +110,22 @@ def test_a_study_directory_is_never_reused_without_force(tmp_path: Path) -> None
     assert not (tmp_path / "s" / "points").exists()
     with pytest.raises(StudyError, match="not a scaling study"):
         load(tmp_path / "mine")
+
+
+def test_a_study_whose_runs_failed_is_rerun_in_place_unless_the_user_left_files_there(tmp_path: Path) -> None:
+    study, directory = spec().validate(), tmp_path / "s"
+    create(directory, study, force=False)
+    (directory / "points" / "W1" / "repeat-1").mkdir(parents=True)
+    (directory / "points" / "W1" / "repeat-1" / "output.log").write_text("Traceback ...")
+    mark_failed(directory, "W=1 repeat 1 failed")
+    assert (directory / "failed.txt").read_text() == "W=1 repeat 1 failed\n"
+    create(directory, study, force=False)  # the failed run's outputs are replaced
+    assert not (directory / "points").exists() and not (directory / "failed.txt").exists()
+    mark_failed(directory, "again")
+    (directory / "notes.txt").write_text("mine")
+    with pytest.raises(StudyError, match="already holds a study"):
+        create(directory, study, force=False)
+    assert (directory / "notes.txt").read_text() == "mine"
 
 
 class _Param:
