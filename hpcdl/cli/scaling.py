@@ -148,6 +148,9 @@ def run_command(
     env: list[str] = typer.Option([], "--env", "-e", help="--submit: NAME=VALUE for every rank."),
     modules: list[str] = typer.Option([], "--module", "-m", help="--submit: module to load first."),
     setup: list[str] = typer.Option([], "--setup", help="--submit: shell line run before the launch."),
+    python: Optional[str] = typer.Option(
+        None, "--python", help="--submit: the jobs' Python (default: the site's python:, else this one)."
+    ),
     no_progress: bool = typer.Option(False, "--no-progress", help=progress.NO_PROGRESS_HELP),
 ) -> None:
     """Measure a scaling study: every worker count, --repeats times, here or as batch jobs."""
@@ -201,6 +204,7 @@ def run_command(
                 env=env_pairs(env),
                 modules=modules,
                 setup=setup,
+                python=python,
             )
             batch_plan = cluster.plan_jobs(spec, directory, options)  # everything checked, nothing written
         study_module.stamp(spec, "hpcdl scaling " + shlex.join(sys.argv[2:]))
