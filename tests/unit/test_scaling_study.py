@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -316,3 +317,22 @@ def test_efficiency_limit_in_the_report_matches_the_model(tmp_path: Path) -> Non
     assert built.model is not None and built.limit == built.model.limit(0.7)
     assert max(p.workers for p in built.predictions) < costmodel.MAX_PREDICTED_WORKERS
     assert [p.workers for p in built.predictions] == [16, 32, 64, 128, 256, 512, 1024]
+
+
+def test_a_submitted_studys_jobs_run_its_helpers_with_hpcdls_python_or_the_one_chosen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hpcdl.scaling import cluster
+    from hpcdl.schedulers import site as site_module
+
+    monkeypatch.setattr(site_module, "SYSTEM_SITE_FILE", tmp_path / "none.yaml")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("HPCDL_SITE", raising=False)
+    study = StudySpec(mode="strong", workers=[1, 2], workload=Workload(command=("train.py",)),
+                      global_batch=4, repeats=2, launch="batch").fill_defaults(2).validate()  # fmt: skip
+    for chosen, expected in ((None, sys.executable), ("/opt/env/bin/python", "/opt/env/bin/python")):
+        options = cluster.BatchOptions(scheduler="slurm", python=chosen)
+        plan = cluster.plan_jobs(study, tmp_path / "s", options)
+        for planned in plan.jobs:
+            assert planned.job.python == expected
+            assert planned.job.argv[:3] == [expected, "-m", "hpcdl.scaling.runtimer"]
