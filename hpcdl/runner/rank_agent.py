@@ -10,8 +10,9 @@ MASTER_PORT it holds and the other ranks learn it, with ``board_client``: the so
 killed with SIGKILL, or its ssh connection lost): the rank's process group gets SIGTERM, then SIGKILL, so no
 rank outlives its launcher. When the rank ends, the agent writes ``<token> exit <returncode>`` on stderr and
 exits; ``<token> pid <pid>`` after the start names the rank's process group. The launcher strips these lines
-from the rank's output. ``hpcdl.runner.step_agent`` reuses these pieces for ranks started by a scheduler's
-launcher.
+from the rank's output. The rank also gets torch.distributed's GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME
+(:func:`socket_interface_env`) unless it has them. ``hpcdl.runner.step_agent`` and ``hpcdl.runner.mpi_rank``
+reuse these pieces for ranks started by a scheduler's launcher or by mpirun.
 """
 
 from __future__ import annotations
