@@ -447,7 +447,11 @@ def _launch_elastic(spec: LaunchSpec, options: ElasticOptions, environ: dict[str
     board = RoundBoard()
     start_timeout = resolve_start_timeout(spec.start_timeout, environ)
     driver = ServiceServer(
-        secret, driver_requests(board, options.timeout), addr, capacity_for(options.max_np)
+        secret,
+        driver_requests(board, options.timeout),
+        addr,
+        capacity_for(options.max_np),
+        "the elastic driver",
     )
     driver.start()
     common_env = {
