@@ -195,6 +195,42 @@ def make_directories(path: PathLike, what: str) -> Path:
     return Path(path)
 
 
+def private_directory(path: PathLike, what: str) -> os.stat_result:
+    """Makes (mode 0700, parents as :func:`make_directories`) or checks a directory that only you may use,
+    for what must not change between hpcdl's check and its use (downloads, unpacked sources); returns its
+    ``lstat``, to recognise it later. One of yours that others may use is made private; a link, or another
+    user's directory, is refused with :class:`OutputFileError`."""
+    walk = _Walk(os.fspath(path), what, making=True)
+    name = os.path.basename(walk.path.rstrip("/"))
+    try:
+        parent = walk.open_directory(os.path.dirname(walk.path.rstrip("/")), parents=True)
+        try:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, 0o700, dir_fd=parent)
+            try:
+                fd = os.open(name, _DIRECTORY_FLAGS, dir_fd=parent)
+            except OSError:
+                raise walk.refuse("it is not a directory (a link or a file is there)", "remove it") from None
+        finally:
+            os.close(parent)
+        try:
+            there = os.fstat(fd)
+            if there.st_uid != os.geteuid():
+                raise walk.refuse(
+                    f"it belongs to {_user(there.st_uid)}, who could change what hpcdl checked before it "
+                    "is used",
+                    "remove it (or have it removed), or use a directory of your own",
+                )
+            if stat.S_IMODE(there.st_mode) & 0o077:
+                os.fchmod(fd, 0o700)
+                there = os.fstat(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise walk.refuse(exc.strerror or str(exc), "choose a path you may write") from None
+    return there
+
+
 def open_output_file(
     path: PathLike,
     what: str,
