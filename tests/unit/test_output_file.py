@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from other_user import OtherUser
 
-from hpcdl.common.output_file import OutputFileError, open_output_file, write_output_file
+from hpcdl.common.output_file import OutputFileError, open_output_file, private_directory, write_output_file
 
 
 def test_a_new_file_gets_the_mode_asked_for(tmp_path: Path) -> None:
@@ -116,3 +116,21 @@ def test_in_a_sticky_directory_only_the_users_own_links_are_followed(
     with pytest.raises(OutputFileError, match=f"belongs to user {other_user.name}"):
         write_output_file(sticky / "theirs" / "log2", "log", "x")
     assert not (tmp_path / "log2").exists()
+
+
+def test_a_private_directory_is_made_or_narrowed_and_never_a_link(tmp_path: Path) -> None:
+    made = private_directory(tmp_path / "a" / "cache", "download cache")
+    assert stat.S_IMODE(made.st_mode) == 0o700 and made.st_ino == (tmp_path / "a" / "cache").stat().st_ino
+    (tmp_path / "open").mkdir(mode=0o775)
+    assert stat.S_IMODE(private_directory(tmp_path / "open", "stage").st_mode) == 0o700
+    (tmp_path / "link").symlink_to(tmp_path / "open")
+    with pytest.raises(OutputFileError, match=r"cannot make the stage .*/link: it is not a directory"):
+        private_directory(tmp_path / "link", "stage")
+
+
+def test_another_users_directory_is_not_taken_for_a_private_one(
+    shared_dir: Path, other_user: OtherUser
+) -> None:
+    with pytest.raises(OutputFileError, match=f"it belongs to user {other_user.name}"):
+        private_directory(shared_dir, "download cache")
+    assert stat.S_IMODE(shared_dir.stat().st_mode) == 0o777
