@@ -67,7 +67,7 @@ def _untrusted_link(directory_fd: int, name: str) -> str | None:
 
 
 class _Walk:
-    """The parent directory of one output path, opened component by component (see the module's rules)."""
+    """The directories of one output path, opened component by component (see the module's rules)."""
 
     def __init__(self, path: str, what: str, making: bool = False) -> None:
         self.path = path
@@ -119,8 +119,9 @@ class _Walk:
                         ) from None
                     pending[:0] = [c for c in target.split("/") if c not in ("", ".")]
                     if target.startswith("/"):
+                        following = os.open("/", _DIRECTORY_FLAGS)
                         os.close(fd)
-                        fd, shown = os.open("/", _DIRECTORY_FLAGS), "/"
+                        fd, shown = following, "/"
                     continue
                 os.close(fd)
                 fd, shown = following, os.path.join(shown, name)
