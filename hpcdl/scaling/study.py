@@ -14,6 +14,7 @@ user says it should).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import math
@@ -27,6 +28,7 @@ from typing import Any, Optional
 
 from hpcdl._version import __version__
 from hpcdl.common.exceptions import HpcdlError
+from hpcdl.common.output_file import write_output_file
 from hpcdl.scaling import steps
 
 FORMAT = 1
@@ -261,7 +263,9 @@ def stamp(spec: StudySpec, command_line: str) -> StudySpec:
 def mark_failed(directory: Path, reason: str) -> None:
     """Record that the study's runs (or its submission) failed: its rerun may then reuse the directory."""
     if (directory / STUDY_FILE).is_file():
-        (directory / FAILED_FILE).write_text(reason.rstrip() + "\n", encoding="utf-8")
+        with contextlib.suppress(HpcdlError, OSError):  # without the note, the rerun needs --force
+            write_output_file(directory / FAILED_FILE, "study's failure note", reason.rstrip() + "\n",
+                              replace=True, mode=0o666)  # fmt: skip
 
 
 def failed_run_only(directory: Path) -> bool:
@@ -290,8 +294,8 @@ def create(directory: Path, spec: StudySpec, force: bool) -> None:
             shutil.rmtree(directory / "points")
         for name in (JOBS_FILE, ALLREDUCE_FILE, FAILED_FILE):
             (directory / name).unlink(missing_ok=True)
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / STUDY_FILE).write_text(json.dumps(spec.to_json(), indent=2) + "\n", encoding="utf-8")
+    text = json.dumps(spec.to_json(), indent=2) + "\n"
+    write_output_file(directory / STUDY_FILE, "study", text, replace=True, parents=True, mode=0o666)
 
 
 def load(directory: Path) -> StudySpec:
