@@ -404,6 +404,7 @@ def test_status_of_an_unknown_job_says_so(cluster: SlurmCluster, workdir: Path) 
     assert code == 2 and "Slurm does not know job 999999" in err
 
 
+@pytest.mark.slow  # Slurm's commands try the stopped controller for seconds; slurmctld then restarts
 def test_a_stopped_controller_is_reported_never_taken_for_an_ended_job(
     cluster: SlurmCluster, workdir: Path
 ) -> None:
