@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs hpcdl from this tree into a virtual environment without any network: its Python dependencies
+# Installs hpcdl from this tree (editable) into a virtual environment without any network: its dependencies
 # come from the interpreter it is layered over (--over) or from a folder of wheels prepared beforehand
 # (prepare-wheels.sh), and its C++ runtime is built with the CMake found here.
 #
@@ -57,16 +57,22 @@ else
   exit 2
 fi
 
-echo "==> pip install $TREE (C++ runtime built here)"
+# Editable, as scripts/setup.sh installs it: the tests run programs with the tree as their working
+# directory, where its hpcdl/ is what Python imports; the editable install gives it the compiled runtime.
+echo "==> pip install -e $TREE (C++ runtime built here)"
 started=$(date +%s)
-"$VPY" -m pip install "${OFFLINE[@]}" --no-build-isolation "$TREE"
+"$VPY" -m pip install "${OFFLINE[@]}" --no-build-isolation -e "$TREE"
 echo "==> built and installed in $(( $(date +%s) - started )) s"
 cd /  # not the tree: its hpcdl/ would be imported instead of the installed one
-"$VPY" - "$VENV" <<'PY'
+"$VPY" - "$TREE" "$VENV" <<'PY'
 import os, sys
 import hpcdl, hpcdl.common as hc
-print("hpcdl", hpcdl.__version__, "from", hpcdl.__file__)
-if not os.path.realpath(hpcdl.__file__).startswith(os.path.realpath(sys.argv[1]) + os.sep):
-    sys.exit(f"install: this Python imports hpcdl from {hpcdl.__file__}, not from {sys.argv[1]}")
-print(hc.built())
+tree, venv = (os.path.realpath(p) + os.sep for p in sys.argv[1:])
+built = hc.built()
+print("hpcdl", hpcdl.__version__, "from", hpcdl.__file__, "runtime", built.library)
+if not os.path.realpath(hpcdl.__file__).startswith(tree):
+    sys.exit(f"install: this Python imports hpcdl from {hpcdl.__file__}, not from {tree}")
+if not (built.loaded and os.path.realpath(built.library).startswith(venv)):
+    sys.exit(f"install: the runtime built here does not load ({built.load_error or built.library})")
+print(built)
 PY

@@ -127,8 +127,12 @@ __attribute__((visibility("default"))) int InitializeInjectionNvtx2(GetExportTab
         !callbacks->GetModuleFunctionTable(MODULE_CORE, &table, &size) || table == NULL ||
         size <= CORE_RANGE_POP)
         return 0;
-    out = fopen(path, "a");
+    pthread_mutex_lock(&lock); /* each NVTX instance in the process (torch's, NCCL's...) calls this */
     if (out == NULL)
+        out = fopen(path, "a");
+    int opened = out != NULL;
+    pthread_mutex_unlock(&lock);
+    if (!opened)
         return 0;
     *table[CORE_RANGE_START_EX] = (FunctionPointer)range_start_ex;
     *table[CORE_RANGE_START_A] = (FunctionPointer)range_start_a;
@@ -136,7 +140,8 @@ __attribute__((visibility("default"))) int InitializeInjectionNvtx2(GetExportTab
     *table[CORE_RANGE_PUSH_EX] = (FunctionPointer)range_push_ex;
     *table[CORE_RANGE_PUSH_A] = (FunctionPointer)range_push_a;
     *table[CORE_RANGE_POP] = (FunctionPointer)range_pop;
-    fprintf(out, "loaded\n");
-    fflush(out);
+    pthread_mutex_lock(&lock);
+    record("loaded", 0, NULL);
+    pthread_mutex_unlock(&lock);
     return 1;
 }
