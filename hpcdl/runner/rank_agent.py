@@ -9,9 +9,9 @@ MASTER_PORT it holds and the other ranks learn it, with ``board_client``: the so
 ``signal N`` forward a signal to the rank's process group. EOF on stdin means the launcher is gone (even
 killed with SIGKILL, or its ssh connection lost): the rank's process group gets SIGTERM, then SIGKILL, so no
 rank outlives its launcher. When the rank ends, the agent writes ``<token> exit <returncode>`` on stderr and
-exits; ``<token> pid <pid>`` after the start names the rank's process group. The launcher strips these lines
-from the rank's output. ``hpcdl.runner.step_agent`` reuses these pieces for ranks started by a scheduler's
-launcher.
+exits, after ``<token> oom <what the kernel said>`` when its OOM killer ended the rank; ``<token> pid <pid>``
+after the start names the rank's process group. The launcher strips these lines from the rank's output.
+``hpcdl.runner.step_agent`` reuses these pieces for ranks started by a scheduler's launcher.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from types import ModuleType
 from typing import Any, BinaryIO
 
 GRACE_SECONDS = 3.0
+DMESG_TIMEOUT_SECONDS = 5.0
 _SIOCGIFADDR = 0x8915  # Linux ioctl: IPv4 address of an interface
 
 
@@ -132,6 +133,55 @@ def learn_master_port(
         raise OSError(f"the launcher's board at {board} answered no port: {answer}") from None
 
 
+def oom_kill_count() -> tuple[str, int] | None:
+    """This process's memory cgroup file and how many processes the kernel's OOM killer ended in that cgroup
+    (``oom_kill`` of cgroup v2's memory.events, v1's memory.oom_control); None where it cannot be read."""
+    try:
+        with open("/proc/self/cgroup") as lines:
+            entries = [line.rstrip("\n").split(":", 2) for line in lines]
+    except OSError:
+        return None
+    for entry in entries:
+        if len(entry) != 3:
+            continue
+        _, controllers, path = entry
+        if controllers == "":
+            candidates = [f"/sys/fs/cgroup{root}{path}/memory.events" for root in ("", "/unified")]
+        elif "memory" in controllers.split(","):
+            candidates = [f"/sys/fs/cgroup/memory{path}/memory.oom_control"]
+        else:
+            continue
+        for candidate in candidates:
+            try:
+                with open(candidate) as counters:
+                    for counter in counters:
+                        key, _, value = counter.partition(" ")
+                        if key == "oom_kill" and value.strip().isdigit():
+                            return candidate, int(value)
+            except OSError:
+                continue
+    return None
+
+
+def oom_report(before: tuple[str, int] | None, pid: int) -> str:
+    """What shows that the kernel's OOM killer ended process `pid` (killed by SIGKILL): the kernel log naming
+    it, where this user may read it, else its memory cgroup's ``oom_kill`` count having grown since `before`
+    (``oom_kill_count()`` when the process started); '' when neither does."""
+    try:
+        log = subprocess.run(
+            ["dmesg"], capture_output=True, text=True, timeout=DMESG_TIMEOUT_SECONDS, check=False
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        log = ""
+    for line in reversed(log.splitlines()):
+        if f"Killed process {pid} " in line:
+            return "the kernel log says: " + line.split("] ", 1)[-1].strip()
+    after = oom_kill_count()
+    if before is not None and after is not None and after[0] == before[0] and after[1] > before[1]:
+        return f"oom_kill in {after[0]} went from {before[1]} to {after[1]}"
+    return ""
+
+
 def interrupts_by_default() -> None:
     """In the rank's process, before exec: SIGINT back at its default. A launcher started with it ignored
     (a non-interactive shell starts background commands so) passes that on to its agents, and the rank
@@ -168,6 +218,7 @@ def main() -> None:
         sys.stderr.write(
             f"hpcdl run: cannot enter {spec['cwd']} here ({exc.strerror}); staying in {os.getcwd()}\n"
         )
+    oom_before = oom_kill_count()
     try:
         child = subprocess.Popen(
             spec["argv"],
@@ -191,6 +242,9 @@ def main() -> None:
     if holder is not None:
         holder.close()
     sys.stdout.flush()
+    oom = oom_report(oom_before, child.pid) if returncode == -signal.SIGKILL else ""
+    if oom:
+        sys.stderr.write(f"{spec['token']} oom {oom}\n")
     sys.stderr.write(f"{spec['token']} exit {returncode}\n")
     sys.stderr.flush()
     # os._exit: the control thread may sit in a read of stdin, which blocks interpreter shutdown.

@@ -6,9 +6,10 @@ and its index among the tasks there (the launcher's variables, e.g. SLURMD_NODEN
 looked up in the placement ``hpcdl run`` decided, so every rank gets the identity, the torch.distributed
 variables and the network interface ``hpcdl run`` would give it. It runs the rank as its own process group
 and writes everything the rank prints as whole lines ``TOKEN RANK out|err TEXT`` on its stdout, then
-``TOKEN RANK exit CODE``: the launcher merges the tasks' output, and these tags route every line to its
-rank. Signals to the agent reach the rank's group; with ``--control-stdin`` (launchers that copy their stdin
-to every task) lines ``signal N`` do too, and the end of stdin stops the rank, as under the rank agent.
+``TOKEN RANK exit CODE`` (after ``TOKEN RANK oom TEXT`` when the kernel's OOM killer ended the rank): the
+launcher merges the tasks' output, and these tags route every line to its rank. Signals to the agent reach
+the rank's group; with ``--control-stdin`` (launchers that copy their stdin to every task) lines ``signal N``
+do too, and the end of stdin stops the rank, as under the rank agent.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from hpcdl.runner.rank_agent import (
     follow_control,
     interrupts_by_default,
     learn_master_port,
+    oom_kill_count,
+    oom_report,
     signal_group,
 )
 from hpcdl.runner.rank_env import rank_variables, torch_variables
@@ -132,6 +135,7 @@ def main(argv: list[str]) -> int:
             out.line("exit", b"1")
             return 1
         env["MASTER_PORT"] = str(port)
+    oom_before = oom_kill_count()
     try:
         child = subprocess.Popen(
             command,
@@ -164,6 +168,9 @@ def main(argv: list[str]) -> int:
     signal_group(child.pid, signal.SIGKILL)  # nothing the rank started outlives it
     for relay in relays:
         relay.join(timeout=RELAY_JOIN_SECONDS)  # bounded: a grandchild may still hold a pipe
+    oom = oom_report(oom_before, child.pid) if returncode == -signal.SIGKILL else ""
+    if oom:
+        out.line("oom", oom.encode())
     out.line("exit", str(returncode).encode())
     if holder is not None:
         holder.close()

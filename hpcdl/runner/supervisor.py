@@ -9,14 +9,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from hpcdl.runner.first_failure import STDERR_LINES_SHOWN, account, detail_lines
 from hpcdl.runner.hosts import RankSlot
-from hpcdl.runner.procs import Failure, Outcome
+from hpcdl.runner.procs import Failure, Outcome, RankEnd
 from hpcdl.runner.rendezvous_host import RendezvousHandle
 
 POLL_SECONDS = 0.05
 GRACE_SECONDS = 3.0  # between the polite signal and SIGKILL
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-STDERR_LINES_SHOWN = 10
 
 
 class JobProcess(Protocol):
@@ -24,7 +24,13 @@ class JobProcess(Protocol):
 
     def poll(self) -> Outcome | None: ...
 
-    def failure(self) -> Failure | None: ...
+    def failure(self) -> Failure | None:
+        """The first sign of trouble: a rank (or the launcher of all ranks) that failed; None while none."""
+        ...
+
+    def ends(self) -> list[RankEnd]:
+        """What is known of each of its ranks (how it ended, its last error)."""
+        ...
 
     def send_signal(self, signum: int) -> None: ...
 
@@ -140,18 +146,15 @@ class Supervisor:
 
     def _report(self) -> int:
         if self._root_cause is not None:
-            failure = self._root_cause
-            others = len(self.slots) - (0 if failure.launcher else 1)
-            stopped = (
-                f"; stopped {'all' if failure.launcher else 'the other'} {others} rank(s)" if others else ""
-            )
-            print(f"hpcdl run: {failure.where} {failure.outcome.describe()}{stopped}", file=sys.stderr)
-            tail = failure.stderr_tail[-STDERR_LINES_SHOWN:]
-            if tail:
-                print(f"hpcdl run: last lines of its stderr ({failure.where}):", file=sys.stderr)
-                for line in tail:
-                    print(f"    {line}", file=sys.stderr)
-            return failure.outcome.launcher_exit_code or 1
+            found = account([end for process in self.processes for end in process.ends()])
+            if found is None:  # the launcher of all ranks failed (mpirun, srun), no rank did
+                return self._report_launcher(self._root_cause)
+            others = len(self.slots) - 1
+            stopped = f"; stopped the other {others} rank(s)" if others else ""
+            print(f"hpcdl run: {found.first.where} {found.what}{stopped}", file=sys.stderr)
+            for line in detail_lines(found, lambda end: end.where):
+                print(line if line.startswith(" ") else f"hpcdl run: {line}", file=sys.stderr)
+            return found.exit_code
         if self._signal_received is not None:
             print(f"hpcdl run: {self._stop_reason}; stopped all ranks", file=sys.stderr)
             return 128 + self._signal_received
@@ -160,3 +163,15 @@ class Supervisor:
             return 1
         failed = [outcome for outcome in self._ended.values() if not outcome.ok]
         return failed[0].launcher_exit_code if failed else 0
+
+    def _report_launcher(self, failure: Failure) -> int:
+        print(
+            f"hpcdl run: {failure.where} {failure.outcome.describe()}; stopped all {len(self.slots)} rank(s)",
+            file=sys.stderr,
+        )
+        tail = failure.stderr_tail[-STDERR_LINES_SHOWN:]
+        if tail:
+            print(f"hpcdl run: last lines of its stderr ({failure.where}):", file=sys.stderr)
+            for line in tail:
+                print(f"    {line}", file=sys.stderr)
+        return failure.outcome.launcher_exit_code or 1
