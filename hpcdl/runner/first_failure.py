@@ -45,11 +45,14 @@ class Account:
 
     @property
     def exit_code(self) -> int:
-        """The launcher's exit code: the first failure's own, else 1."""
+        """The launcher's exit code: the first failure's own, else 1 (found through the others' blame, or
+        stopped by a launcher after its error)."""
         outcome = self.first.outcome
-        if self.own and outcome is not None and not outcome.ok:
-            return outcome.launcher_exit_code or 1
-        return 1
+        if not self.own or outcome is None or outcome.ok:
+            return 1
+        if self.first.error is not None and outcome.signal in STOP_SIGNALS:
+            return 1
+        return outcome.launcher_exit_code or 1
 
 
 def _stopped(end: RankEnd, failing_since: float | None) -> bool:

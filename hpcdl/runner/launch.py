@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from hpcdl.common import handshake
+from hpcdl.common import debug_dir, handshake
 from hpcdl.runner.allocation import Allocation, detect_allocation
 from hpcdl.runner.board import BoardServer
 from hpcdl.runner.elastic import (
@@ -142,6 +142,11 @@ def rank_settings_env(spec: LaunchSpec) -> dict[str, str]:
     return {**tunable_environment(settings), **tcp_only, **spec.extra_env}
 
 
+def debug_env(spec: LaunchSpec, environ: Mapping[str, str]) -> dict[str, str]:
+    """HPCDL_DEBUG_DIR for every rank: the user's (-x, the environment), else the job's own directory."""
+    return {debug_dir.ENV: str(debug_dir.launcher_dir({**environ, **spec.extra_env}))}
+
+
 def _rendezvous_address(spec: LaunchSpec, remote_hosts: list[str]) -> str:
     iface = spec.settings.get("network_interface")
     if iface:
@@ -258,7 +263,7 @@ def launch(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> int:
     remote_hosts = [host for host in placed_hosts if host not in local_hosts]
     if launcher == "local" and remote_hosts:
         raise LaunchError(f"--launcher local runs every rank here, but {remote_hosts[0]} is another host")
-    common_env = rank_settings_env(spec)
+    common_env = {**rank_settings_env(spec), **debug_env(spec, environ)}
     rendezvous_addr = _rendezvous_address(spec, remote_hosts)
     router = OutputRouter(spec.output, num_proc)
     if spec.verbose:
@@ -452,6 +457,7 @@ def _launch_elastic(spec: LaunchSpec, options: ElasticOptions, environ: dict[str
     driver.start()
     common_env = {
         **rank_settings_env(spec),
+        **debug_env(spec, environ),
         "HPCDL_ELASTIC_DRIVER": f"{addr}:{driver.port}",
         "HPCDL_ELASTIC_TIMEOUT": str(options.timeout),
         "HPCDL_SECRET": secret,
