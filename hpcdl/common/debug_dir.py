@@ -25,7 +25,7 @@ from pathlib import Path
 
 from hpcdl.common.discovery import job_id
 
-ENV = "HPCDL_DEBUG_DIR"
+DEBUG_DIR_ENV = "HPCDL_DEBUG_DIR"
 ROOT = "hpcdl-debug"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -53,7 +53,7 @@ def run_key(now: float | None = None) -> str:
 def debug_dir(environ: Mapping[str, str] | None = None) -> Path:
     """This job's diagnostic directory (absolute; nothing is created)."""
     env = os.environ if environ is None else environ
-    given = env.get(ENV, "").strip()
+    given = env.get(DEBUG_DIR_ENV, "").strip()
     if given:
         return Path(os.path.abspath(os.path.expanduser(given)))
     return Path.cwd() / ROOT / job_key(env)
@@ -63,7 +63,7 @@ def launcher_dir(environ: Mapping[str, str] | None = None) -> Path:
     """The directory a launcher gives its ranks (``hpcdl run``, a batch script): HPCDL_DEBUG_DIR when set,
     else ``./hpcdl-debug/<the scheduler's job id>``, else ``./hpcdl-debug/run-<start time>-<pid>``."""
     env = os.environ if environ is None else environ
-    if env.get(ENV, "").strip() or job_id(env):
+    if env.get(DEBUG_DIR_ENV, "").strip() or job_id(env):
         return debug_dir(env)
     return Path.cwd() / ROOT / run_key()
 

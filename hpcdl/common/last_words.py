@@ -42,6 +42,16 @@ def read(directory: Path, rank: int) -> dict[str, Any] | None:
     return words if isinstance(words, dict) else None
 
 
+def read_all(directory: Path) -> dict[int, dict[str, Any]]:
+    """Every rank's last words in `directory`, by rank."""
+    found = {}
+    for candidate in sorted(directory.glob(FILE.format(rank="*"))):
+        words = read(directory, int(candidate.name.split(".")[1][len("rank") :]))
+        if words is not None:
+            found[int(words.get("rank", -1))] = words
+    return found
+
+
 def install(rank: int, directory: Path | None = None) -> None:
     """Make this process's uncaught exceptions leave their last words (again: only the rank changes)."""
     _installed.update(rank=rank, directory=directory or debug_dir.debug_dir())

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from hpcdl.diagnosis.consequences import Verdict, judge
+from hpcdl.diagnosis.words import ranks_text
 from hpcdl.runner.procs import RankEnd
 
 # Signals with which a launcher (hpcdl run, srun, mpirun) stops the ranks of a failing job.
@@ -170,23 +171,6 @@ def _stop_words(end: RankEnd) -> str:
     if end.outcome.signal in STOP_SIGNALS:
         return f"was stopped ({end.outcome.describe()})"
     return end.outcome.describe()
-
-
-def ranks_text(ranks: list[int]) -> str:
-    """``rank 3``, ``ranks 0, 2, 5-9``."""
-    ordered = sorted(set(ranks))
-    if not ordered:
-        return ""
-    runs: list[str] = []
-    start = previous = None
-    for rank in [*ordered, None]:
-        if rank is not None and previous is not None and rank == previous + 1:
-            previous = rank
-            continue
-        if start is not None:
-            runs.append(str(start) if start == previous else f"{start}-{previous}")
-        start = previous = rank
-    return ("rank " if len(ordered) == 1 else "ranks ") + ", ".join(runs)
 
 
 def detail_lines(found: Account, label: Callable[[RankEnd], str]) -> list[str]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from hpcdl.common import debug_dir, handshake
+from hpcdl.common import debug_dir, handshake, stacks
 from hpcdl.runner.allocation import Allocation, detect_allocation
 from hpcdl.runner.board import BoardServer
 from hpcdl.runner.elastic import (
@@ -47,6 +47,7 @@ from hpcdl.runner.rank_env import (
 )
 from hpcdl.runner.rendezvous_host import host_rendezvous
 from hpcdl.runner.service import ServiceServer, capacity_for
+from hpcdl.runner.stack_dumps import forget_launcher, record_launcher
 from hpcdl.runner.supervisor import JobProcess, Supervisor
 from hpcdl.runner.tagged import TaggedRun, step_agent_reader
 from hpcdl.runner.tunables import tunable_environment
@@ -144,7 +145,7 @@ def rank_settings_env(spec: LaunchSpec) -> dict[str, str]:
 
 def debug_env(spec: LaunchSpec, environ: Mapping[str, str]) -> dict[str, str]:
     """HPCDL_DEBUG_DIR for every rank: the user's (-x, the environment), else the job's own directory."""
-    return {debug_dir.ENV: str(debug_dir.launcher_dir({**environ, **spec.extra_env}))}
+    return {debug_dir.DEBUG_DIR_ENV: str(debug_dir.launcher_dir({**environ, **spec.extra_env}))}
 
 
 def _rendezvous_address(spec: LaunchSpec, remote_hosts: list[str]) -> str:
@@ -290,7 +291,12 @@ def launch(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> int:
         start_timeout, master,
     )  # fmt: skip
     processes: list[JobProcess] = []
-    supervisor = Supervisor(processes, slots, server, start_timeout)
+    job_debug_dir = Path(common_env[debug_dir.DEBUG_DIR_ENV])
+    supervisor = Supervisor(processes, slots, server, start_timeout, job_debug_dir)
+    try:
+        record_launcher(job_debug_dir, num_proc)
+    except OSError as exc:
+        print(f"hpcdl run: warning: 'hpcdl debug stacks' will not find this job: {exc}", file=sys.stderr)
     try:
         processes.extend(_start_processes(job, launcher, router))
     except BaseException:
@@ -301,6 +307,7 @@ def launch(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> int:
         return supervisor.run()
     finally:
         master.stop()
+        forget_launcher(job_debug_dir)
 
 
 def _start_processes(job: _Job, launcher: str, router: OutputRouter) -> Iterator[JobProcess]:
@@ -357,7 +364,10 @@ def _start_rank(job: _Job, slot: RankSlot, router: OutputRouter, remote: RemoteS
     torch_env = {k: v for k, v in torch_variables(slot).items() if k not in job.keep()}
     env = {**job.common_env, **torch_env, **rank_variables(slot, job.rendezvous)}
     where = None if slot.host in job.local_hosts and isinstance(remote, SshOptions) else remote
-    return _start_agent(job.spec, slot, job.environ, env, router.for_rank(slot.rank), where, job.agent_spec())
+    directory = Path(job.common_env[debug_dir.DEBUG_DIR_ENV])
+    dumps = {"signal": int(stacks.STACK_SIGNAL), "file": str(directory / stacks.stack_path(slot.rank).name)}
+    extra = {**job.agent_spec(), "stacks": dumps}
+    return _start_agent(job.spec, slot, job.environ, env, router.for_rank(slot.rank), where, extra)
 
 
 def _rendezvous_env(rendezvous: Rendezvous | None) -> dict[str, str]:

@@ -22,6 +22,7 @@ from hpcdl.diagnosis.tracebacks import RaisedError
 from hpcdl.runner.errors import LaunchError
 from hpcdl.runner.hosts import RankSlot
 from hpcdl.runner.output import RankOutput, pump_lines
+from hpcdl.runner.stack_dumps import decode
 
 DRAIN_SECONDS = 2.0
 _AGENT_SOURCE = (Path(__file__).parent / "rank_agent.py").read_text()
@@ -199,6 +200,7 @@ class AgentRank:
         self._token = "hpcdl-agent-" + secrets.token_hex(8)
         self._status: int | None = None
         self._oom = ""
+        self._stacks: str | None = None  # the rank's Python stacks, as its agent last sent them
         self._ended_at: float | None = None
         self._rank_group: int | None = None  # the rank's process group, for SIGKILL on this host
         self._outcome: Outcome | None = None
@@ -254,6 +256,8 @@ class AgentRank:
             self._rank_group = int(words[2])
         elif len(words) == 3 and words[1] == b"oom":
             self._oom = words[2].decode(errors="replace").strip()
+        elif len(words) == 3 and words[1] == b"stacks":
+            self._stacks = decode(words[2].strip())
 
     def poll(self) -> Outcome | None:
         returncode = self._popen.poll()
@@ -279,6 +283,14 @@ class AgentRank:
             return None
         where = f"rank {self.slot.rank} on host {self.slot.host}"
         return Failure(where, self._outcome, list(self.output.stderr_tail))
+
+    def ask_stacks(self) -> None:
+        """Ask the agent for the rank's Python stacks (the answer comes in `stacks()`)."""
+        self._stacks = None
+        self._control("stacks")
+
+    def stacks(self) -> dict[int, str]:
+        return {} if self._stacks is None else {self.slot.rank: self._stacks}
 
     def send_signal(self, signum: int) -> None:
         self._control(f"signal {int(signum)}")

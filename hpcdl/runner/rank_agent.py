@@ -5,17 +5,20 @@ first line is JSON ``{"argv", "env", "cwd", "token"}`` (so the job secret never 
 optionally with ``interfaces`` (the first of these network interfaces this host has becomes the rank's
 HPCDL_IFACE) and ``master_board`` (``host:port`` of the launcher's board, through which rank 0 publishes the
 MASTER_PORT it holds and the other ranks learn it, with ``board_client``: the source of
-``hpcdl.common.handshake``, which proves the job's secret to the board without sending it); later lines
-``signal N`` forward a signal to the rank's process group. EOF on stdin means the launcher is gone (even
-killed with SIGKILL, or its ssh connection lost): the rank's process group gets SIGTERM, then SIGKILL, so no
-rank outlives its launcher. When the rank ends, the agent writes ``<token> exit <returncode>`` on stderr and
-exits, after ``<token> oom <what the kernel said>`` when its OOM killer ended the rank; ``<token> pid <pid>``
-after the start names the rank's process group. The launcher strips these lines from the rank's output.
+``hpcdl.common.handshake``, which proves the job's secret to the board without sending it) and ``stacks``
+(``{"signal", "file"}``: how ``hpcdl.common.stacks`` has the rank dump its Python stacks); later lines
+``signal N`` forward a signal to the rank's process group, and ``stacks`` asks the rank for its Python stacks,
+answered ``<token> stacks <base64>``. EOF on stdin means the launcher is gone (even killed with SIGKILL, or
+its ssh connection lost): the rank's process group gets SIGTERM, then SIGKILL, so no rank outlives its
+launcher. When the rank ends, the agent writes ``<token> exit <returncode>`` on stderr and exits, after
+``<token> oom <what the kernel said>`` when its OOM killer ended the rank; ``<token> pid <pid>`` after the
+start names the rank's process group. The launcher strips these lines from the rank's output.
 ``hpcdl.runner.step_agent`` reuses these pieces for ranks started by a scheduler's launcher.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
 import json
@@ -28,9 +31,10 @@ import sys
 import threading
 import time
 from types import ModuleType
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Callable
 
 GRACE_SECONDS = 3.0
+STACKS_SECONDS = 3.0  # how long a rank gets to write its Python stacks
 DMESG_TIMEOUT_SECONDS = 5.0
 _SIOCGIFADDR = 0x8915  # Linux ioctl: IPv4 address of an interface
 
@@ -48,13 +52,80 @@ def _stop_group(child: subprocess.Popen) -> None:
     signal_group(child.pid, signal.SIGKILL)
 
 
-def follow_control(stdin: BinaryIO, child: subprocess.Popen) -> None:
-    """Forward ``signal N`` lines to the rank's group; stop the rank when stdin ends (thread target)."""
+def follow_control(
+    stdin: BinaryIO, child: subprocess.Popen, on_stacks: Callable[[], None] | None = None
+) -> None:
+    """Forward ``signal N`` lines to the rank's group, answer ``stacks`` lines with `on_stacks` (in a thread
+    of its own, so that a slow dump delays no signal); stop the rank when stdin ends (thread target)."""
     for line in stdin:
         words = line.split()
         if len(words) == 2 and words[0] == b"signal":
             signal_group(child.pid, int(words[1]))
+        elif words == [b"stacks"] and on_stacks is not None:
+            threading.Thread(target=on_stacks, daemon=True).start()
     _stop_group(child)
+
+
+def _group(pgid: int) -> dict[int, int]:
+    """The processes of process group `pgid`: pid -> parent pid (from /proc)."""
+    members = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid:
+            members[int(entry)] = int(fields[1])
+    return members
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process `pid` has a handler for `signum` (its SigCgt mask in /proc): an unhandled real-time
+    signal would kill it."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def dump_stacks(pgid: int, signum: int, path: str, timeout: float = STACKS_SECONDS) -> str:
+    """The Python stacks of the rank whose process group is `pgid`: its topmost processes that catch `signum`
+    (``hpcdl.common.stacks``' handler, installed by ``init()``) write them into `path` when signalled. Their
+    text, or a line in parentheses saying why there is none."""
+    members = _group(pgid)
+    catchers = {pid for pid in members if _catches(pid, signum)}
+    topmost = sorted(pid for pid in catchers if members[pid] not in catchers)
+    if not topmost:
+        return "(no Python stacks: the rank has not called hpcdl's init(), or does not run Python)"
+    try:
+        os.truncate(path, 0)
+    except OSError as exc:
+        return f"(no Python stacks: cannot reach {path}: {exc.strerror})"
+    for pid in topmost:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+    deadline, size = time.monotonic() + timeout, -1
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+        now = os.stat(path).st_size
+        if now > 0 and now == size:  # written and no longer growing
+            break
+        size = now
+    with open(path, errors="replace") as dump:
+        text = dump.read().replace("\0", "")  # a writer that kept its offset leaves a hole before the dump
+    return text or f"(no Python stacks: the rank wrote none within {timeout:g} s)"
+
+
+def encode_stacks(text: str) -> str:
+    """`text` as one word of an agent's status line."""
+    return base64.b64encode(text.encode()).decode()
 
 
 def _has_ipv4(iface: str) -> bool:
@@ -236,7 +307,15 @@ def main() -> None:
     sys.stderr.flush()
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(signum, lambda received, _frame: signal_group(child.pid, received))
-    threading.Thread(target=follow_control, args=(stdin, child), daemon=True).start()
+
+    def answer_stacks() -> None:
+        where = spec["stacks"]
+        text = dump_stacks(child.pid, where["signal"], where["file"])
+        sys.stderr.write(f"{spec['token']} stacks {encode_stacks(text)}\n")
+        sys.stderr.flush()
+
+    on_stacks = answer_stacks if spec.get("stacks") else None
+    threading.Thread(target=follow_control, args=(stdin, child, on_stacks), daemon=True).start()
     returncode = child.wait()
     signal_group(child.pid, signal.SIGKILL)  # nothing the rank started outlives it
     if holder is not None:

@@ -1,18 +1,23 @@
 """Watch a job's processes: stop everything when a rank fails or the launcher is signalled, enforce the
-start timeout, then report the root cause. Every wait here has a deadline."""
+start timeout, show every rank's Python stacks on SIGQUIT, then report the first failure. Every wait here
+has a deadline."""
 
 from __future__ import annotations
 
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
+from hpcdl.common.debug_dir import write_private
 from hpcdl.runner.first_failure import STDERR_LINES_SHOWN, account, detail_lines
 from hpcdl.runner.hosts import RankSlot
 from hpcdl.runner.procs import Failure, Outcome, RankEnd
 from hpcdl.runner.rendezvous_host import RendezvousHandle
+from hpcdl.runner.stack_dumps import ANSWER_SECONDS, STACKS_FILE, render
 
 POLL_SECONDS = 0.05
 GRACE_SECONDS = 3.0  # between the polite signal and SIGKILL
@@ -32,6 +37,14 @@ class JobProcess(Protocol):
         """What is known of each of its ranks (how it ended, its last error)."""
         ...
 
+    def ask_stacks(self) -> None:
+        """Ask its ranks for their Python stacks, where it can reach them."""
+        ...
+
+    def stacks(self) -> dict[int, str]:
+        """The stacks its ranks answered since the last `ask_stacks`, by rank."""
+        ...
+
     def send_signal(self, signum: int) -> None: ...
 
     def finish(self) -> None: ...
@@ -45,6 +58,7 @@ class Supervisor:
     slots: list[RankSlot]
     rendezvous: RendezvousHandle | None = None
     start_timeout: float = 30.0
+    debug_dir: Path | None = None  # where SIGQUIT's stacks are written too
     _ended: dict[int, Outcome] = field(default_factory=dict)
     _root_cause: Failure | None = None
     _stop_reason: str = ""
@@ -53,13 +67,19 @@ class Supervisor:
     _signal_received: int | None = None
     _pending_signals: list[int] = field(default_factory=list)
     _first_arrival: float | None = None
+    _stacks_asked: bool = False
+    _stacks_thread: threading.Thread | None = None
 
     def _on_signal(self, signum: int, _frame: object) -> None:
-        self._pending_signals.append(signum)
+        if signum == signal.SIGQUIT:
+            self._stacks_asked = True
+        else:
+            self._pending_signals.append(signum)
 
     def run(self) -> int:
         """Watch until every process has ended; return the launcher's exit code."""
-        previous = {sig: signal.signal(sig, self._on_signal) for sig in FORWARDED_SIGNALS}
+        handled = (*FORWARDED_SIGNALS, signal.SIGQUIT)
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in handled}
         try:  # the handlers stay until teardown is over: a Ctrl-C then only hastens the end
             try:
                 while len(self._ended) < len(self.processes):
@@ -87,6 +107,10 @@ class Supervisor:
             if failure is not None and self._stop_started is None:
                 self._root_cause = failure
                 self._begin_stop(signal.SIGTERM, f"{failure.where} {failure.outcome.describe()}")
+        if self._stacks_asked and not (self._stacks_thread and self._stacks_thread.is_alive()):
+            self._stacks_asked = False
+            self._stacks_thread = threading.Thread(target=self._show_stacks, daemon=True)
+            self._stacks_thread.start()
         while self._pending_signals:
             signum = self._pending_signals.pop(0)
             if self._signal_received is not None:  # a second Ctrl-C: no more patience
@@ -98,6 +122,26 @@ class Supervisor:
         stopping = self._stop_started is not None and not self._killed
         if stopping and time.monotonic() - self._stop_started > GRACE_SECONDS:
             self._kill_remaining()
+
+    def _show_stacks(self) -> None:
+        """Every rank's Python stacks, on stderr and in the debug directory (thread target: the watch goes
+        on while the ranks answer)."""
+        for process in self._running():
+            process.ask_stacks()
+        deadline = time.monotonic() + ANSWER_SECONDS
+        answers: dict[int, str] = {}
+        while time.monotonic() < deadline and len(answers) < len(self.slots):
+            time.sleep(POLL_SECONDS)
+            answers = {rank: text for process in self.processes for rank, text in process.stacks().items()}
+        text = render([(f"rank {s.rank} on host {s.host}", answers.get(s.rank)) for s in self.slots])
+        where = ""
+        if self.debug_dir is not None:
+            try:
+                write_private(self.debug_dir / STACKS_FILE, text.encode())
+                where = f" (also in {self.debug_dir / STACKS_FILE})"
+            except OSError as exc:
+                where = f" (not written to {self.debug_dir}: {exc})"
+        print(f"hpcdl run: Python stacks of every rank, on SIGQUIT{where}:\n{text}", end="", file=sys.stderr)
 
     def _running(self) -> list[JobProcess]:
         return [p for index, p in enumerate(self.processes) if index not in self._ended]

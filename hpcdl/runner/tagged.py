@@ -19,6 +19,7 @@ from hpcdl.runner.errors import LaunchError
 from hpcdl.runner.hosts import RankSlot
 from hpcdl.runner.output import TAIL_LINES, OutputRouter, RankOutput, pump_lines
 from hpcdl.runner.procs import DRAIN_SECONDS, Failure, Outcome, RankEnd, rank_end
+from hpcdl.runner.stack_dumps import decode
 
 STDIN_END_SECONDS = 5.0  # after stdin closes, how long the agents get to stop their ranks
 TERM_SECONDS = 3.0
@@ -27,13 +28,14 @@ TERM_SECONDS = 3.0
 @dataclass(frozen=True)
 class Tagged:
     """A line of one rank: its text for `stream`, or (`exit_code` set) the rank's exit line, or (`oom` set)
-    what the kernel said when its OOM killer ended the rank."""
+    what the kernel said when its OOM killer ended the rank, or (`stacks` set) its Python stacks."""
 
     rank: int
     stream: str = "stdout"
     text: bytes = b""
     exit_code: int | None = None
     oom: str = ""
+    stacks: str | None = None
 
 
 # Reads one line of the launcher's `stream` ('stdout' or 'stderr'); None: the launcher's own line.
@@ -41,8 +43,8 @@ TagReader = Callable[[str, bytes], "Tagged | None"]
 
 
 def step_agent_reader(token: str) -> TagReader:
-    """Lines of ``hpcdl.runner.step_agent``: ``TOKEN RANK out|err TEXT``, ``TOKEN RANK oom TEXT`` and
-    ``TOKEN RANK exit CODE``."""
+    """Lines of ``hpcdl.runner.step_agent``: ``TOKEN RANK out|err TEXT``, ``TOKEN RANK oom TEXT``,
+    ``TOKEN RANK stacks BASE64`` and ``TOKEN RANK exit CODE``."""
     head = token.encode() + b" "
 
     def read(_stream: str, line: bytes) -> Tagged | None:
@@ -57,6 +59,8 @@ def step_agent_reader(token: str) -> TagReader:
             return Tagged(rank, exit_code=int(text))
         if kind == b"oom":
             return Tagged(rank, oom=text.decode(errors="replace").strip())
+        if kind == b"stacks":
+            return Tagged(rank, stacks=decode(text.strip()))
         if kind in (b"out", b"err"):
             return Tagged(rank, "stdout" if kind == b"out" else "stderr", text)
         return None
@@ -90,6 +94,7 @@ class TaggedRun:
         self._first_failure: tuple[int, Outcome] | None = None
         self._exits: dict[int, tuple[Outcome, float]] = {}  # rank -> how and when (monotonic) it ended
         self._ooms: dict[int, str] = {}
+        self._stacks: dict[int, str] = {}
         self._outcome: Outcome | None = None
         self._lock = threading.Lock()
         self.name = os.path.basename(argv[0])
@@ -122,6 +127,10 @@ class TaggedRun:
             if tagged.oom:
                 with self._lock:
                     self._ooms[tagged.rank] = tagged.oom
+                return
+            if tagged.stacks is not None:
+                with self._lock:
+                    self._stacks[tagged.rank] = tagged.stacks
                 return
             if tagged.exit_code is not None:
                 with self._lock:
@@ -162,6 +171,17 @@ class TaggedRun:
             rank_end(slot, self._outputs[rank], *exits.get(rank, (None, None)))
             for rank, slot in self._slots.items()
         ]
+
+    def ask_stacks(self) -> None:
+        """Ask every rank's agent for its Python stacks, where the launcher copies its stdin to every task
+        (no other way reaches them); the answers come in `stacks()`."""
+        with self._lock:
+            self._stacks.clear()
+        self._control("stacks")
+
+    def stacks(self) -> dict[int, str]:
+        with self._lock:
+            return dict(self._stacks)
 
     def _control(self, line: str) -> None:
         stdin = self._popen.stdin

@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 import hpcdl.common as hc
-from hpcdl.common import engine
+from hpcdl.common import engine, stacks
 
 
 def stuck_in_dataloader() -> None:
@@ -48,6 +48,8 @@ def main() -> None:
     if slow_exit:
         atexit.register(time.sleep, slow_exit)  # registered before init: runs after the runtime's shutdown
     hc.init()
+    if stacks.descriptor() < 0:  # an init() that does not install the stack dumps itself
+        stacks.install(hc.rank())
     culprit = int(os.environ.get("CULPRIT", hc.size() - 1))
     if hc.rank() == culprit:
         fail(how)

@@ -10,7 +10,8 @@ import pytest
 
 from hpcdl.diagnosis.consequences import Verdict, judge, judge_line
 from hpcdl.diagnosis.tracebacks import TracebackReader, last_error
-from hpcdl.runner.first_failure import account, detail_lines, ranks_text
+from hpcdl.diagnosis.words import ranks_text
+from hpcdl.runner.first_failure import account, detail_lines
 from hpcdl.runner.procs import Outcome, RankEnd
 
 SHUTDOWN = (
