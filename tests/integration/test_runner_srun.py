@@ -273,3 +273,27 @@ def test_bare_srun_ranks_point_at_the_raising_rank(cluster: SlurmCluster, tmp_pa
             )
         (job,) = (workdir / "hpcdl-debug").iterdir()
         assert json.loads((job / f"exit.rank{culprit}.json").read_text())["host"] == host
+
+
+def test_every_ranks_stack_through_the_srun_step(cluster: SlurmCluster, tmp_path: Path) -> None:
+    """hpcdl debug stacks reaches the ranks through srun (whose stdin reaches every task's agent): rank 3,
+    on node2, sleeps in the user's function while the others wait in a collective."""
+    job = cluster.popen(
+        _salloc_hpcdl_run("-N2 --ntasks-per-node=2", f"{sys.executable} {FIRST_FAILURE} stuck"),
+        cwd=tmp_path, env={"CULPRIT": "3"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline, shown = time.monotonic() + 90, ""
+        while "in stuck_in_dataloader" not in shown:
+            assert time.monotonic() < deadline, f"no stacks showed where rank 3 is:\n{shown}"
+            asked = cluster.run([sys.executable, "-m", "hpcdl", "debug", "stacks"], cwd=tmp_path, timeout=60)
+            shown = asked.stdout + asked.stderr
+    finally:
+        job.terminate()
+        job.communicate(timeout=60)
+    parts = shown.split("=== rank ")
+    assert [part.split(" ===")[0] for part in parts[1:]] == [
+        f"{r} on host node{1 + r // 2}" for r in range(4)
+    ]
+    assert all("in synchronize" in part for part in parts[1:4]), shown
+    assert "in stuck_in_dataloader" in parts[4]

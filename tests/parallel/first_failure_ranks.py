@@ -6,12 +6,16 @@ the others call a collective every 5 ms (the pace at which a launcher most often
   failure reaches the launcher before this rank's exit does.
 - ``kill``: SIGKILL; ``exit0``: exits 0 while the others wait for it; ``oom``: allocates until the kernel's
   OOM killer ends it; ``stuck``: sleeps in ``stuck_in_dataloader()`` while the others wait in
-  ``allreduce('grad.2')`` (the stall shutdown cancels it).
+  ``allreduce('grad.2')`` (the stall shutdown cancels it); ``stuck-in-c``: sleeps in a C call that holds the
+  GIL, in ``stuck_in_c_call()``.
+
+SECOND=R:HOW makes rank R fail too, as HOW says.
 """
 
 from __future__ import annotations
 
 import atexit
+import ctypes
 import os
 import signal
 import sys
@@ -27,6 +31,10 @@ def stuck_in_dataloader() -> None:
     time.sleep(120)
 
 
+def stuck_in_c_call() -> None:
+    ctypes.PyDLL(None).sleep(120)  # PyDLL: the call keeps the GIL
+
+
 def fail(how: str) -> None:
     if how == "raise":
         raise ValueError(f"boom on rank {hc.rank()}")
@@ -40,6 +48,8 @@ def fail(how: str) -> None:
             hog.append(np.ones(1 << 24, np.uint8))  # 16 MiB, touched
     if how == "stuck":
         stuck_in_dataloader()
+    if how == "stuck-in-c":
+        stuck_in_c_call()
 
 
 def main() -> None:
@@ -51,12 +61,15 @@ def main() -> None:
     if stacks.descriptor() < 0:  # an init() that does not install the stack dumps itself
         stacks.install(hc.rank())
     culprit = int(os.environ.get("CULPRIT", hc.size() - 1))
+    second, _, second_how = os.environ.get("SECOND", "-1:").partition(":")
     if hc.rank() == culprit:
         fail(how)
+    if hc.rank() == int(second):
+        fail(second_how)
     x = np.ones(4, np.float32)
     step = 0
     while True:
-        name = "grad.2" if how == "stuck" else f"grad.{step % 4}"
+        name = "grad.2" if how.startswith("stuck") else f"grad.{step % 4}"
         engine.synchronize(engine.allreduce_async(x, name=name))
         step += 1
         time.sleep(0.005)

@@ -150,3 +150,53 @@ def test_an_oom_killed_rank_is_named_with_the_kernels_words(tmp_path: Path) -> N
         "it ("
     ), lines
     assert "Killed process" in lines[0] or "oom_kill in /sys/fs/cgroup/" in lines[0]
+
+
+def test_every_ranks_stack_on_request_names_where_each_is(tmp_path: Path) -> None:
+    """hpcdl debug stacks: rank 0 waits in a collective, rank 1 sleeps in the user's function, rank 2 in a
+    C call that holds the GIL; each stack says so."""
+    job = subprocess.Popen(
+        [sys.executable, "-m", "hpcdl", "run", "-np", "3", sys.executable, RANKS, "stuck"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        env=clean_env(CULPRIT="1", SECOND="2:stuck-in-c"),
+    )  # fmt: skip
+    try:
+        deadline, shown = time.monotonic() + 60, ""
+        while "in stuck_in_c_call" not in shown or "in stuck_in_dataloader" not in shown:
+            assert time.monotonic() < deadline, f"the stacks never showed where the ranks are:\n{shown}"
+            asked = subprocess.run(
+                [sys.executable, "-m", "hpcdl", "debug", "stacks"],
+                capture_output=True, text=True, cwd=tmp_path, timeout=30, env=clean_env(),
+            )  # fmt: skip
+            shown = asked.stdout + asked.stderr
+    finally:
+        job.terminate()
+        _, stderr = job.communicate(timeout=30)
+    parts = shown.split("=== rank ")
+    assert [part.split(" ===")[0] for part in parts[1:]] == [f"{r} on host {HOST}" for r in range(3)]
+    assert "in synchronize" in parts[1] and "first_failure_ranks.py" in parts[1]
+    assert parts[2].index("in stuck_in_dataloader") < parts[2].index("in fail")  # innermost first
+    assert "in stuck_in_c_call" in parts[3]
+    (directory,) = (tmp_path / "hpcdl-debug").iterdir()
+    assert (
+        f"hpcdl run: Python stacks of every rank, on SIGQUIT (also in {directory / 'stacks.txt'}):" in stderr
+    )
+    assert (directory / "stacks.txt").read_text() == shown
+    assert not (directory / "launcher.json").exists()  # removed as the job ended
+
+
+def test_debug_stacks_without_a_running_job_says_what_to_give(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "hpcdl", "debug", "stacks"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=30,
+    )
+    assert done.returncode == 2
+    assert "name the job: hpcdl debug stacks JOB (no job started here runs on this host" in done.stderr
+    done = subprocess.run(
+        [sys.executable, "-m", "hpcdl", "debug", "stacks", "12345"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=30,
+    )  # fmt: skip
+    assert done.returncode == 2 and "no job '12345'" in done.stderr
