@@ -5,11 +5,12 @@ operation all ranks completed, and the rank that failed first (its last words)."
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
+from typer.testing import CliRunner
+
+from hpcdl.cli.main import app
 from hpcdl.diagnosis import analyze, flight
 
 T0 = 1_764_240_000.0
@@ -190,16 +191,12 @@ def test_the_cli_reads_the_dumps_and_the_last_words(tmp_path: Path) -> None:
     words = {"rank": 1, "host": "node1", "pid": 7, "time": T0 + 1, "error": "ValueError: boom on rank 1",
              "traceback": traceback, "consequence": False, "blamed": []}  # fmt: skip
     (directory / "exit.rank1.json").write_text(json.dumps(words))
-    done = subprocess.run(
-        [sys.executable, "-m", "hpcdl", "debug", "analyze", str(directory)], capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
+    done = CliRunner().invoke(app, ["debug", "analyze", str(directory)])
+    assert done.exit_code == 0, done.output
+    lines = done.output.splitlines()
     assert lines[0] == "- dumps of ranks 0-1 of a job of 2"
     assert "- rank 1 failed first, on host node1: ValueError: boom on rank 1" in lines
     assert '      File "/job/train.py", line 9, in <module>' in lines
     assert any(line.startswith("- rank 1 is behind: rank 0 waits in allreduce 'x'") for line in lines)
-    empty = subprocess.run(
-        [sys.executable, "-m", "hpcdl", "debug", "analyze", str(tmp_path)], capture_output=True, text=True
-    )
-    assert empty.returncode == 2 and "holds no flight.rank<R>.json nor exit.rank<R>.json" in empty.stderr
+    empty = CliRunner().invoke(app, ["debug", "analyze", str(tmp_path)])
+    assert empty.exit_code == 2 and "holds no flight.rank<R>.json nor exit.rank<R>.json" in empty.output
