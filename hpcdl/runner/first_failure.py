@@ -35,14 +35,15 @@ STDERR_LINES_SHOWN = 10
 @dataclass(frozen=True)
 class Account:
     """The first failure (`first`, with `what` it did in words; `own`: by its own error or status, not
-    found through the others' blame), the ranks that failed because of it, and those stopped without an
-    error of their own."""
+    found through the others' blame), the ranks that failed because of it, those stopped without an error of
+    their own, and (`also`) those that failed by their own errors after it."""
 
     first: RankEnd
     what: str
     consequences: list[tuple[RankEnd, Verdict]]
     stopped: list[RankEnd]
     own: bool = True
+    also: tuple[RankEnd, ...] = ()  # later ranks that failed by errors of their own too
 
     @property
     def exit_code(self) -> int:
@@ -106,7 +107,8 @@ def account(
             causes.append(end)
     if causes:
         first = min(causes, key=_when)
-        return Account(first, _own_failure(first), consequences, stopped)
+        also = tuple(end for end in sorted(causes, key=_when) if end is not first)
+        return Account(first, _own_failure(first), consequences, stopped, also=also)
     blamed = _blamed(ends, consequences)
     if blamed is not None:
         others = [c for c in consequences if c[0] is not blamed]
@@ -185,6 +187,14 @@ def detail_lines(found: Account, label: Callable[[RankEnd], str]) -> list[str]:
     elif first.stderr_tail:
         lines.append(f"last lines of its stderr ({label(first)}):")
         lines += [f"    {line}" for line in first.stderr_tail[-STDERR_LINES_SHOWN:]]
+    own: dict[str, list[int]] = {}
+    for end in found.also:
+        own.setdefault(end.error.headline(ERROR_WIDTH) if end.error else _ended(end), []).append(end.rank)
+    for headline, ranks in own.items():
+        if first.error is not None and headline == first.error.headline(ERROR_WIDTH):
+            lines.append(f"{ranks_text(ranks)} failed with the same error")
+        else:
+            lines.append(f"{ranks_text(ranks)} failed too, not because of it: {headline}")
     groups: dict[str, list[int]] = {}
     for end, _verdict in found.consequences:
         assert end.error is not None

@@ -7,7 +7,7 @@ the others call a collective every 5 ms (the pace at which a launcher most often
 - ``kill``: SIGKILL; ``exit0``: exits 0 while the others wait for it; ``oom``: allocates until the kernel's
   OOM killer ends it; ``stuck``: sleeps in ``stuck_in_dataloader()`` while the others wait in
   ``allreduce('grad.2')`` (the stall shutdown cancels it); ``stuck-in-c``: sleeps in a C call that holds the
-  GIL, in ``stuck_in_c_call()``.
+  GIL, in ``stuck_in_c_call()``; ``shape``: reduces a tensor of another shape than the others'.
 
 SECOND=R:HOW makes rank R fail too, as HOW says.
 """
@@ -50,6 +50,8 @@ def fail(how: str) -> None:
         stuck_in_dataloader()
     if how == "stuck-in-c":
         stuck_in_c_call()
+    if how == "shape":
+        engine.synchronize(engine.allreduce_async(np.ones(5, np.float32), name="grad.0"))
 
 
 def main() -> None:

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from runner_helpers import clean_env, hpcdl_run
 
+from hpcdl.diagnosis.words import ranks_text
+
 RANKS = str(Path(__file__).with_name("first_failure_ranks.py"))
 HOST = socket.gethostname()
 CONSEQUENCE = "consequence, not a cause: "
@@ -79,9 +81,11 @@ def test_a_rank_that_exits_0_early_is_named(tmp_path: Path) -> None:
     assert lines[1].startswith(f"hpcdl run: {CONSEQUENCE}ranks 0, 2 failed with HpcdlShutdownError: rank 1 ")
 
 
-def test_a_stuck_rank_is_named_not_the_ranks_that_waited_for_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["stuck", "stuck-in-c"])
+def test_a_stuck_rank_is_named_not_the_ranks_that_waited_for_it(tmp_path: Path, how: str) -> None:
+    """Stuck in the user's function, or in a C call that holds the GIL."""
     done, lines, seconds = run_job(
-        3, "stuck", tmp_path, CULPRIT="1",
+        3, how, tmp_path, CULPRIT="1",
         HPCDL_STALL_CHECK_TIME_SECONDS="1", HPCDL_STALL_SHUTDOWN_TIME_SECONDS="2",
     )  # fmt: skip
     assert done.returncode == 1, done.stderr
@@ -93,6 +97,18 @@ def test_a_stuck_rank_is_named_not_the_ranks_that_waited_for_it(tmp_path: Path) 
         "\n".join(lines)
     )
     assert seconds < 30
+
+
+def test_a_shape_mismatch_names_the_rank_that_differs(tmp_path: Path) -> None:
+    done, lines, _ = run_job(3, "shape", tmp_path, CULPRIT="2")
+    assert done.returncode == 1, done.stderr
+    mismatch = (
+        "HpcdlMismatchError: mismatched shape for allreduce 'grad.0': ranks 0, 1 have [4]; rank 2 has [5]."
+    )
+    assert mismatch in lines[0] and " failed first, with " in lines[0], lines
+    first = int(lines[0].split()[3])
+    others = ranks_text(rank for rank in range(3) if rank != first)
+    assert f"hpcdl run: {others} failed with the same error" in lines, lines
 
 
 def _memory_cgroup(tmp_path: Path) -> Path | None:
