@@ -71,7 +71,7 @@ def _hook(kind: type[BaseException], value: BaseException, tb: TracebackType | N
             print(f"hpcdl: rank {rank} could not leave its last words in {directory}: {exc}", file=sys.stderr)
     previous(kind, value, tb)
     if words is not None and words["consequence"]:
-        print(pointer(rank, words["blamed"], directory), file=sys.stderr, flush=True)
+        print(pointer(rank, words["blamed"], directory, words["why"]), file=sys.stderr, flush=True)
 
 
 def describe(
@@ -90,17 +90,24 @@ def describe(
         "traceback": list(error.lines) if error is not None else lines[-10:],
         "consequence": bool(verdict and verdict.consequence),
         "blamed": list(verdict.blamed) if verdict else [],
+        "why": verdict.why if verdict else "",
     }
 
 
-def pointer(rank: int, blamed: list[int], directory: Path) -> str:
-    """What a rank that failed because of others says under its traceback."""
+def pointer(rank: int, blamed: list[int], directory: Path, why: str = "") -> str:
+    """What a rank that failed because of others says under its traceback; `why`: what the others did
+    (``hpcdl.diagnosis.consequences.Verdict.why``)."""
     if not blamed:
         return (
             f"hpcdl: rank {rank}'s error above is a consequence of another rank's end, not its cause; "
             f"the ranks' last words are in {directory}"
         )
     others = ", ".join(str(other) for other in blamed)
+    if why in ("stall", "timeout"):
+        return (
+            f"hpcdl: rank {rank}'s error above is a consequence of rank {others} not taking part in the "
+            "operation (stuck, or on another code path), not its cause."
+        )
     text = f"hpcdl: rank {rank}'s error above is a consequence of rank {others}'s end, not its cause."
     for other in blamed:
         words = read(directory, other)

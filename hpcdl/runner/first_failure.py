@@ -29,6 +29,7 @@ from hpcdl.runner.procs import RankEnd
 # Signals with which a launcher (hpcdl run, srun, mpirun) stops the ranks of a failing job.
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGKILL, signal.SIGINT, signal.SIGHUP})
 ERROR_WIDTH = 160  # characters of a consequence's error line shown
+HEADLINE_WIDTH = 120  # characters of the first failure's error line in the summary's first line
 STDERR_LINES_SHOWN = 10
 
 
@@ -150,7 +151,7 @@ def _ended(end: RankEnd) -> str:
 
 def _own_failure(end: RankEnd) -> str:
     if end.error is not None:
-        return f"failed first, with {end.error.headline()} ({_ended(end)})"
+        return f"failed first, with {end.error.headline(HEADLINE_WIDTH)} ({_ended(end)})"
     return _ended(end)
 
 

@@ -93,3 +93,17 @@ def test_last_words_are_kept_and_a_consequence_points_at_the_cause(
         "Rank 3 left no Python error (it exited, was killed, or its last words are on its host in "
         f"{tmp_path})."
     )
+
+
+def test_a_rank_cancelled_by_a_stall_shutdown_points_at_the_rank_that_did_not_take_part(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "excepthook", sys.__excepthook__)
+    monkeypatch.setattr(last_words, "_installed", {})
+    last_words.install(0, tmp_path)
+    stall = "stall shutdown: allreduce 'grad.0' was submitted by ranks 0, 2 but rank 1 has not submitted it"
+    _raise(HpcdlShutdownError(stall))
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "hpcdl: rank 0's error above is a consequence of rank 1 not taking part in the operation (stuck, or "
+        "on another code path), not its cause."
+    )
