@@ -129,8 +129,9 @@ def _last_completed(process_set: int, ops: dict[int, list[Op]]) -> list[Finding]
 
 
 def _behind(ops: dict[int, list[Op]], dumps: dict[int, Dump]) -> list[Finding]:
-    """Ranks that have not submitted what others wait in, and where they are instead."""
-    pending = {rank: {op.name: op for op in listed if op.pending} for rank, listed in ops.items()}
+    """Ranks that have not submitted what others wait in (or waited in, until it was cancelled), and where
+    they are instead."""
+    pending = {rank: {op.name: op for op in listed if op.unfinished} for rank, listed in ops.items()}
     waited: dict[str, list[int]] = {}
     for rank, names in pending.items():
         for name in names:
@@ -146,7 +147,7 @@ def _behind(ops: dict[int, list[Op]], dumps: dict[int, Dump]) -> list[Finding]:
         first = names[0]
         example = pending[waited[first][0]][first]
         since = min(pending[r][first].submitted or 0.0 for r in waited[first])
-        verb = "waits" if len(waited[first]) == 1 else "wait"
+        verb = "waited" if not example.pending else "waits" if len(waited[first]) == 1 else "wait"
         text = (
             f"rank {rank} is behind: {ranks_text(waited[first])} {verb} in {example.describe()} (submitted "
             f"at {clock(since)}), which rank {rank} has not submitted"
@@ -157,7 +158,8 @@ def _behind(ops: dict[int, list[Op]], dumps: dict[int, Dump]) -> list[Finding]:
         own = sorted(ops[rank], key=lambda op: op.seq)
         if mine:
             shown = ", ".join(op.describe() for op in mine[:OPS_SHOWN])
-            text += f"; it waits in {shown} instead, which the others have not submitted"
+            waits = "waits" if mine[0].pending else "waited"
+            text += f"; it {waits} in {shown} instead, which the others have not submitted"
         elif own:
             text += f"; its last submission: {own[-1].describe()} ({own[-1].state})"
         frames = main_thread_frames(dumps[rank].stack)
@@ -217,7 +219,7 @@ def _mismatches(ops: dict[int, list[Op]]) -> list[Finding]:
     latest: dict[str, dict[int, Op]] = {}
     for rank, listed in ops.items():
         for op in listed:
-            if op.pending or op.state == "failed":
+            if op.unfinished:
                 latest.setdefault(op.name, {})[rank] = op
     found: list[Finding] = []
     for _, by_rank in sorted(latest.items()):

@@ -18,6 +18,8 @@ from typing import Any
 VERSION = 1
 FILE = re.compile(r"^flight\.rank(\d+)\.json$")
 PENDING = ("submitted", "negotiated", "started")  # states of an operation still under way
+# ... and of one that never completed: cancelled (the job shut down, a stall shutdown) or failed
+UNFINISHED = (*PENDING, "cancelled", "failed")
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,10 @@ class Op:
     @property
     def pending(self) -> bool:
         return self.state in PENDING
+
+    @property
+    def unfinished(self) -> bool:
+        return self.state in UNFINISHED
 
     def describe(self) -> str:
         """``allreduce 'grad.2'`` (with its process set when not the global one)."""

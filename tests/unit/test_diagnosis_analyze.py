@@ -94,6 +94,22 @@ def test_the_rank_behind_is_named_with_the_operation_the_others_wait_in(tmp_path
     assert len(found) == 4  # the same order everywhere, no mismatch, nothing failed
 
 
+def test_operations_cancelled_by_a_stall_shutdown_still_show_who_was_behind(tmp_path: Path) -> None:
+    history = steps(2)
+    cancelled = [*history, op(6, "grad.0", "cancelled", error="stall shutdown: ...")]
+    directory = write(
+        tmp_path / "job",
+        dump(0, cancelled, reason="stall"),
+        dump(2, cancelled),
+        dump(1, history, stack=STACK),
+    )
+    found = texts(directory)
+    assert any(
+        t.startswith("rank 1 is behind: ranks 0, 2 waited in allreduce 'grad.0' (submitted at ")
+        for t in found
+    ), found
+
+
 def test_operations_submitted_in_a_different_order_are_shown(tmp_path: Path) -> None:
     # both ranks completed x then y (the coordinator's order), but rank 1 submitted y first
     directory = write(
