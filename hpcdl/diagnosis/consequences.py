@@ -26,6 +26,7 @@ _BLAMES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("connection", re.compile(rf"lost the connection to {_RANKS}")),
     ("connection", re.compile(rf"{_RANKS} \(pid \d+\) died")),
     ("timeout", re.compile(rf"timed out [a-z ]*?{_RANKS}")),
+    ("timeout", re.compile(rf"timed out .*?: {_RANKS} (?:has|have) not submitted it")),
 )
 
 

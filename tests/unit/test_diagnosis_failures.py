@@ -92,6 +92,11 @@ def test_the_reader_keeps_a_chain_and_shortens_a_long_traceback() -> None:
             "rank is hung",
             Verdict(True, (3,), "timeout"),
         ),
+        (
+            "HpcdlTimeoutError: timed out after 5 s waiting for allreduce 'x': ranks 1, 2 have not submitted "
+            "it (a rank may be stuck, slower, or have taken a different code path)",
+            Verdict(True, (1, 2), "timeout"),
+        ),
         ("HpcdlShutdownError: the job shut down for a reason no rank named", Verdict(True, (), "shutdown")),
         ("HpcdlShutdownError: hpcdl was shut down on this rank (shutdown() was called)", Verdict(False)),
         ("ValueError: boom on rank 1", Verdict(False)),
