@@ -9,7 +9,7 @@ the direct cause ...``) are kept as one chain: a consequence anywhere in it make
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 HEADER = "Traceback (most recent call last):"
 _CHAIN_LINES = (
@@ -20,6 +20,7 @@ _FRAME = re.compile(r'^\s+File "(?P<file>[^"]*)", line (?P<line>\d+)(?:, in (?P<
 _EXCEPTION = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?::\s?(?P<message>.*))?$")
 _MARKERS = re.compile(r"^\s*[\^~]+\s*$")  # Python 3.11's carets under the failing expression
 FRAMES_SHOWN = 6  # of a long traceback: the outermost two and the innermost four
+MORE_LINES = 40  # of an exception message's further lines, at most
 
 
 @dataclass(frozen=True)
@@ -34,15 +35,16 @@ class Frame:
 
 @dataclass(frozen=True)
 class RaisedError:
-    """The exception a traceback ended with: its class (as printed, possibly with its module), message,
-    frames (outermost first), the exception lines of its chain (earliest first, this one last) and the
-    traceback's own lines, shortened for a summary."""
+    """The exception a traceback ended with: its class (as printed, possibly with its module), message (its
+    first line; `more` holds the others), frames (outermost first), the exception lines of its chain
+    (earliest first, this one last) and the traceback's own lines, shortened for a summary."""
 
     type: str
     message: str
     frames: tuple[Frame, ...] = ()
     chain: tuple[str, ...] = ()
     lines: tuple[str, ...] = ()
+    more: tuple[str, ...] = ()  # the message's further lines (the runtime's reports span several)
 
     @property
     def name(self) -> str:
@@ -57,17 +59,25 @@ class RaisedError:
 
 @dataclass
 class TracebackReader:
-    """Feed it a rank's stderr lines; `last` is the last complete traceback's error (None before any)."""
+    """Feed it a rank's stderr lines; `last` is the last complete traceback's error (None before any), and
+    `count` how many exception lines have been read (the further lines of a message do not count)."""
 
     last: RaisedError | None = None
+    count: int = 0
     _lines: list[str] = field(default_factory=list)  # the traceback being read
     _frames: list[Frame] = field(default_factory=list)
     _chain: list[str] = field(default_factory=list)
     _reading: bool = False
     _chained: bool = False  # a chain line came after the last exception line
+    _continuing: bool = False  # the lines that follow may still be the last exception's message
 
     def feed(self, line: str) -> None:
         line = line.rstrip("\r\n")
+        if self._continuing and self.last is not None:
+            if _continues(line) and len(self.last.more) < MORE_LINES:
+                self.last = replace(self.last, more=(*self.last.more, line))
+                return
+            self._continuing = False
         if line == HEADER:
             if not self._chained:
                 self._chain = []
@@ -96,6 +106,8 @@ class TracebackReader:
             return
         self._lines.append(line)
         self._chain.append(line)
+        self.count += 1
+        self._continuing = True
         self.last = RaisedError(
             match["type"],
             (match["message"] or "").strip(),
@@ -103,6 +115,12 @@ class TracebackReader:
             tuple(self._chain),
             tuple(_shorten(self._lines)),
         )
+
+
+def _continues(line: str) -> bool:
+    """Whether a line after an exception line may belong to its message: not empty, not another traceback
+    or chain line, not hpcdl's own note under it."""
+    return bool(line.strip()) and line != HEADER and line not in _CHAIN_LINES and not line.startswith("hpcdl")
 
 
 def _shorten(lines: list[str]) -> list[str]:

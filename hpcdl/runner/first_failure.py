@@ -185,9 +185,15 @@ def detail_lines(found: Account, label: Callable[[RankEnd], str]) -> list[str]:
     if first.error is not None:
         lines.append(f"its error ({label(first)}):")
         lines += [f"    {line}" for line in first.error.lines]
-    elif first.stderr_tail:
-        lines.append(f"last lines of its stderr ({label(first)}):")
-        lines += [f"    {line}" for line in first.stderr_tail[-STDERR_LINES_SHOWN:]]
+    else:
+        # what the ranks that waited for it reported about it (the runtime says where a missing rank was)
+        reports = [c for c, v in found.consequences if first.rank in v.blamed and c.error and c.error.more]
+        if reports:
+            lines.append(f"what {label(reports[0])} reported about it:")
+            lines += [f"    {line}" for line in reports[0].error.more]  # type: ignore[union-attr]
+        elif first.stderr_tail:
+            lines.append(f"last lines of its stderr ({label(first)}):")
+            lines += [f"    {line}" for line in first.stderr_tail[-STDERR_LINES_SHOWN:]]
     own: dict[str, list[int]] = {}
     for end in found.also:
         own.setdefault(end.error.headline(ERROR_WIDTH) if end.error else _ended(end), []).append(end.rank)

@@ -51,9 +51,9 @@ class RankOutput:
         if stream == "stderr":
             text = line.decode(errors="replace").rstrip("\n")
             self.stderr_tail.append(text)
-            before = self._tracebacks.last
+            before = self._tracebacks.count
             self._tracebacks.feed(text)
-            if self._tracebacks.last is not before:
+            if self._tracebacks.count != before:
                 self.error_at = time.monotonic()
         prefix = f"[{self.rank}]<{stream}>:"
         if self._options.prefix_timestamp:

@@ -211,3 +211,21 @@ def test_details_show_the_traceback_and_group_the_consequences() -> None:
         "consequence, not a cause: ranks 0, 2-3, 5 failed with HpcdlShutdownError: rank 1 "
     )
     assert ranks_text([4]) == "rank 4" and ranks_text([]) == ""
+
+
+def test_a_stuck_rank_is_shown_with_what_the_others_reported_about_it() -> None:
+    report = [
+        "Where the missing ranks are:",
+        "  rank 1 (host node1, pid 7): its engine last submitted allreduce 'g'",
+        "    its main thread, innermost frame first:",
+        '  File "/job/train.py", line 27 in stuck_in_dataloader',
+    ]
+    waiting = end(0, at=1.0, error=STALL)
+    raised = last_error([*traceback_lines(STALL), *report, "hpcdl: rank 0's error above is a consequence"])
+    assert raised is not None and raised.more == tuple(report)
+    waiting = RankEnd(0, "node0", waiting.outcome, 1.0, raised, 1.0, [])
+    found = account([waiting, end(2, at=1.0, error=STALL), end(1, signum=15, at=1.2)])
+    assert found is not None and found.first.rank == 1
+    lines = detail_lines(found, lambda e: e.where)
+    assert lines[0] == "what rank 0 on host node0 reported about it:"
+    assert lines[1:5] == [f"    {line}" for line in report]
