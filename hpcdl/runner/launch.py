@@ -47,7 +47,6 @@ from hpcdl.runner.rank_env import (
 )
 from hpcdl.runner.rendezvous_host import host_rendezvous
 from hpcdl.runner.service import ServiceServer, capacity_for
-from hpcdl.runner.stack_dumps import forget_launcher, record_launcher
 from hpcdl.runner.supervisor import JobProcess, Supervisor
 from hpcdl.runner.tagged import TaggedRun, step_agent_reader
 from hpcdl.runner.tunables import tunable_environment
@@ -294,10 +293,6 @@ def launch(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> int:
     job_debug_dir = Path(common_env[debug_dir.DEBUG_DIR_ENV])
     supervisor = Supervisor(processes, slots, server, start_timeout, job_debug_dir)
     try:
-        record_launcher(job_debug_dir, num_proc)
-    except OSError as exc:
-        print(f"hpcdl run: warning: 'hpcdl debug stacks' will not find this job: {exc}", file=sys.stderr)
-    try:
         processes.extend(_start_processes(job, launcher, router))
     except BaseException:
         supervisor.abort()
@@ -307,7 +302,6 @@ def launch(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> int:
         return supervisor.run()
     finally:
         master.stop()
-        forget_launcher(job_debug_dir)
 
 
 def _start_processes(job: _Job, launcher: str, router: OutputRouter) -> Iterator[JobProcess]:

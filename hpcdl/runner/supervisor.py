@@ -17,7 +17,7 @@ from hpcdl.runner.first_failure import STDERR_LINES_SHOWN, account, detail_lines
 from hpcdl.runner.hosts import RankSlot
 from hpcdl.runner.procs import Failure, Outcome, RankEnd
 from hpcdl.runner.rendezvous_host import RendezvousHandle
-from hpcdl.runner.stack_dumps import ANSWER_SECONDS, STACKS_FILE, render
+from hpcdl.runner.stack_dumps import ANSWER_SECONDS, STACKS_FILE, forget_launcher, record_launcher, render
 
 POLL_SECONDS = 0.05
 GRACE_SECONDS = 3.0  # between the polite signal and SIGKILL
@@ -80,6 +80,7 @@ class Supervisor:
         """Watch until every process has ended; return the launcher's exit code."""
         handled = (*FORWARDED_SIGNALS, signal.SIGQUIT)
         previous = {sig: signal.signal(sig, self._on_signal) for sig in handled}
+        self._record_launcher()  # once SIGQUIT is handled: 'hpcdl debug stacks' may send it at once
         try:  # the handlers stay until teardown is over: a Ctrl-C then only hastens the end
             try:
                 while len(self._ended) < len(self.processes):
@@ -88,6 +89,8 @@ class Supervisor:
             finally:
                 self._teardown()
         finally:
+            if self.debug_dir is not None:
+                forget_launcher(self.debug_dir)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         return self._report()
@@ -122,6 +125,14 @@ class Supervisor:
         stopping = self._stop_started is not None and not self._killed
         if stopping and time.monotonic() - self._stop_started > GRACE_SECONDS:
             self._kill_remaining()
+
+    def _record_launcher(self) -> None:
+        if self.debug_dir is None:
+            return
+        try:
+            record_launcher(self.debug_dir, len(self.slots))
+        except OSError as exc:
+            print(f"hpcdl run: warning: 'hpcdl debug stacks' will not find this job: {exc}", file=sys.stderr)
 
     def _show_stacks(self) -> None:
         """Every rank's Python stacks, on stderr and in the debug directory (thread target: the watch goes
