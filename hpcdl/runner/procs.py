@@ -284,10 +284,11 @@ class AgentRank:
         where = f"rank {self.slot.rank} on host {self.slot.host}"
         return Failure(where, self._outcome, list(self.output.stderr_tail))
 
-    def ask_stacks(self) -> None:
+    def ask_stacks(self) -> bool:
         """Ask the agent for the rank's Python stacks (the answer comes in `stacks()`)."""
         self._stacks = None
         self._control("stacks")
+        return True
 
     def stacks(self) -> dict[int, str]:
         return {} if self._stacks is None else {self.slot.rank: self._stacks}

@@ -37,8 +37,8 @@ class JobProcess(Protocol):
         """What is known of each of its ranks (how it ended, its last error)."""
         ...
 
-    def ask_stacks(self) -> None:
-        """Ask its ranks for their Python stacks, where it can reach them."""
+    def ask_stacks(self) -> bool:
+        """Ask its ranks for their Python stacks; False where it cannot reach them."""
         ...
 
     def stacks(self) -> dict[int, str]:
@@ -137,13 +137,14 @@ class Supervisor:
     def _show_stacks(self) -> None:
         """Every rank's Python stacks, on stderr and in the debug directory (thread target: the watch goes
         on while the ranks answer)."""
-        for process in self._running():
-            process.ask_stacks()
+        asked = [process for process in self._running() if process.ask_stacks()]
         deadline = time.monotonic() + ANSWER_SECONDS
         answers: dict[int, str] = {}
-        while time.monotonic() < deadline and len(answers) < len(self.slots):
+        while asked and time.monotonic() < deadline and len(answers) < len(self.slots):
             time.sleep(POLL_SECONDS)
-            answers = {rank: text for process in self.processes for rank, text in process.stacks().items()}
+            answers = {rank: text for process in asked for rank, text in process.stacks().items()}
+        if not asked:  # mpirun, aprun, jsrun: they pass no stdin to every task
+            answers = {slot.rank: "(hpcdl run cannot reach it through its launcher)" for slot in self.slots}
         text = render([(f"rank {s.rank} on host {s.host}", answers.get(s.rank)) for s in self.slots])
         where = ""
         if self.debug_dir is not None:

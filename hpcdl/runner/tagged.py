@@ -172,12 +172,13 @@ class TaggedRun:
             for rank, slot in self._slots.items()
         ]
 
-    def ask_stacks(self) -> None:
+    def ask_stacks(self) -> bool:
         """Ask every rank's agent for its Python stacks, where the launcher copies its stdin to every task
-        (no other way reaches them); the answers come in `stacks()`."""
+        (no other way reaches them: False otherwise); the answers come in `stacks()`."""
         with self._lock:
             self._stacks.clear()
         self._control("stacks")
+        return self._control_stdin
 
     def stacks(self) -> dict[int, str]:
         with self._lock:
