@@ -6,8 +6,8 @@ else ``./hpcdl-debug/<job id>``, the job id being the one its launcher or schedu
 DIR`` reads them there.
 
 The files may tell others what a job does, so they are private: the directory is made 0700, files 0600,
-and no file is written through a symbolic link (another user's link could point anywhere). Standard
-library only, and nothing here creates anything until a file is written.
+and no file is written through a symbolic link (another user's link could point anywhere). Nothing here
+creates anything until a file is written.
 
 ``python -m hpcdl.common.debug_dir`` prints the directory a launcher gives its ranks (batch scripts export it
 before the ranks start).
@@ -15,15 +15,14 @@ before the ranks start).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import stat
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
 from hpcdl.common.discovery import job_id
+from hpcdl.common.output_file import private_directory, write_output_file
 
 DEBUG_DIR_ENV = "HPCDL_DEBUG_DIR"
 ROOT = "hpcdl-debug"
@@ -68,36 +67,12 @@ def launcher_dir(environ: Mapping[str, str] | None = None) -> Path:
     return Path.cwd() / ROOT / run_key()
 
 
-def make_private_dir(path: Path) -> Path:
-    """Create `path` (and missing parents) with mode 0700 for the last one; refuse a directory or a link to
-    one that belongs to another user. OSError (PermissionError for another's) when it cannot."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    for checked in (os.lstat(path), os.stat(path)):
-        if checked.st_uid != os.geteuid():
-            raise PermissionError(f"{path} belongs to another user; hpcdl does not write its files there")
-    if not stat.S_ISDIR(os.stat(path).st_mode):
-        raise NotADirectoryError(f"{path} is not a directory")
-    return path
-
-
-def write_private(path: Path, data: bytes) -> None:
-    """Write `path` whole (readers never see half a file) with mode 0600, in a private directory: a new file
-    is created beside it without following links, then renamed over it (a link there is replaced, never
-    followed)."""
-    make_private_dir(path.parent)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(temporary)  # left by an earlier process with this pid
-    fd = os.open(temporary, flags, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
+def write_private(path: Path, data: bytes, what: str = "diagnostic file") -> None:
+    """Write `path` whole (readers never see half a file: it is made beside and renamed over the old one)
+    with mode 0600, in a directory made or narrowed to 0700 that must be the user's own; never through a
+    link (:mod:`hpcdl.common.output_file`). OutputFileError says why it cannot."""
+    private_directory(path.parent, "debug directory (HPCDL_DEBUG_DIR)")
+    write_output_file(path, what, data, replace=True)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from types import TracebackType
 from typing import Any
 
 from hpcdl.common import debug_dir
+from hpcdl.common.output_file import OutputFileError
 from hpcdl.diagnosis.consequences import judge
 from hpcdl.diagnosis.tracebacks import last_error
 
@@ -66,8 +67,8 @@ def _hook(kind: type[BaseException], value: BaseException, tb: TracebackType | N
     if not issubclass(kind, KeyboardInterrupt):
         words = describe(rank, kind, value, tb)
         try:
-            debug_dir.write_private(path(directory, rank), json.dumps(words).encode())
-        except OSError as exc:
+            debug_dir.write_private(path(directory, rank), json.dumps(words).encode(), "rank's last words")
+        except (OSError, OutputFileError) as exc:
             print(f"hpcdl: rank {rank} could not leave its last words in {directory}: {exc}", file=sys.stderr)
     previous(kind, value, tb)
     if words is not None and words["consequence"]:

@@ -48,7 +48,7 @@ def render(answers: list[tuple[str, str | None]]) -> str:
 def record_launcher(directory: Path, size: int) -> None:
     """Write ``launcher.json``: where ``hpcdl debug stacks`` finds this ``hpcdl run``."""
     record = {"pid": os.getpid(), "host": socket.gethostname(), "size": size, "started": time.time()}
-    debug_dir.write_private(directory / LAUNCHER_FILE, json.dumps(record).encode())
+    debug_dir.write_private(directory / LAUNCHER_FILE, json.dumps(record).encode(), "job record")
 
 
 def forget_launcher(directory: Path) -> None:

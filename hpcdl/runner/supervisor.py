@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Protocol
 
 from hpcdl.common.debug_dir import write_private
+from hpcdl.common.output_file import OutputFileError
 from hpcdl.runner.first_failure import STDERR_LINES_SHOWN, account, detail_lines
 from hpcdl.runner.hosts import RankSlot
 from hpcdl.runner.procs import Failure, Outcome, RankEnd
@@ -131,7 +132,7 @@ class Supervisor:
             return
         try:
             record_launcher(self.debug_dir, len(self.slots))
-        except OSError as exc:
+        except (OSError, OutputFileError) as exc:
             print(f"hpcdl run: warning: 'hpcdl debug stacks' will not find this job: {exc}", file=sys.stderr)
 
     def _show_stacks(self) -> None:
@@ -149,9 +150,9 @@ class Supervisor:
         where = ""
         if self.debug_dir is not None:
             try:
-                write_private(self.debug_dir / STACKS_FILE, text.encode())
+                write_private(self.debug_dir / STACKS_FILE, text.encode(), "ranks' stacks")
                 where = f" (also in {self.debug_dir / STACKS_FILE})"
-            except OSError as exc:
+            except (OSError, OutputFileError) as exc:
                 where = f" (not written to {self.debug_dir}: {exc})"
         print(f"hpcdl run: Python stacks of every rank, on SIGQUIT{where}:\n{text}", end="", file=sys.stderr)
 

@@ -12,6 +12,7 @@ import pytest
 
 from hpcdl.common import debug_dir, last_words
 from hpcdl.common.exceptions import HpcdlShutdownError
+from hpcdl.common.output_file import OutputFileError
 
 
 def test_the_directory_comes_from_the_environment_or_the_job_id(
@@ -54,7 +55,7 @@ def test_another_users_directory_is_refused(tmp_path: Path) -> None:
     theirs = tmp_path / "theirs"
     theirs.mkdir(mode=0o777)
     os.chown(theirs, 65534, 65534)
-    with pytest.raises(PermissionError, match="belongs to another user"):
+    with pytest.raises(OutputFileError, match="it belongs to user nobody"):
         debug_dir.write_private(theirs / "exit.rank0.json", b"{}")
 
 
