@@ -161,6 +161,12 @@ def _blamed_failure(end: RankEnd, consequences: list[tuple[RankEnd, Verdict]]) -
     whys = {v.why for _, v in consequences if end.rank in v.blamed}
     if end.outcome is not None and end.outcome.ok:
         return f"exited with code 0 while {waiting} still waited for it in collectives"
+    if whys == {"shutdown"} and end.outcome is not None and end.outcome.signal in STOP_SIGNALS:
+        # it shut down (on its way out) and was stopped before it had quite ended
+        return (
+            f"shut down while {waiting} still waited for it in collectives, and was stopped as it ended "
+            f"({end.outcome.describe()})"
+        )
     if "stall" in whys:
         return f"never submitted the operation {waiting} waited for (stall shutdown), and {_stop_words(end)}"
     if "timeout" in whys:

@@ -156,6 +156,16 @@ def test_a_rank_that_exited_0_early_is_the_first_failure() -> None:
     assert found.exit_code == 1
 
 
+def test_a_rank_that_shut_down_and_was_stopped_as_it_ended_is_the_first_failure() -> None:
+    blaming = SHUTDOWN.replace("rank 1", "rank 0")
+    found = account([end(0, signum=15, at=1.2), end(1, at=1.0, error=blaming), end(2, at=1.0, error=blaming)])
+    assert found is not None and found.first.rank == 0
+    assert found.what == (
+        "shut down while ranks 1-2 still waited for it in collectives, and was stopped as it ended (was "
+        "killed by signal SIGTERM (15))"
+    )
+
+
 def test_a_stuck_rank_named_by_a_stall_shutdown_is_the_first_failure() -> None:
     found = account([end(0, at=1.0, error=STALL), end(2, at=1.0, error=STALL), end(1, signum=15, at=1.2)])
     assert found is not None and found.first.rank == 1
