@@ -58,10 +58,10 @@ class Account:
         return outcome.launcher_exit_code or 1
 
 
-def _stopped(end: RankEnd, failing_since: float | None) -> bool:
+def _stopped(end: RankEnd, failing_since: float) -> bool:
     """Ended without an error of its own after the job was failing: by a stop signal, or a non-zero exit."""
     outcome = end.outcome
-    if outcome is None or outcome.ok or outcome.oom or failing_since is None or end.ended_at is None:
+    if outcome is None or outcome.ok or outcome.oom or end.ended_at is None:
         return False
     if end.ended_at <= failing_since:  # the first failure seen is not a consequence of itself
         return False
@@ -74,19 +74,16 @@ def _when(end: RankEnd) -> float:
 
 
 def account(
-    ends: list[RankEnd],
-    failing_since: float | None = None,
-    blamed_key: Callable[[RankEnd, int], int | None] | None = None,
+    ends: list[RankEnd], blamed_key: Callable[[RankEnd, int], int | None] | None = None
 ) -> Account | None:
-    """The account of a failed job from every rank's end (None when no rank failed). `failing_since`: when
-    the launcher started stopping the job (default: when it learned of the first failed rank).
-    `blamed_key(end, rank)`: the `.rank` of the end that `end`'s error means by ``rank N`` (elastic workers:
-    the worker at that rank of `end`'s round), where these differ."""
+    """The account of a failed job from every rank's end (None when no rank failed); the job was failing
+    from the moment the launcher learned of the first failed rank. `blamed_key(end, rank)`: the `.rank` of
+    the end that `end`'s error means by ``rank N`` (elastic workers: the worker at that rank of `end`'s
+    round), where these differ."""
     failed = [e for e in ends if e.error is not None or (e.outcome is not None and not e.outcome.ok)]
     if not failed:
         return None
-    if failing_since is None:
-        failing_since = min(_when(e) for e in failed)
+    failing_since = min(_when(e) for e in failed)
     causes: list[RankEnd] = []
     consequences: list[tuple[RankEnd, Verdict]] = []
     stopped: list[RankEnd] = []
