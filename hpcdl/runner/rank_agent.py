@@ -119,7 +119,7 @@ def dump_stacks(pgid: int, signum: int, path: str, timeout: float = STACKS_SECON
             break
         size = now
     with open(path, errors="replace") as dump:
-        text = dump.read().replace("\0", "")  # a writer that kept its offset leaves a hole before the dump
+        text = dump.read()
     return text or f"(no Python stacks: the rank wrote none within {timeout:g} s)"
 
 
