@@ -23,12 +23,13 @@ fi
 VENV=$(realpath -m "$1")
 WHEELS=$2
 TREE=$(cd "$(dirname "$0")/../.." && pwd)
+HINT="prepare it where pip reaches an index with scripts/gpu_check/prepare-wheels.sh $WHEELS and bring it along"
 if [ ! -d "$WHEELS" ]; then
-  echo "install: no wheel folder $WHEELS; prepare it where pip reaches an index with" \
-    "scripts/gpu_check/prepare-wheels.sh $WHEELS, and bring it along with the tree" >&2
-  exit 2
+  echo "install: no wheel folder $WHEELS: only packages already installed can be used ($HINT)" >&2
+  mkdir -p "$WHEELS"
 fi
 WHEELS=$(cd "$WHEELS" && pwd)
+trap 'echo "install: failed; if a package was missing, $HINT" >&2' ERR
 
 BASE=${OVER:-python3}
 echo "==> $BASE -m venv $VENV"

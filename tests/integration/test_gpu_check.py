@@ -124,6 +124,16 @@ def _imports(python: Path, *modules: str) -> dict[str, str]:
     return dict(line.split(" ", 1) for line in done.stdout.splitlines())
 
 
+def _system_python_first() -> dict[str, str]:
+    """The environment without this test's venv on PATH: ``python3`` is the system's, and a venv made from
+    it starts empty."""
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join(
+        p for p in env["PATH"].split(os.pathsep) if p != str(Path(sys.executable).parent)
+    )
+    return env
+
+
 def _runtime(venv: Path) -> str:
     """The compiled runtime that venv's hpcdl loads (it must load)."""
     code = "import hpcdl.common as hc; b = hc.built(); print(b.library if b.loaded else 'NOT LOADED')"
@@ -148,10 +158,7 @@ def test_install_step_builds_hpcdl_into_a_fresh_venv_with_pip_cut_off(tmp_path: 
     # A fresh venv: every dependency and the build backend come from the folder; the C++ runtime is built.
     fresh = tmp_path / "fresh"
     install = ["bash", str(tree / "scripts/gpu_check/install.sh")]
-    env = dict(os.environ, PYTHON=sys.executable)
-    env["PATH"] = os.pathsep.join(
-        p for p in env["PATH"].split(os.pathsep) if p != str(Path(sys.executable).parent)
-    )
+    env = _system_python_first()
     done = subprocess.run(
         _offline([*install, str(fresh), str(wheels)]), capture_output=True, text=True, timeout=900, env=env
     )
@@ -178,8 +185,16 @@ def test_install_step_builds_hpcdl_into_a_fresh_venv_with_pip_cut_off(tmp_path: 
     assert found["hpcdl"] == str(tree / "hpcdl" / "__init__.py") and found["numpy"].startswith(str(fresh))
     assert _runtime(layered).startswith(str(layered))
 
-    # Without the folder, the install says how to make it.
+
+def test_install_without_the_wheel_folder_says_how_to_make_it(tmp_path: Path) -> None:
+    """A fresh venv lacks the build backend: with no folder the install fails, naming the preparation."""
+    install = ["bash", str(REPO / "scripts/gpu_check/install.sh"), str(tmp_path / "v"), str(tmp_path / "no")]
     done = subprocess.run(
-        [*install, str(tmp_path / "other"), str(tmp_path / "missing")], capture_output=True, text=True
+        _offline(install), capture_output=True, text=True, timeout=300, env=_system_python_first()
     )
-    assert done.returncode == 2 and "prepare-wheels.sh" in done.stderr
+    assert done.returncode != 0
+    assert f"no wheel folder {tmp_path / 'no'}: only packages already installed can be used" in done.stderr
+    assert (
+        "install: failed; if a package was missing, prepare it where pip reaches an index with" in done.stderr
+    )
+    assert "scikit-build-core" in done.stdout + done.stderr  # what was missing
