@@ -4,6 +4,7 @@ probe's log is judged."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -121,3 +122,19 @@ def test_nvtx_ranges_must_cover_every_kind_be_closed_and_stop_when_disabled() ->
     assert result == FAIL and "1 ranges with HPCDL_DISABLE_NVTX_RANGES=1" in figure
     result, figure = nvtx_verdict(ENABLED[1:], [])
     assert result == FAIL and "not loaded" in figure
+
+
+def test_the_install_row_gives_the_build_time_and_cmake_or_the_failure(tmp_path: Path) -> None:
+    log = tmp_path / "install.log"
+    log.write_text("==> pip install -e /tree\ncmake version 3.31.6\n==> built and installed in 71 s\n")
+    row = check.install_row(argparse.Namespace(install_rc=0, install_seconds=83.2, install_log=str(log)))
+    assert (row.result, row.figure) == (PASS, "83 s, CMake 3.31.6")
+    log.write_text(
+        "ERROR: No matching distribution found for numpy>=1.21\ninstall: failed; if a package ...\n"
+    )
+    row = check.install_row(argparse.Namespace(install_rc=1, install_seconds=5.0, install_log=str(log)))
+    assert row.result == FAIL and row.figure.startswith(
+        "exit 1: ERROR: No matching distribution found for numpy"
+    )
+    row = check.install_row(argparse.Namespace(install_rc=None, install_seconds=0.0, install_log=None))
+    assert row.result == SKIP
