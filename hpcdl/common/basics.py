@@ -9,7 +9,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Optional, Union
 
-from hpcdl.common import config, discovery, elastic, library
+from hpcdl.common import config, discovery, elastic, library, mpi_library
 from hpcdl.common.exceptions import HpcdlConfigError, HpcdlError, HpcdlNotInitializedError
 
 _lock = threading.Lock()
@@ -80,9 +80,13 @@ def _start_elastic(lib: Any, resolved: config.Resolved, static_sets: str, extra:
 
 def _start(lib: Any, resolved: config.Resolved, env: Any, static_sets: str, extra: dict[str, Any]) -> None:
     info = discovery.discover(env)
-    vendor = library.build_info().get("mpi_vendor", "") if library.build_info().get("mpi") else ""
+    family, _ = mpi_library.requested_family(resolved.values["mpi"], info.launcher)
+    vendor = family.name if family is not None and mpi_library.shim(family) is not None else ""
     meet = discovery.meeting(info, env, mpi_vendor=vendor)
     options: dict[str, Any] = dict(resolved.values)
+    if meet.bootstrap == "mpi" or resolved.values["transport"] == "mpi":
+        _, shim = mpi_library.activate(resolved.values["mpi"], info.launcher, env)
+        options["mpi_shim"] = str(shim)
     options.update(
         rank=info.rank,
         size=info.size,
