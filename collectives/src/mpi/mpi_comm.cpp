@@ -88,7 +88,7 @@ class MpiComm : public Comm {
       displs[size_t(r)] = int(at);
       at += size_t(rc[size_t(r)]);
     }
-    std::vector<char> copy(size_t(rc[size_t(rank_)]));
+    std::vector<char> copy(static_cast<size_t>(rc[size_t(rank_)]));
     if (!copy.empty()) std::memcpy(copy.data(), send, copy.size());
     void* req = nullptr;
     {
