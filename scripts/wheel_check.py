@@ -1,4 +1,4 @@
-"""Check a binary wheel of hpcdl against its target: the tag, and what its shared objects need from the system.
+"""Check a binary wheel of hpcdl against its target: its tag, and what its shared objects need of the system.
 
 Reads the ELF files inside the wheel directly (no binutils): the libraries each one needs (DT_NEEDED), the
 symbol versions it needs from them (.gnu.version_r) and the symbols it exports (.dynsym). A wheel passes when

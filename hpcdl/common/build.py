@@ -77,4 +77,4 @@ def _mpi(info: dict) -> Capability:
         return Capability("MPI", False, report.missing)
     others = "".join(f"; {family.name}: {why}" for family, why in report.others)
     used = report.used.describe()
-    return Capability("MPI", True, detail=f"{used}, found at run time: {report.why_used}{others}")
+    return Capability("MPI", True, detail=f"{used}, found at run time ({report.why_used}){others}")

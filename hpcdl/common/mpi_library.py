@@ -236,16 +236,26 @@ def activate(requested: str, launcher: str, env: Optional[Mapping[str, str]] = N
     )
 
 
-@functools.cache
+def active() -> Optional[Found]:
+    """The MPI library this process loaded for its job (see activate), if any."""
+    return _active
+
+
 def report(requested: str = "auto", launcher: str = "none") -> Report:
-    """Which MPI this process would use and why not the others (probed once per process)."""
+    """Which MPI this process uses or would use, and why not the others."""
     if _active is not None:
         return Report(_active, "loaded by this process")
+    return _probe(requested, launcher)
+
+
+@functools.cache
+def _probe(requested: str, launcher: str) -> Report:
+    """report() before any MPI is loaded: each family's library is looked for once per process."""
     families, path, why = _wanted(requested, launcher)
     probed = {f: find(f, path=path) for f in families if shim(f) is not None}
     used = next((f for f in families if f in probed and probed[f].ok), None)
     if used is not None and not why:
-        why = "the first found; a job uses the MPI of the launcher that starts it"
+        why = "the first family found, as no MPI launcher started this process; a job uses its launcher's MPI"
     others = []
     for family in FAMILIES:
         if family is used:
@@ -253,7 +263,7 @@ def report(requested: str = "auto", launcher: str = "none") -> Report:
         if shim(family) is None:
             others.append((family, _shim_missing(family)))
         elif family not in probed:
-            others.append((family, f"not looked for: {why}"))
+            others.append((family, f"not used, {why}"))
         elif not probed[family].ok:
             others.append((family, probed[family].describe()))
         else:

@@ -107,3 +107,11 @@ def test_an_mpi_library_of_the_wrong_family_is_refused_with_advice() -> None:
     for r in results:
         assert r.result is None
         assert "cannot meet through MPICH/PMI mpiexec's MPI" in r.stderr, r.stderr
+
+
+@needs_mpich
+def test_hpcdl_mpi_may_name_the_library_itself() -> None:
+    (library,) = Path("/usr/lib").glob("*/libmpich.so.12")  # as a module's LD_LIBRARY_PATH would give it
+    results = run_ranks(2, CHECKS, launcher="mpich-mpi", env={"HPCDL_MPI": str(library)}, timeout=120)
+    passed(results, 2)
+    assert all(r.result["mpi_enabled"] for r in results)
