@@ -80,8 +80,7 @@ def _start_elastic(lib: Any, resolved: config.Resolved, static_sets: str, extra:
 
 def _start(lib: Any, resolved: config.Resolved, env: Any, static_sets: str, extra: dict[str, Any]) -> None:
     info = discovery.discover(env)
-    family, _ = mpi_library.requested_family(resolved.values["mpi"], info.launcher)
-    vendor = family.name if family is not None and mpi_library.shim(family) is not None else ""
+    vendor = mpi_library.job_family(resolved.values["mpi"], info.launcher)
     meet = discovery.meeting(info, env, mpi_vendor=vendor)
     options: dict[str, Any] = dict(resolved.values)
     if meet.bootstrap == "mpi" or resolved.values["transport"] == "mpi":

@@ -201,7 +201,15 @@ def _wanted(requested: str, launcher: str) -> tuple[list[Family], str, str]:
     """(families to try in order, a library path HPCDL_MPI names or "", why these)."""
     family, why = requested_family(requested, launcher)
     path = requested.strip() if family is None and why else ""
+    if path:  # a library HPCDL_MPI names must be of the launcher's family, when it has one
+        family = family_of_launcher(launcher)
     return ([family] if family else list(FAMILIES)), path, why
+
+
+def job_family(requested: str, launcher: str) -> str:
+    """The MPI family ("Open MPI", "MPICH") this job would use through a shim it has, or ""."""
+    families, _, _ = _wanted(requested, launcher)
+    return families[0].name if len(families) == 1 and shim(families[0]) is not None else ""
 
 
 def activate(requested: str, launcher: str, env: Optional[Mapping[str, str]] = None) -> tuple[Found, Path]:
