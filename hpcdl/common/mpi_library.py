@@ -144,12 +144,12 @@ class _DlInfo(ctypes.Structure):
 
 
 def _loaded_path(function: ctypes._CFuncPtr) -> str:
-    """The file a loaded function lives in (dladdr)."""
+    """The file a loaded function lives in, as the loader named it (dladdr)."""
     libc = ctypes.CDLL(None)
     info = _DlInfo()
     if not libc.dladdr(ctypes.cast(function, ctypes.c_void_p), ctypes.byref(info)) or not info.dli_fname:
         return ""
-    return os.path.realpath(info.dli_fname.decode())
+    return os.path.abspath(info.dli_fname.decode())
 
 
 def _version(lib: ctypes.CDLL) -> str:

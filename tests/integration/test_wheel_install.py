@@ -5,6 +5,8 @@ module builds it itself (a few minutes, most of them zig compiling its C++ runti
 - its tag and its shared objects stay within the target (glibc 2.28, no libstdc++, no libmpi: MPI is
   loaded at run time), read from the ELF files themselves;
 - every CPython it is tagged for can load its own accelerator and the one runtime;
+- `hpcdl stack build` installs it into a stack's prefix (no compiler, no build), and under the stack's MPI
+  module (`module load openmpi hpcdl`) its ranks load that module's libmpi;
 - installed into a fresh virtual environment with pip allowed no source builds, with PATH holding no
   compiler or CMake and CC/CXX set to `false`, it runs 2-rank jobs under `hpcdl run`, under Open MPI's
   `mpirun` and under MPICH's `mpiexec` (each rank loading its launcher's own libmpi through the wheel's
@@ -14,15 +16,19 @@ module builds it itself (a few minutes, most of them zig compiling its C++ runti
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
+import textwrap
 import zipfile
 from pathlib import Path
 
 import pytest
+from module_systems import lmod_missing, run_lmod
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
@@ -48,6 +54,7 @@ print("RESULT " + json.dumps({
     "rank": hc.rank(), "size": hc.size(), "sum": out.tolist(), "mpi_enabled": hc.mpi_enabled(),
     "transport": basics.transport_name(True), "package": hc.__file__,
     "mpi": mpi_library.active().version if mpi_library.active() else "",
+    "mpi_path": mpi_library.active().path if mpi_library.active() else "",
     "openmpi_mapped": "libmpi.so.40" in maps, "mpich_mapped": "libmpich.so.12" in maps,
 }), flush=True)
 hc.shutdown()
@@ -164,6 +171,13 @@ def bare_machine(binary_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -
     return {"venv": venv, "env": env, "program": program, "root": root}
 
 
+def _results(stdout: str) -> list[dict]:
+    """The RESULT line of each of the two ranks."""
+    results = [json.loads(line.split("RESULT ", 1)[1]) for line in stdout.splitlines() if "RESULT " in line]
+    assert sorted(r["rank"] for r in results) == [0, 1], stdout
+    return results
+
+
 def _ranks(machine: dict, launcher: list[str], extra: dict | None = None) -> list[dict]:
     python = str(machine["venv"] / "bin" / "python")
     done = subprocess.run(
@@ -172,9 +186,7 @@ def _ranks(machine: dict, launcher: list[str], extra: dict | None = None) -> lis
         env={**machine["env"], **(extra or {})},
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    lines = done.stdout.splitlines()
-    results = [json.loads(line.split("RESULT ", 1)[1]) for line in lines if "RESULT " in line]
-    assert sorted(r["rank"] for r in results) == [0, 1], done.stdout
+    results = _results(done.stdout)
     for r in results:
         assert r["size"] == 2 and r["sum"] == [3.0, 3.0, 3.0]
         assert r["package"].startswith(str(machine["venv"]))  # the wheel's hpcdl, not the source tree
@@ -228,3 +240,78 @@ def test_check_build_names_the_mpi_found_at_run_time(bare_machine: dict) -> None
     assert controller["available"] and controller["detail"].startswith("MPICH 4"), controller
     assert "started by MPICH/PMI mpiexec" in controller["detail"]
     assert "Open MPI: not used, this process was started by MPICH/PMI mpiexec" in controller["detail"]
+
+
+def _stand_in(recipes: Path, name: str, version: str, files: dict[str, Path], body: str) -> None:
+    """A stack package made of files copied from this machine (a binary recipe), in the mirror beside."""
+    archive = recipes.parent / "mirror" / f"{name}-{version}.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for inside, source in files.items():
+            tar.add(source.resolve(), arcname=f"{name}-{version}/{inside}")
+    sha = hashlib.sha256(archive.read_bytes()).hexdigest()
+    head = f"""\
+    name: {name}
+    description: stand-in for {name}
+    versions:
+      "{version}":
+        url: {archive.as_uri()}
+        sha256: {sha}
+    build:
+      system: binary
+    """
+    (recipes / f"{name}.yaml").write_text(textwrap.dedent(head) + textwrap.dedent(body))
+
+
+@pytest.mark.skipif(bool(lmod_missing()), reason=lmod_missing())
+@pytest.mark.skipif(not Path(OPENMPI).exists(), reason="Open MPI is not installed")
+def test_the_stack_installs_hpcdl_from_the_wheel_and_its_mpi_module_is_found(
+    binary_wheel: Path, bare_machine: dict, tmp_path: Path
+) -> None:
+    # The stack's Open MPI is this machine's libmpi in a prefix of its own (building Open MPI takes an hour),
+    # PyTorch an empty stand-in; hpcdl is the real recipe, installed by pip from the wheel in the mirror.
+    mirror, recipes, prefix = tmp_path / "mirror", tmp_path / "recipes", tmp_path / "stack"
+    mirror.mkdir()
+    recipes.mkdir()
+    shutil.copy(binary_wheel, mirror)
+    (libmpi,) = Path("/usr/lib").glob("*/libmpi.so.40")
+    mpi_module = """\
+    provides: [mpi]
+    module:
+      level: core
+      family: mpi
+      env:
+        prepend_path:
+          LD_LIBRARY_PATH: lib
+    """
+    _stand_in(recipes, "openmpi", "4.1.4", {"lib/libmpi.so.40": libmpi}, mpi_module)
+    torch_module = """\
+    variants:
+      cuda: {default: false, description: stand-in}
+    module:
+      level: core
+    """
+    _stand_in(recipes, "pytorch", "2.5.1", {"README": REPO / "README.md"}, torch_module)
+    env, hpcdl = bare_machine["env"], str(bare_machine["venv"] / "bin" / "hpcdl")
+    lock = tmp_path / "stack.lock"
+    for args in (
+        ["resolve", "hpcdl", "mpi=openmpi", "--recipes", str(recipes), "--format", "lock", "-o", str(lock)],
+        ["build", str(lock), "--prefix", str(prefix), "--mirror", str(mirror), "--recipes", str(recipes),
+         "--compiler", "gcc/12", "--no-progress"],  # no compiler here to name the modules' Compiler level
+    ):  # fmt: skip
+        done = subprocess.run([hpcdl, "stack", *args], capture_output=True, text=True, timeout=600, env=env)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (installed,) = prefix.glob("hpcdl/0.1.0-*/lib/python*/site-packages/hpcdl")
+    assert len(list((installed / "common").glob("_hotpath.cpython-*.so"))) >= 5  # the wheel's, not a build
+    (stack_mpi,) = prefix.glob("openmpi/4.1.4-*/lib/libmpi.so.40")
+    python, program = bare_machine["venv"] / "bin" / "python", bare_machine["program"]
+    script = f"""
+    module use {prefix}/modulefiles/lmod/Core
+    module load gcc openmpi hpcdl
+    mpirun.openmpi --allow-run-as-root --oversubscribe -np 2 {python} {program}
+    """
+    # Lmod itself needs /usr/bin; hpcdl was installed without it.
+    done = run_lmod(textwrap.dedent(script), env={**env, "PATH": env["PATH"] + os.pathsep + "/usr/bin"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for r in _results(done.stdout):
+        assert r["sum"] == [3.0, 3.0, 3.0] and r["package"].startswith(str(installed)), r
+        assert r["mpi_path"] == str(stack_mpi), r  # the module's libmpi, not the system's
