@@ -38,6 +38,7 @@ class ScriptParts:
     python: str  # the interpreter of hpcdl's helpers and of a *.py command, as one shell word
     python_origin: str  # why that one (a comment)
     secret_command: str
+    debug_dir_command: str
     rendezvous_command: str
     rendezvous_timeout_s: int
     master_probe_command: Optional[str]
@@ -225,6 +226,7 @@ class Scheduler(ABC):
             python=shell_word(job.python, "python"),
             python_origin=check_value(job.python_origin, "the origin of python"),
             secret_command=quote([job.python, "-c", "import secrets; print(secrets.token_hex(32))"]),
+            debug_dir_command=quote([job.python, "-m", "hpcdl.common.debug_dir"]),
             rendezvous_command=self.rendezvous_command(job),
             rendezvous_timeout_s=RENDEZVOUS_START_TIMEOUT_S,
             master_probe_command=self.master_probe_command(job),

@@ -17,6 +17,10 @@ if ! hpcdl_python_error=$(/venv/bin/python -c 'import hpcdl' 2>&1); then
   exit 1
 fi
 
+# where the ranks leave their diagnostic files (last words, stacks, flight recorder): hpcdl debug analyze DIR
+HPCDL_DEBUG_DIR="${HPCDL_DEBUG_DIR:-$(python3 -m hpcdl.common.debug_dir)}" || { echo "hpcdl: no debug directory" >&2; exit 1; }
+export HPCDL_DEBUG_DIR
+
 # rendezvous of the hpcdl ranks: a fresh secret per job, and a server this script hosts for the whole job on
 # a port it binds itself, so nothing can take the port between choosing and binding it
 HPCDL_SECRET="$(/venv/bin/python -c 'import secrets; print(secrets.token_hex(32))')" || { echo "hpcdl: could not make the job secret" >&2; exit 1; }
