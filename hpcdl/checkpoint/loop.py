@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -139,8 +140,8 @@ def _started(store: CheckpointStore, chosen: Settings, manifest: Any) -> None:
         return
     step = manifest.step if manifest is not None else None
     if manifest is not None:
-        from_job = f" of job {manifest.job}" if manifest.job else ""
-        say(f"resuming from step {step} ({store.root}, written{from_job} at a {manifest.reason})")
+        by = f"job {manifest.job}, " if manifest.job else ""
+        say(f"resuming from step {step} in {store.root} ({by}{manifest.reason})")
     store.append_history({"event": "start", "job": chosen.job, "ranks": basics.size(), "resumed_step": step})
 
 
@@ -158,6 +159,9 @@ def _after_stop(store: CheckpointStore, chosen: Settings, writer: Writer) -> Non
             ["/bin/sh", "-c", chosen.requeue], capture_output=True, text=True, timeout=REQUEUE_TIMEOUT_S
         )
         ok, detail = done.returncode == 0, (done.stderr or done.stdout).strip()
+        if done.returncode < 0:
+            # A requeue ends the job's processes, the command's own too, sometimes before it exits.
+            ok, detail = True, f"ended by {signal.Signals(-done.returncode).name} as the job is being ended"
     except (OSError, subprocess.TimeoutExpired) as exc:
         ok, detail = False, str(exc)
     if not ok:

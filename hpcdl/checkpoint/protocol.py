@@ -207,8 +207,8 @@ def check_compatible(
                 "state on this many"
             )
         say(
-            f"continuing {_ranks(manifest.world_size)}' checkpoint on {_ranks(size)}: the model and optimizer "
-            "are replicated, an ElasticSampler shares the samples left in the epoch among the new ranks"
+            f"continuing {_ranks(manifest.world_size)}' checkpoint on {_ranks(size)}: the model and "
+            "optimizer are replicated, an ElasticSampler shares the samples left in the epoch among the ranks"
         )
 
 

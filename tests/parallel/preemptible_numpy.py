@@ -4,7 +4,8 @@ holding the weights and the position in a per-epoch shuffle, through ``hpcdl.che
 
 Each rank adds noise from its own NumPy generator, kept in its part of the checkpoint (``--shard``; without
 it the noise is off, so that the run can continue on another number of ranks). ``PREEMPT_PLAN``: see
-``preempt_plan.py``. Every rank prints a ``RESULT`` line with the SHA-256 of the weights at the end.
+``preempt_plan.py``. Rank 0 prints ``STEP n`` after every commit with ``--progress``, and every rank a
+``RESULT`` line with the SHA-256 of the weights at the end.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import time
 from typing import Any
 
 import numpy as np
@@ -26,6 +28,8 @@ parser.add_argument("--path", required=True)
 parser.add_argument("--epochs", type=int, default=2)
 parser.add_argument("--every", type=int, default=None)
 parser.add_argument("--shard", action="store_true")
+parser.add_argument("--pause", type=float, default=0.0, help="seconds each step waits (room for a signal)")
+parser.add_argument("--progress", action="store_true")
 args = parser.parse_args()
 
 BATCH, SAMPLES = 4, 96
@@ -66,6 +70,9 @@ def train(state: ObjectState) -> dict[str, Any]:
             state.seen += min(BATCH * size, SAMPLES - state.position)
             state.position += BATCH * size
             state.commit()
+            if rank == 0 and args.progress:
+                print(f"STEP {state.commit_count}", flush=True)
+            time.sleep(args.pause)
         state.epoch += 1
         state.position = 0
         state.commit()

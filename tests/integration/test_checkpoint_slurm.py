@@ -1,0 +1,223 @@
+"""Preemption-proof training on a real Slurm cluster of two nodes (separate hosts, TCP between the ranks):
+a job training a small deterministic model, one rank per node, is preempted at random points, is requeued
+by its rank 0 (``scontrol requeue``), resumes, and ends with parameters bitwise equal to those of the same
+job never interrupted:
+
+- PyTorch (``tests/parallel/preemptible_train.py``: DistributedOptimizer, ElasticSampler, per-rank noise),
+  preempted twice: a signal that rank 1 gets while it waits in a gradient allreduce, then Slurm's own USR2
+  to every task (``scancel --signal``) with a second USR2 arriving while rank 1 writes its part of the
+  checkpoint;
+- NumPy (``tests/parallel/preemptible_numpy.py``, which starts in a second): a USR2 sent to rank 1's process
+  alone; a rank killed while it writes a checkpoint, after which the job fails, the previous checkpoint is
+  loadable, and a new submission with the same checkpoint path resumes from it.
+
+Slurm holds a requeued job for about two minutes before it may start again; the tests move that start
+time to now (``scontrol update StartTime=now``), which changes nothing else about the requeue.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import pytest
+from slurm_cluster import SlurmCluster, missing_requirements, running_cluster
+
+import hpcdl.checkpoint as ckpt
+
+_MISSING = missing_requirements()
+pytestmark = pytest.mark.skipif(_MISSING is not None, reason=f"no Slurm test cluster: {_MISSING}")
+PROGRAMS = Path(__file__).resolve().parents[1] / "parallel"
+
+
+@dataclass(frozen=True)
+class Program:
+    path: Path
+    commits: int  # of a whole run
+    pause: float  # seconds per step: room for a signal sent from here to land before the run ends
+
+
+TORCH = Program(PROGRAMS / "preemptible_train.py", 99, 0.05)  # 3 epochs of 32 steps, 3 epoch ends
+NUMPY = Program(PROGRAMS / "preemptible_numpy.py", 26, 0.02)  # 2 epochs of 12 steps, 2 epoch ends
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    pytest.importorskip("torch")
+    with running_cluster(tmp_path_factory.mktemp("slurm"), nodes=2, gpus_per_node=0) as made:
+        yield made
+
+
+class Job:
+    """A batch job of two ranks (one per node) running a training program with a plan."""
+
+    def __init__(
+        self,
+        cluster: SlurmCluster,
+        workdir: Path,
+        path: Path,
+        plan: list[dict[str, Any]],
+        program: Program,
+        *extra: str,
+    ) -> None:
+        self.cluster, self.workdir, self.path, self.steps = cluster, workdir, path, program.commits
+        script = workdir / f"job-{len(list(workdir.glob('job-*.sh')))}.sh"
+        secret = f"$({sys.executable} -c 'import secrets; print(secrets.token_hex(32))')"
+        command = [sys.executable, str(program.path), "--path", str(path), "--progress"]
+        command += ["--pause", str(program.pause), *extra]
+        script.write_text(
+            "#!/bin/bash\n"
+            "#SBATCH --nodes=2 --ntasks-per-node=1 --requeue --open-mode=append\n"
+            f"#SBATCH --output={workdir}/out-%j.txt\n"
+            f"export HPCDL_SECRET={secret} HPCDL_JOB_ID=$SLURM_JOB_ID OMP_NUM_THREADS=1\n"
+            f"export {ckpt.contract.REQUEUE_ENV}='scontrol requeue $SLURM_JOB_ID'\n"
+            f"export PREEMPT_PLAN='{json.dumps(plan)}'\n"
+            f"srun --kill-on-bad-exit=1 {' '.join(command)}\n"
+        )
+        done = cluster.run(["sbatch", "--parsable", str(script)], cwd=workdir)
+        assert done.returncode == 0, done.stderr
+        self.id = done.stdout.strip()
+
+    @property
+    def output(self) -> str:
+        path = self.workdir / f"out-{self.id}.txt"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def wait_for(self, what: str, found: Callable[[str], Optional[Any]], timeout: float = 90) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = found(self.output)
+            if value is not None:
+                return value
+            time.sleep(0.05)
+        raise AssertionError(f"job {self.id}: no {what} within {timeout:.0f} s:\n{self.output[-4000:]}")
+
+    def wait_step(self, run: int, step: int) -> None:
+        """Until rank 0 of the job's ``run``-th start (from 1) reports commit ``step`` or later."""
+
+        def reached(text: str) -> Optional[bool]:
+            runs = text.split("PID rank=0")
+            if len(runs) <= run:
+                return None
+            steps = [int(s) for s in re.findall(r"^STEP (\d+)$", runs[run], re.M)]
+            return True if steps and steps[-1] >= step else None
+
+        self.wait_for(f"step {step} in run {run}", reached)
+
+    def rank_pid(self, run: int, rank: int) -> int:
+        def pid(text: str) -> Optional[int]:
+            found = re.findall(rf"PID rank={rank} pid=(\d+)", text)
+            return int(found[run - 1]) if len(found) >= run else None
+
+        return int(self.wait_for(f"the pid of rank {rank} in run {run}", pid))
+
+    def wait_requeued(self, restarts: int) -> None:
+        """Until Slurm has requeued the job ``restarts`` times; then let it start at once."""
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            state = self.cluster.job_field(self.id, "JobState")
+            if self.cluster.job_field(self.id, "Restarts") == str(restarts) and state == "PENDING":
+                done = self.cluster.run(["scontrol", "update", f"JobId={self.id}", "StartTime=now"])
+                assert done.returncode == 0, done.stderr
+                return
+            assert state not in ("COMPLETED", "FAILED", "CANCELLED"), f"{state}:\n{self.output[-4000:]}"
+            time.sleep(0.1)
+        raise AssertionError(f"job {self.id} was not requeued a {restarts}. time:\n{self.output[-4000:]}")
+
+    def finish(self, state: str = "COMPLETED") -> None:
+        ended = self.cluster.wait_done(self.id, timeout=180)
+        assert ended == state, self.output[-5000:]
+
+    def params(self) -> str:
+        """The parameters both ranks ended with, once the job completed all its steps."""
+        self.finish()
+        results = [json.loads(line) for line in re.findall(r"^RESULT (.*)$", self.output, re.M)]
+        assert sorted(r["rank"] for r in results) == [0, 1], results
+        assert len({r["params"] for r in results}) == 1 and results[0]["steps"] == self.steps, results
+        return str(results[0]["params"])
+
+
+@pytest.fixture(scope="module")
+def reference(cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., str]:
+    """``reference(program, *extra)``: the parameters of that job never interrupted (submitted when first
+    asked for, so that it runs beside the test's job; awaited then)."""
+    jobs: dict[tuple[Any, ...], Job] = {}
+
+    def submit(program: Program, *extra: str) -> Callable[[], str]:
+        key = (program, *extra)
+        if key not in jobs:
+            workdir = tmp_path_factory.mktemp("reference")
+            jobs[key] = Job(cluster, workdir, workdir / "ckpt", [], program, *extra)
+        return jobs[key].params
+
+    return submit
+
+
+def test_a_job_preempted_twice_resumes_to_the_same_parameters(
+    cluster: SlurmCluster, reference: Callable[..., Callable[[], str]], tmp_path: Path
+) -> None:
+    expected = reference(TORCH)
+    choice = random.Random()
+    first = choice.randint(5, 40)
+    second = choice.randint(first + 5, first + 25)  # the signal has 34 steps or more (> 1.5 s) to land
+    print(f"preempted in the allreduce of step {first}, then by Slurm after step {second}")
+    plan = [
+        {"name": "collective", "rank": 1, "step": first, "action": "signal", "where": "collective"},
+        {"name": "in-write", "rank": 1, "after": first, "action": "signal", "where": "write"},
+    ]
+    path = tmp_path / "ckpt"
+    job = Job(cluster, tmp_path, path, plan, TORCH)
+    job.wait_requeued(1)
+    job.wait_step(2, second)
+    assert cluster.run(["scancel", "--signal=USR2", job.id]).returncode == 0  # to every task of the job
+    job.wait_requeued(2)
+    assert job.params() == expected()
+    history = ckpt.CheckpointStore(path).history()
+    starts = [e["resumed_step"] for e in history if e["event"] == "start"]
+    assert starts[:2] == [None, first] and starts[2] >= second, history
+    assert [e["ok"] for e in history if e["event"] == "requeue"] == [True, True], history
+    assert {e["job"] for e in history} == {job.id}
+    assert "PLAN in-write: SIGUSR2 to rank 1" in job.output
+    assert cluster.job_field(job.id, "Restarts") == "2"
+
+
+def test_a_signal_to_one_rank_only_stops_the_job_and_it_resumes_to_the_same_parameters(
+    cluster: SlurmCluster, reference: Callable[..., Callable[[], str]], tmp_path: Path
+) -> None:
+    expected = reference(NUMPY, "--shard")
+    job = Job(cluster, tmp_path, tmp_path / "ckpt", [], NUMPY, "--shard")
+    pid = job.rank_pid(1, rank=1)
+    job.wait_step(1, random.Random().randint(3, 20))
+    os.kill(pid, signal.SIGUSR2)  # rank 1's process on node2 alone
+    job.wait_requeued(1)
+    assert job.params() == expected()
+    assert "SIGUSR2; 2 ranks" in job.output
+
+
+def test_a_rank_killed_in_the_write_leaves_the_previous_checkpoint_for_a_new_submission(
+    cluster: SlurmCluster, reference: Callable[..., Callable[[], str]], tmp_path: Path
+) -> None:
+    expected = reference(NUMPY, "--shard")
+    path = tmp_path / "ckpt"
+    plan = [
+        {"name": "stop", "rank": 0, "step": 17, "action": "signal"},
+        {"name": "killed", "rank": 1, "after": 15, "action": "kill", "where": "write"},
+    ]
+    job = Job(cluster, tmp_path, path, plan, NUMPY, "--shard", "--every", "5")
+    job.finish("FAILED")
+    found, _, parts = ckpt.load(path)  # the checkpoint before the one rank 1 died writing
+    assert (found.manifest.step, sorted(parts)) == (15, [0, 1])
+    assert [p.name for p in path.iterdir() if p.name.endswith(".partial")] == [".ckpt-000004-step-17.partial"]
+    again = Job(cluster, tmp_path, path, plan, NUMPY, "--shard", "--every", "5")
+    assert again.params() == expected()
+    starts = [e["resumed_step"] for e in ckpt.CheckpointStore(path).history() if e["event"] == "start"]
+    assert starts == [None, 15]
