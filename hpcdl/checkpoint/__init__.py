@@ -12,6 +12,7 @@ an ``ElasticSampler``'s position included. See :func:`run` and README "Preemptio
 
 from __future__ import annotations
 
+from hpcdl.checkpoint import contract
 from hpcdl.checkpoint.errors import CheckpointError
 from hpcdl.checkpoint.loop import preemptible, run
 from hpcdl.checkpoint.protocol import Shard, load
@@ -26,6 +27,7 @@ __all__ = [
     "PreemptionInterrupt",
     "RandomState",
     "Shard",
+    "contract",
     "load",
     "preemptible",
     "request_stop",

@@ -30,6 +30,7 @@ class JobRecord:
     workdir: str
     script: str
     log_globs: list[str]
+    checkpoint: Optional[str] = None  # the training's checkpoint directory (--checkpoint)
 
     def save(self) -> Path:
         directory = records_dir()

@@ -4,9 +4,10 @@ by its rank 0 (``scontrol requeue``), resumes, and ends with parameters bitwise 
 job never interrupted:
 
 - PyTorch (``tests/parallel/preemptible_train.py``: DistributedOptimizer, ElasticSampler, per-rank noise),
-  preempted twice: a signal that rank 1 gets while it waits in a gradient allreduce, then Slurm's own USR2
-  to every task (``scancel --signal``) with a second USR2 arriving while rank 1 writes its part of the
-  checkpoint;
+  preempted twice: a signal that rank 1 gets while it waits in a gradient allreduce, then Slurm's USR2 to
+  the batch script (``scancel --batch --signal``, as ``--signal=B:USR2@180`` does), which passes it to the
+  ranks, with a second USR2 arriving while rank 1 writes its part of the checkpoint; ``hpcdl jobs status``
+  then shows the restarts and the steps they resumed from;
 - NumPy (``tests/parallel/preemptible_numpy.py``, which starts in a second): a USR2 sent to rank 1's process
   alone; a rank killed while it writes a checkpoint, after which the job fails, the previous checkpoint is
   loadable, and a new submission with the same checkpoint path resumes from it.
@@ -18,6 +19,7 @@ time to now (``scontrol update StartTime=now``), which changes nothing else abou
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import re
@@ -57,8 +59,20 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
         yield made
 
 
+def hpcdl(cluster: SlurmCluster, workdir: Path, *args: str) -> str:
+    """``hpcdl ARGS`` on the login host, from ``workdir`` (where hpcdl keeps its job records); its output."""
+    done = cluster.run(
+        [sys.executable, "-m", "hpcdl", *args], cwd=workdir, env={"XDG_STATE_HOME": str(workdir)}
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 class Job:
-    """A batch job of two ranks (one per node) running a training program with a plan."""
+    """A job of two ranks (one per node) running a training program with a plan, submitted as a user would:
+    ``hpcdl submit --checkpoint PATH`` (USR2 to the batch script 180 s before the walltime, forwarded to
+    the ranks; requeue on; the path, the signals, the requeue command and the job id in the ranks'
+    environment)."""
 
     def __init__(
         self,
@@ -70,22 +84,12 @@ class Job:
         *extra: str,
     ) -> None:
         self.cluster, self.workdir, self.path, self.steps = cluster, workdir, path, program.commits
-        script = workdir / f"job-{len(list(workdir.glob('job-*.sh')))}.sh"
-        secret = f"$({sys.executable} -c 'import secrets; print(secrets.token_hex(32))')"
-        command = [sys.executable, str(program.path), "--path", str(path), "--progress"]
-        command += ["--pause", str(program.pause), *extra]
-        script.write_text(
-            "#!/bin/bash\n"
-            "#SBATCH --nodes=2 --ntasks-per-node=1 --requeue --open-mode=append\n"
-            f"#SBATCH --output={workdir}/out-%j.txt\n"
-            f"export HPCDL_SECRET={secret} HPCDL_JOB_ID=$SLURM_JOB_ID OMP_NUM_THREADS=1\n"
-            f"export {ckpt.contract.REQUEUE_ENV}='scontrol requeue $SLURM_JOB_ID'\n"
-            f"export PREEMPT_PLAN='{json.dumps(plan)}'\n"
-            f"srun --kill-on-bad-exit=1 {' '.join(command)}\n"
-        )
-        done = cluster.run(["sbatch", "--parsable", str(script)], cwd=workdir)
-        assert done.returncode == 0, done.stderr
-        self.id = done.stdout.strip()
+        options = ["--scheduler", "slurm", "--nodes", "2", "--time", "10", "--checkpoint", str(path)]
+        options += ["--stdout", "out-{job_id}.txt", "-e", "OMP_NUM_THREADS=1"]
+        options += ["-e", f"PREEMPT_PLAN={json.dumps(plan)}"]
+        command = [sys.executable, str(program.path), "--progress", "--pause", str(program.pause), *extra]
+        self.id = hpcdl(cluster, workdir, "submit", *options, *command).strip()
+        assert re.fullmatch(r"\d+", self.id), self.id
 
     @property
     def output(self) -> str:
@@ -121,11 +125,15 @@ class Job:
         return int(self.wait_for(f"the pid of rank {rank} in run {run}", pid))
 
     def wait_requeued(self, restarts: int) -> None:
-        """Until Slurm has requeued the job ``restarts`` times; then let it start at once."""
+        """Until Slurm has requeued the job ``restarts`` times; then let it start at once. Not within the
+        second of the requeue: slurmd refuses a job's credential made in the second its earlier one was
+        revoked ("Job credential revoked"), one thing Slurm's delay of a requeued job avoids."""
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             state = self.cluster.job_field(self.id, "JobState")
             if self.cluster.job_field(self.id, "Restarts") == str(restarts) and state == "PENDING":
+                seen = time.time()
+                time.sleep(math.floor(seen) + 1.2 - seen)
                 done = self.cluster.run(["scontrol", "update", f"JobId={self.id}", "StartTime=now"])
                 assert done.returncode == 0, done.stderr
                 return
@@ -178,7 +186,9 @@ def test_a_job_preempted_twice_resumes_to_the_same_parameters(
     job = Job(cluster, tmp_path, path, plan, TORCH)
     job.wait_requeued(1)
     job.wait_step(2, second)
-    assert cluster.run(["scancel", "--signal=USR2", job.id]).returncode == 0  # to every task of the job
+    # What Slurm does 180 s before the walltime (--signal=B:USR2@180): USR2 to the batch script, which
+    # passes it to srun, which passes it to every task.
+    assert cluster.run(["scancel", "--batch", "--signal=USR2", job.id]).returncode == 0
     job.wait_requeued(2)
     assert job.params() == expected()
     history = ckpt.CheckpointStore(path).history()
@@ -188,6 +198,12 @@ def test_a_job_preempted_twice_resumes_to_the_same_parameters(
     assert {e["job"] for e in history} == {job.id}
     assert "PLAN in-write: SIGUSR2 to rank 1" in job.output
     assert cluster.job_field(job.id, "Restarts") == "2"
+    status = hpcdl(cluster, tmp_path, "jobs", "status", job.id)
+    assert (
+        f"checkpoint {path}: 2 restarts (run 1 from the start, run 2 from step {first}, run 3 from step"
+        in status
+    )
+    assert "; last checkpoint: step 99 (finished)" in status
 
 
 def test_a_signal_to_one_rank_only_stops_the_job_and_it_resumes_to_the_same_parameters(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import time
 from typing import Any
 
@@ -24,7 +25,7 @@ import hpcdl.common as hc
 from hpcdl.common.elastic_state import ObjectState
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--path", required=True)
+parser.add_argument("--path", default=os.environ.get(hpcdl.checkpoint.contract.PATH_ENV, ""))
 parser.add_argument("--epochs", type=int, default=2)
 parser.add_argument("--every", type=int, default=None)
 parser.add_argument("--shard", action="store_true")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import time
 from typing import Any
 
@@ -25,7 +26,7 @@ import hpcdl.checkpoint
 import hpcdl.torch as hvd
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--path", required=True)
+parser.add_argument("--path", default=os.environ.get(hpcdl.checkpoint.contract.PATH_ENV, ""))
 parser.add_argument("--epochs", type=int, default=3)
 parser.add_argument("--every", type=int, default=None)
 parser.add_argument("--pause", type=float, default=0.0, help="seconds each step waits (room for a signal)")

@@ -13,6 +13,7 @@ import pytest
 
 from hpcdl.checkpoint import CheckpointError
 from hpcdl.checkpoint.files import FileRecord, read_verified, write_atomic, write_text_atomic
+from hpcdl.checkpoint.report import job_progress
 from hpcdl.checkpoint.store import HISTORY, MANIFEST, CheckpointStore, Manifest
 
 
@@ -131,3 +132,22 @@ def test_history_keeps_whole_lines_only(tmp_path: Path) -> None:
     assert [e["event"] for e in events] == ["start", "checkpoint"]
     assert events[1]["step"] == 4 and isinstance(events[0]["time"], float)
     assert json.loads((tmp_path / HISTORY).read_text().splitlines()[0])["job"] == "1"
+
+
+def test_a_jobs_restarts_and_resumed_steps_are_read_from_the_history(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    for event in (
+        {"event": "start", "job": "41", "resumed_step": None},  # another job's runs do not count
+        {"event": "start", "job": "42", "resumed_step": None},
+        {"event": "checkpoint", "job": "42", "step": 17, "reason": "SIGUSR2"},
+        {"event": "requeue", "job": "42", "ok": True},
+        {"event": "start", "job": "42", "resumed_step": 17},
+        {"event": "checkpoint", "job": "42", "step": 99, "reason": "finished"},
+    ):
+        store.append_history(event)
+    progress = job_progress(tmp_path, "42")
+    assert (progress.restarts, progress.resumed, progress.requeues) == (1, [None, 17], 1)
+    assert progress.describe() == (
+        "1 restart (run 1 from the start, run 2 from step 17); last checkpoint: step 99 (finished)"
+    )
+    assert "has not started training yet" in job_progress(tmp_path, "43").describe()
