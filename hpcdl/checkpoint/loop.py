@@ -166,7 +166,8 @@ def _after_stop(store: CheckpointStore, chosen: Settings, writer: Writer) -> Non
         ok, detail = False, str(exc)
     if not ok:
         say(
-            f"the requeue command failed ({detail or 'no message'}); the state is in {writer.last}: submit "
-            "the job again with the same checkpoint path to go on"
+            f"the requeue command failed ({detail or 'no message'}). The state is in {writer.last}; unless "
+            "the scheduler requeues the job itself (as after a preemption), submit it again with the same "
+            "checkpoint path to go on"
         )
     store.append_history({"event": "requeue", "job": chosen.job, "ok": ok, "detail": detail[-500:]})
