@@ -116,3 +116,40 @@ def test_another_world_size_continues_replicated_state_and_refuses_per_rank_part
     for result in refused:
         assert result.returncode == 1
         assert "per-rank parts cannot be resharded: run with 2 ranks" in result.stderr, result.stderr[-2000:]
+
+
+_STORM = """
+import json, os, signal, threading, time
+import numpy as np
+import hpcdl.common as hc
+from hpcdl.checkpoint import signals
+from hpcdl.common.elastic_state import stop_requested
+
+hc.init()
+stop = threading.Event()
+sent = [0]
+def storm():
+    while not stop.is_set():
+        os.kill(os.getpid(), signal.SIGUSR2)
+        sent[0] += 1
+        time.sleep(0.0005)
+with signals.catching(signals.parse(["USR2"])):
+    threading.Thread(target=storm, daemon=True).start()
+    wrong = 0
+    for i in range(1500):
+        out = hc.allreduce(np.full(1 + (i % 5) * 20000, float(hc.rank() + 1), np.float32))
+        wrong += int(not np.all(out == 3.0))
+    stop.set()
+print("RESULT " + json.dumps({"wrong": wrong, "flag": stop_requested(), "sent": sent[0]}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_signals_landing_in_collectives_change_nothing_but_the_flag(transport: str) -> None:
+    """Thousands of USR2s while two ranks allreduce (the engine's threads see them too): every result
+    is right, nothing fails, and the only effect is the stop request."""
+    results = run_ranks(2, _STORM, env={"HPCDL_TRANSPORT": transport}, launcher="manual", timeout=120)
+    for result in results:
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert result.result["sent"] > 100, result.result
+        assert (result.result["wrong"], result.result["flag"]) == (0, 12)
