@@ -3,7 +3,8 @@
 
 ``PREEMPT_PLAN`` (JSON list): ``{"name": N, "rank": R, "step": S, "action": A, "where": W}``, or
 ``"after": S`` instead of ``"step"`` for the first chance after commit S. A = ``signal`` (SIGUSR2 to this
-rank; ``"signal": "TERM"`` for another) or ``kill`` (SIGKILL). W = ``step`` (before step S),
+rank; ``"signal": "TERM"`` for another), ``kill`` (SIGKILL) or ``hold`` (wait before step S until a signal
+from outside has landed). W = ``step`` (before step S),
 ``collective`` (rank R signals itself 0.1 s into step S while it waits in the step's allreduce: the other
 ranks enter it 0.3 s late, see :func:`collective`) or ``write`` (while rank R pickles its part of the
 checkpoint written at commit S: put a :class:`Trap` in the rank's part). Each action happens once per
@@ -22,6 +23,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+
+from hpcdl.common.elastic_state import stop_requested
 
 
 class Plan:
@@ -48,6 +51,18 @@ class Plan:
             found.append(action)
         return found
 
+    def hold(self, action: dict[str, Any]) -> None:
+        """Wait (up to 60 s) until a signal from outside has asked this rank to stop: the test sends it
+        when it sees this step reached, and the training must not end before it lands."""
+        print(
+            f"PLAN {action['name']}: rank {self.rank} holds at step {action['step']}",
+            file=sys.stderr,
+            flush=True,
+        )
+        deadline = time.monotonic() + 60
+        while not stop_requested() and time.monotonic() < deadline:
+            time.sleep(0.01)
+
     def carry_out(self, action: dict[str, Any]) -> None:
         name = "KILL" if action["action"] == "kill" else action.get("signal", "USR2")
         where = f"{action.get('step', 'after ' + str(action.get('after')))} ({action.get('where', 'step')})"
@@ -58,7 +73,10 @@ class Plan:
         """Carry out the ``step`` actions; arrange the ``collective`` ones (call before the step's
         collectives)."""
         for action in self.due(step, "step"):
-            self.carry_out(action)
+            if action["action"] == "hold":
+                self.hold(action)
+            else:
+                self.carry_out(action)
         if not any(a.get("step") == step and a.get("where") == "collective" for a in self.actions):
             return
         mine = self.due(step, "collective")

@@ -77,6 +77,8 @@ def train(state: ObjectState) -> dict[str, Any]:
         state.epoch += 1
         state.position = 0
         state.commit()
+        if rank == 0 and args.progress:
+            print(f"STEP {state.commit_count}", flush=True)
     return {"resumed_at": resumed_at}
 
 

@@ -92,6 +92,8 @@ def train(state: hvd.elastic.TorchState) -> int:
         state.batch = 0
         sampler.set_epoch(state.epoch)
         state.commit()
+        if rank == 0 and args.progress:
+            print(f"STEP {state.commit_count}", flush=True)
     return state.commit_count
 
 
