@@ -17,7 +17,7 @@ from hpcdl.checkpoint import contract
 from hpcdl.checkpoint import signals as warning_signals
 from hpcdl.checkpoint.errors import CheckpointError
 from hpcdl.checkpoint.protocol import Shard, Writer, restore, say
-from hpcdl.checkpoint.store import CheckpointStore
+from hpcdl.checkpoint.store import CheckpointStore, Manifest
 from hpcdl.common import basics, objects
 from hpcdl.common.elastic_state import PreemptionInterrupt, State, clear_stop
 
@@ -28,7 +28,7 @@ REQUEUE_TIMEOUT_S = 60.0
 @dataclass(frozen=True)
 class Settings:
     path: Path
-    signals: list[Any]
+    signals: list[signal.Signals]
     requeue: str
     exit_code: int
     job: str
@@ -135,7 +135,7 @@ def preemptible(
     return decorate
 
 
-def _started(store: CheckpointStore, chosen: Settings, manifest: Any) -> None:
+def _started(store: CheckpointStore, chosen: Settings, manifest: Optional[Manifest]) -> None:
     if basics.rank() != 0:
         return
     step = manifest.step if manifest is not None else None

@@ -137,7 +137,7 @@ class State:
                 self._checkpointer.write(self, stop_reason(int(votes[1])))
             raise PreemptionInterrupt(int(votes[1]), self._commits)
         if votes[2] and self._checkpointer is not None:
-            self._checkpointer.write(self, "interval")
+            self._checkpointer.write(self, "periodic")
         if votes[0]:
             raise HostsUpdatedInterrupt(False)
 

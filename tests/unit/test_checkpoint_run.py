@@ -109,7 +109,7 @@ def test_a_second_signal_changes_nothing_and_one_during_a_write_stops_at_the_nex
     reasons = [
         (e["step"], e["reason"]) for e in ckpt.CheckpointStore(tmp_path / "b").history() if "step" in e
     ]
-    assert reasons == [(4, "interval"), (5, "SIGTERM")]
+    assert reasons == [(4, "periodic"), (5, "SIGTERM")]
 
 
 def test_a_stopped_job_exits_with_the_requeue_status(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
