@@ -278,7 +278,7 @@ def launch(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> int:
     job_secret = rendezvous.secret if rendezvous is not None else secrets.token_hex(32)
     master = torch_master(slots, local_hosts, user, rendezvous_addr, job_secret)
     common_env.update(master.env)
-    if rendezvous is None and master.board is not None:
+    if rendezvous is None:  # rank 0 hosts one at MASTER_ADDR, or says why it cannot (not: no secret)
         common_env["HPCDL_SECRET"] = job_secret
     job = _Job(
         spec, slots, local_hosts, environ, common_env, rendezvous, _ssh_options(spec, start_timeout),
@@ -447,7 +447,11 @@ def _launch_elastic(spec: LaunchSpec, options: ElasticOptions, environ: dict[str
     board = RoundBoard()
     start_timeout = resolve_start_timeout(spec.start_timeout, environ)
     driver = ServiceServer(
-        secret, driver_requests(board, options.timeout), addr, capacity_for(options.max_np)
+        secret,
+        driver_requests(board, options.timeout),
+        addr,
+        capacity_for(options.max_np),
+        "the elastic driver",
     )
     driver.start()
     common_env = {

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable
 
+from hpcdl.common.output_file import OutputFileError, make_directories, open_output_file
 from hpcdl.runner.errors import LaunchError
 
 TAIL_LINES = 20
@@ -90,11 +91,9 @@ class OutputRouter:
             )
         try:
             for rank in range(size):
-                self._rank_dir(rank).mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise LaunchError(
-                f"cannot create --output-filename directory {directory}: {exc.strerror}"
-            ) from None
+                make_directories(self._rank_dir(rank), "--output-filename directory")
+        except OutputFileError as exc:
+            raise LaunchError(str(exc)) from None
 
     def write_untagged(self, stream: str, line: bytes) -> None:
         """A line that belongs to no rank (mpirun's own messages), passed through as it is."""
@@ -106,11 +105,20 @@ class OutputRouter:
     def for_rank(self, rank: int) -> RankOutput:
         files: dict[str, BinaryIO] = {}
         if self._options.output_dir is not None:
-            self._rank_dir(rank).mkdir(parents=True, exist_ok=True)  # elastic workers beyond the first size
-            files = {  # closed by RankOutput.close
-                stream: open(self._rank_dir(rank) / stream, "wb")  # noqa: SIM115
-                for stream in ("stdout", "stderr")
-            }
+            try:  # closed by RankOutput.close; parents: elastic workers beyond the first size
+                files = {
+                    stream: open_output_file(
+                        self._rank_dir(rank) / stream,
+                        f"{stream} of rank {rank}",
+                        binary=True,
+                        replace=True,
+                        parents=True,
+                        mode=0o666,
+                    )
+                    for stream in ("stdout", "stderr")
+                }
+            except OutputFileError as exc:
+                raise LaunchError(str(exc)) from None
         return RankOutput(rank, self._options, self._lock, files)
 
 
