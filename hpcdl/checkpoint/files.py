@@ -95,8 +95,10 @@ def read_verified(directory: Path, record: FileRecord) -> bytes:
 
 
 def check_owner(path: Path, uid: int) -> None:
+    """Refuse another user's file: a checkpoint is a pickle, whose loading runs code it names, and a file
+    planted in a shared directory must not be loaded or written into."""
     if uid != os.geteuid():
         raise CheckpointError(
-            f"{path} belongs to user id {uid}, not to you ({os.geteuid()}); a checkpoint is a pickle, whose "
-            "loading runs code it names, so hpcdl loads only your own. Copy it if you trust it."
+            f"{path} belongs to user id {uid}, not to you ({os.geteuid()}); hpcdl reads and writes only your "
+            "own checkpoint files (copy it if you trust it, or use a checkpoint path of your own)"
         )

@@ -28,6 +28,7 @@ from hpcdl.checkpoint.files import FileRecord, read_verified, write_atomic
 from hpcdl.checkpoint.store import STATE_FILE, CheckpointStore, Found, Manifest, shard_file
 from hpcdl.common import basics, objects
 from hpcdl.common.elastic_state import State
+from hpcdl.common.exceptions import HpcdlError
 
 PICKLE_PROTOCOL = 5
 
@@ -95,6 +96,8 @@ class Writer:
                 partial = str(self.store.begin(step))
             except OSError as exc:
                 problem = f"cannot make a checkpoint directory in {self.store.root}: {exc.strerror or exc}"
+            except HpcdlError as exc:  # a link another user could have planted on the way, and the like
+                problem = str(exc)
         partial, problem = objects.broadcast_object((partial, problem), 0, name="checkpoint.begin")
         if problem:
             raise CheckpointError(f"{problem}; give a checkpoint path you can write")
@@ -139,6 +142,8 @@ class Writer:
                     say(f"step {step} saved to {final} ({what})")
             except OSError as exc:
                 outcome = f"rank 0 cannot complete {directory}: {exc.strerror or exc}"
+            except HpcdlError as exc:
+                outcome = f"rank 0 cannot complete {directory}: {exc}"
         outcome, final = objects.broadcast_object((outcome, final), 0, name="checkpoint.done")
         if outcome:
             raise CheckpointError(

@@ -29,6 +29,7 @@ from typing import Any, Optional
 
 from hpcdl.checkpoint.errors import CheckpointError
 from hpcdl.checkpoint.files import FileRecord, check_owner, fsync_directory, write_text_atomic
+from hpcdl.common.output_file import make_directories
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -137,7 +138,7 @@ class CheckpointStore:
     def begin(self, step: int) -> Path:
         """A fresh directory for the checkpoint of ``step``, under its dot name. Directories that writers
         which died left behind are removed first (one job writes a checkpoint path at a time)."""
-        self.root.mkdir(parents=True, exist_ok=True)
+        make_directories(self.root, "checkpoint directory")
         self.remove_leftovers()
         sequence = max((number for number, _ in self.complete()), default=0) + 1
         partial = self.root / f".ckpt-{sequence:06d}-step-{step}.partial"
@@ -177,11 +178,17 @@ class CheckpointStore:
 
     # ---- history ---------------------------------------------------------------------------------
     def append_history(self, event: dict[str, Any]) -> None:
-        """Add one line to the history (one ``write`` on an append-only file, then ``fsync``)."""
-        self.root.mkdir(parents=True, exist_ok=True)
+        """Add one line to the history (one ``write`` on an append-only file of yours, never through a
+        link, then ``fsync``)."""
+        make_directories(self.root, "checkpoint directory")
         line = (json.dumps({"time": round(time.time(), 3), **event}, sort_keys=True) + "\n").encode()
-        fd = os.open(self.root / HISTORY, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
+            fd = os.open(self.root / HISTORY, flags, 0o600)
+        except OSError as exc:
+            raise CheckpointError(f"cannot write {self.root / HISTORY}: {exc.strerror or exc}") from None
+        try:
+            check_owner(self.root / HISTORY, os.fstat(fd).st_uid)
             os.write(fd, line)
             os.fsync(fd)
         finally:

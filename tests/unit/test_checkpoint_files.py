@@ -151,3 +151,19 @@ def test_a_jobs_restarts_and_resumed_steps_are_read_from_the_history(tmp_path: P
         "1 restart (run 1 from the start, run 2 from step 17); last checkpoint: step 99 (finished)"
     )
     assert "has not started training yet" in job_progress(tmp_path, "43").describe()
+
+
+def test_history_is_never_written_through_a_link_or_into_a_strangers_file(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("keep me\n")
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / HISTORY).symlink_to(victim)
+    with pytest.raises(CheckpointError, match=r"cannot write .*history\.jsonl"):
+        CheckpointStore(tmp_path / "ck").append_history({"event": "start"})
+    assert victim.read_text() == "keep me\n"
+    if os.geteuid() == 0:
+        (tmp_path / "ck" / HISTORY).unlink()
+        (tmp_path / "ck" / HISTORY).write_text("")
+        os.chown(tmp_path / "ck" / HISTORY, 4321, -1)
+        with pytest.raises(CheckpointError, match="belongs to user id 4321"):
+            CheckpointStore(tmp_path / "ck").append_history({"event": "start"})
