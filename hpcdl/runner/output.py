@@ -1,6 +1,6 @@
 """Rank output: every line to the terminal prefixed ``[rank]<stdout>:``, optionally time-stamped and
 copied to per-rank log files (``DIR/rank.N/stdout``, ``.../stderr``); the last stderr lines of each
-rank are kept for the failure summary."""
+rank, and the last Python traceback in them, are kept for the failure summary."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ import contextlib
 import datetime
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable
 
 from hpcdl.common.output_file import OutputFileError, make_directories, open_output_file
+from hpcdl.diagnosis.tracebacks import RaisedError, TracebackReader
 from hpcdl.runner.errors import LaunchError
 
 TAIL_LINES = 20
@@ -35,13 +37,25 @@ class RankOutput:
         self._lock = lock
         self._files = files
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self._tracebacks = TracebackReader()
+        self.error_at: float | None = None  # when the last traceback's exception line came (monotonic)
+
+    @property
+    def error(self) -> RaisedError | None:
+        """The exception of the last complete Python traceback on this rank's stderr."""
+        return self._tracebacks.last
 
     def write_line(self, stream: str, line: bytes) -> None:
         """Write one line (with or without its newline) of `stream` ('stdout' or 'stderr')."""
         if not line.endswith(b"\n"):
             line += b"\n"
         if stream == "stderr":
-            self.stderr_tail.append(line.decode(errors="replace").rstrip("\n"))
+            text = line.decode(errors="replace").rstrip("\n")
+            self.stderr_tail.append(text)
+            before = self._tracebacks.count
+            self._tracebacks.feed(text)
+            if self._tracebacks.count != before:
+                self.error_at = time.monotonic()
         prefix = f"[{self.rank}]<{stream}>:"
         if self._options.prefix_timestamp:
             stamp = datetime.datetime.now().isoformat(sep=" ", timespec="milliseconds")
