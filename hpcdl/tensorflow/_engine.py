@@ -1,16 +1,18 @@
 """The collectives of ``hpcdl.tensorflow`` on NumPy views of tensors, through hpcdl's engine.
 
-TensorFlow hands these functions NumPy arrays: eagerly the tensors' own memory, inside a ``tf.function``
-the arguments of a ``tf.numpy_function``. Every function submits all of its operations first (so the engine
-negotiates and fuses them in one cycle), then waits for each with the runtime's deadline, whose error names
-the ranks and the tensor that were missing, and releases every handle however it ends.
+TensorFlow hands these functions NumPy arrays: eagerly the tensors' own memory, inside a graph the
+arguments of a ``tf.numpy_function``. Every function submits all of its operations (so the engine
+negotiates and fuses them in one cycle) and returns them as a :class:`Started` batch without waiting:
+eagerly the caller finishes it at once; in a graph a waiter thread waits for it while TensorFlow's executor
+goes on (see ``mpi_ops._run``). Every wait has the runtime's deadline, whose error names the ranks and the
+tensor that were missing, and every handle is released however the batch ends.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Callable, Optional, TypeVar
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -21,7 +23,6 @@ from hpcdl.common.types import OpType
 from hpcdl.tensorflow._dtypes import Wire
 
 Names = Sequence[Optional[str]]
-T = TypeVar("T")
 
 
 # TensorFlow adopts an array a tf.numpy_function returns without copying it when its data is 64-byte
@@ -62,18 +63,37 @@ def _submit_all(submit: Callable[[int], engine.Handle], count: int) -> list[engi
     return handles
 
 
-def _finish(
-    handles: list[engine.Handle], collect: Optional[Callable[[int, engine.Handle], T]] = None
-) -> list[T]:
-    """Wait for every handle (the first failure raises), ``collect(i, handle)`` each one's result, and
-    release all of them."""
-    try:
-        for handle in handles:
-            handle.wait()
-        return [collect(i, h) for i, h in enumerate(handles)] if collect is not None else []
-    finally:
-        for handle in handles:
-            handle.release()
+class Started:
+    """Operations submitted together: :meth:`wait` for all of them (the first failure is kept, not raised),
+    then :meth:`result` (their outputs, or that failure raised), which releases every handle."""
+
+    def __init__(
+        self, handles: list[engine.Handle], collect: Callable[[list[engine.Handle]], list[np.ndarray]]
+    ) -> None:
+        self._handles = handles
+        self._collect = collect
+        self._error: Optional[BaseException] = None
+
+    def wait(self) -> None:
+        try:
+            for handle in self._handles:
+                handle.wait()
+        except BaseException as exc:  # kept for result(), which raises it on the thread that reads
+            self._error = exc
+
+    def result(self) -> list[np.ndarray]:
+        try:
+            if self._error is not None:
+                raise self._error
+            return self._collect(self._handles)
+        finally:
+            for handle in self._handles:
+                handle.release()
+
+    def finish(self) -> list[np.ndarray]:
+        """Wait, then the result (the eager path)."""
+        self.wait()
+        return self.result()
 
 
 def _engine_output(handle: engine.Handle, wire: Wire, dtype: np.dtype) -> np.ndarray:
@@ -103,8 +123,8 @@ def _reduce(
     wires: Sequence[Wire],
     names: Names,
     how: Reduction,
-) -> None:
-    """Reduce every source into its output (allreduce or reducescatter)."""
+) -> list[engine.Handle]:
+    """Submit the reduction of every source into its output (allreduce or reducescatter)."""
     placed = _groups(how.groups)
     reduce_op = runtime_op(how.op)
 
@@ -126,22 +146,22 @@ def _reduce(
             value=outputs[i],
         )
 
-    _finish(_submit_all(submit, len(sources)))
+    return _submit_all(submit, len(sources))
 
 
-def allreduce(
-    arrays: Sequence[np.ndarray], wires: Sequence[Wire], names: Names, how: Reduction
-) -> list[np.ndarray]:
+def allreduce(arrays: Sequence[np.ndarray], wires: Sequence[Wire], names: Names, how: Reduction) -> Started:
     """Reduce each array over the process set."""
     sources = [w.send(a) for a, w in zip(arrays, wires)]
     outputs = [_empty(src.shape, src.dtype) for src in sources]
-    _reduce(OpType.ALLREDUCE, sources, outputs, wires, names, how)
-    return [w.receive(out, a.dtype, a.shape) for out, a, w in zip(outputs, arrays, wires)]
+    handles = _reduce(OpType.ALLREDUCE, sources, outputs, wires, names, how)
+    return Started(
+        handles, lambda _: [w.receive(out, a.dtype, a.shape) for out, a, w in zip(outputs, arrays, wires)]
+    )
 
 
 def allgather(
     arrays: Sequence[np.ndarray], wires: Sequence[Wire], names: Names, process_set: int, groups: Sequence[int]
-) -> list[np.ndarray]:
+) -> Started:
     """Concatenate every member's arrays along dimension 0 (``groups`` as for :func:`allreduce`)."""
     placed = _groups(groups)
     sources = [w.send(a) for a, w in zip(arrays, wires)]
@@ -161,14 +181,15 @@ def allgather(
             keep=(src,),
         )
 
-    return _finish(
-        _submit_all(submit, len(arrays)), lambda i, h: _engine_output(h, wires[i], arrays[i].dtype)
+    return Started(
+        _submit_all(submit, len(arrays)),
+        lambda handles: [_engine_output(h, w, a.dtype) for h, w, a in zip(handles, wires, arrays)],
     )
 
 
 def broadcast(
     arrays: Sequence[np.ndarray], wires: Sequence[Wire], names: Names, root: int, process_set: int
-) -> list[np.ndarray]:
+) -> Started:
     """World rank ``root``'s arrays on every member (the inputs are left alone)."""
     buffers = []
     for a, w in zip(arrays, wires):
@@ -191,15 +212,17 @@ def broadcast(
             value=buffer,
         )
 
-    _finish(_submit_all(submit, len(arrays)))
-    return [w.receive(b, a.dtype, a.shape) for b, a, w in zip(buffers, arrays, wires)]
+    return Started(
+        _submit_all(submit, len(arrays)),
+        lambda _: [w.receive(b, a.dtype, a.shape) for b, a, w in zip(buffers, arrays, wires)],
+    )
 
 
 def alltoall(
     array: np.ndarray, wire: Wire, splits: Optional[list[int]], name: Optional[str], process_set: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Send ``splits[i]`` rows to member i (even split when None); returns (rows received, rows received
-    from each member as int32)."""
+) -> Started:
+    """Send ``splits[i]`` rows to member i (even split when None); the result is (rows received, rows
+    received from each member as int32)."""
     src = wire.send(array)
 
     def submit(_: int) -> engine.Handle:
@@ -207,16 +230,16 @@ def alltoall(
             OpType.ALLTOALL, name, process_set, wire.runtime, src, None, src.shape, splits=splits, keep=(src,)
         )
 
-    [(output, received)] = _finish(
-        _submit_all(submit, 1),
-        lambda _, h: (_engine_output(h, wire, array.dtype), np.asarray(h.received_splits(), dtype=np.int32)),
-    )
-    return output, received
+    def collect(handles: list[engine.Handle]) -> list[np.ndarray]:
+        [h] = handles
+        return [_engine_output(h, wire, array.dtype), np.asarray(h.received_splits(), dtype=np.int32)]
+
+    return Started(_submit_all(submit, 1), collect)
 
 
 def reducescatter(
     arrays: Sequence[np.ndarray], wires: Sequence[Wire], names: Names, how: Reduction
-) -> list[np.ndarray]:
+) -> Started:
     """Reduce each array over the set and keep this member's block of rows (the first ``rows % size``
     members get one row more, as in Horovod)."""
     size, me = basics.process_set_size(how.process_set), basics.process_set_rank(how.process_set)
@@ -226,16 +249,21 @@ def reducescatter(
     outputs = [
         _empty((reducescatter_rows(src.shape[0], size, me), *src.shape[1:]), src.dtype) for src in sources
     ]
-    _reduce(OpType.REDUCESCATTER, sources, outputs, wires, names, how)
-    return [
-        w.receive(out, a.dtype, (out.shape[0], *a.shape[1:])) for out, a, w in zip(outputs, arrays, wires)
-    ]
+    handles = _reduce(OpType.REDUCESCATTER, sources, outputs, wires, names, how)
+    return Started(
+        handles,
+        lambda _: [
+            w.receive(out, a.dtype, (out.shape[0], *a.shape[1:])) for out, a, w in zip(outputs, arrays, wires)
+        ],
+    )
 
 
-def barrier(process_set: int) -> None:
-    _finish([engine.barrier_async(process_set=process_set)])
+def barrier(process_set: int) -> Started:
+    """Every member waits for the others (the result: a 0 int32 scalar)."""
+    return Started([engine.barrier_async(process_set=process_set)], lambda _: [np.zeros((), dtype=np.int32)])
 
 
-def join(process_set: int) -> int:
-    """Declare this rank out of data; returns the last rank to join."""
-    return engine.join(process_set)
+def join(process_set: int) -> Started:
+    """Declare this rank out of data; the result is the last rank to join (an int32 scalar)."""
+    handle = engine.enqueue(OpType.JOIN, None, process_set=process_set)
+    return Started([handle], lambda handles: [np.asarray(handles[0].join_result(), dtype=np.int32)])
