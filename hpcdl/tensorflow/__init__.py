@@ -79,6 +79,11 @@ from hpcdl.tensorflow.tape import DistributedGradientTape, PartialDistributedGra
 HorovodInternalError = HpcdlInternalError
 
 
+def _executing_eagerly() -> bool:
+    """Horovod's helper, which its TensorFlow tests and some user code call."""
+    return tf.executing_eagerly()
+
+
 def check_num_rank_power_of_2(num_rank: int) -> bool:
     """True when ``num_rank`` is a power of two (Horovod's helper for Adasum's constraints)."""
     return num_rank > 0 and (num_rank & (num_rank - 1)) == 0
@@ -107,12 +112,15 @@ def DistributedOptimizer(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def __getattr__(name: str) -> Any:
-    # ``hvd.elastic`` is imported on first use: its Keras state imports hpcdl.keras, which needs this
-    # package complete.
+    # Imported on first use: they load Keras, which a TensorFlow user may not need.
     if name == "elastic":
         import hpcdl.tensorflow.elastic as elastic
 
         return elastic
+    if name == "SyncBatchNormalization":
+        from hpcdl.tensorflow.sync_batch_norm import SyncBatchNormalization
+
+        return SyncBatchNormalization
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -131,6 +139,7 @@ __all__ = [
     "ProcessSet",
     "Product",
     "Sum",
+    "SyncBatchNormalization",
     "_allreduce",
     "_grouped_allreduce",
     "_grouped_reducescatter",

@@ -39,12 +39,17 @@ def _empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return raw[start : start + nbytes].view(dtype).reshape(shape)
 
 
-def _groups(sizes: Sequence[int]) -> list[tuple[int, int]]:
+Placed = Sequence[tuple[int, int]]
+
+
+def place(sizes: Sequence[int], process_set: int) -> list[tuple[int, int]]:
     """(group id, group size) for each operation of consecutive groups of ``sizes`` operations that must
-    run together; (0, 0) for an operation alone."""
+    run together; (0, 0) for an operation alone. In a graph this is called when the graph is built (the
+    ranks build their graphs in the same order, while their executors may run them in any order), and the
+    ids serve every run."""
     placed = []
     for size in sizes:
-        group = (engine.new_group_id(), size) if size > 1 else (0, 0)
+        group = (engine.new_group_id(process_set), size) if size > 1 else (0, 0)
         placed.extend([group] * size)
     return placed
 
@@ -72,19 +77,19 @@ class Started:
     ) -> None:
         self._handles = handles
         self._collect = collect
-        self._error: Optional[BaseException] = None
+        self.error: Optional[BaseException] = None
 
     def wait(self) -> None:
         try:
             for handle in self._handles:
                 handle.wait()
         except BaseException as exc:  # kept for result(), which raises it on the thread that reads
-            self._error = exc
+            self.error = exc
 
     def result(self) -> list[np.ndarray]:
         try:
-            if self._error is not None:
-                raise self._error
+            if self.error is not None:
+                raise self.error
             return self._collect(self._handles)
         finally:
             for handle in self._handles:
@@ -106,14 +111,14 @@ def _engine_output(handle: engine.Handle, wire: Wire, dtype: np.dtype) -> np.nda
 
 @dataclass(frozen=True)
 class Reduction:
-    """How a batch of reductions runs: the op, the scale factors, the process set, and ``groups``: the sizes
-    of the consecutive groups of operations that run atomically (summing to the batch's length)."""
+    """How a batch of reductions runs: the op, the scale factors, the process set, and ``groups``: the
+    group of each operation (see :func:`place`)."""
 
     op: int
     prescale: float
     postscale: float
     process_set: int
-    groups: Sequence[int]
+    groups: Placed
 
 
 def _reduce(
@@ -125,7 +130,7 @@ def _reduce(
     how: Reduction,
 ) -> list[engine.Handle]:
     """Submit the reduction of every source into its output (allreduce or reducescatter)."""
-    placed = _groups(how.groups)
+    placed = how.groups
     reduce_op = runtime_op(how.op)
 
     def submit(i: int) -> engine.Handle:
@@ -160,10 +165,9 @@ def allreduce(arrays: Sequence[np.ndarray], wires: Sequence[Wire], names: Names,
 
 
 def allgather(
-    arrays: Sequence[np.ndarray], wires: Sequence[Wire], names: Names, process_set: int, groups: Sequence[int]
+    arrays: Sequence[np.ndarray], wires: Sequence[Wire], names: Names, process_set: int, placed: Placed
 ) -> Started:
-    """Concatenate every member's arrays along dimension 0 (``groups`` as for :func:`allreduce`)."""
-    placed = _groups(groups)
+    """Concatenate every member's arrays along dimension 0 (``placed``: their groups, see :func:`place`)."""
     sources = [w.send(a) for a, w in zip(arrays, wires)]
 
     def submit(i: int) -> engine.Handle:

@@ -31,7 +31,8 @@ import tensorflow as tf
 
 _SOURCE = Path(__file__).with_name("latch_op.cc")
 _lock = threading.Lock()
-_loaded: Optional[tuple[Any, Callable[[int], int]]] = None
+Opener = Callable[[int, int, Optional[bytes]], int]
+_loaded: Optional[tuple[Any, Opener]] = None
 _failed: Optional[str] = None
 
 
@@ -86,9 +87,9 @@ def build() -> Path:
     return target
 
 
-def load() -> Optional[tuple[Any, Callable[[int], int]]]:
-    """(the op module, ``open(token)``), building the kernel if needed; None where it cannot be built
-    (warned once)."""
+def load() -> Optional[tuple[Any, Opener]]:
+    """(the op module, ``open(token, TensorFlow error code or 0, message)``), building the kernel if
+    needed; None where it cannot be built (warned once)."""
     global _loaded, _failed
     with _lock:
         if _loaded is None and _failed is None:
@@ -96,7 +97,7 @@ def load() -> Optional[tuple[Any, Callable[[int], int]]]:
                 path = build()
                 module = tf.load_op_library(str(path))
                 opener = ctypes.CDLL(str(path)).hpcdl_tf_open
-                opener.argtypes = [ctypes.c_int64]
+                opener.argtypes = [ctypes.c_int64, ctypes.c_int, ctypes.c_char_p]
                 opener.restype = ctypes.c_int
                 _loaded = (module, opener)
             except (OSError, RuntimeError, tf.errors.OpError) as exc:

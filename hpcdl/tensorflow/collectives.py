@@ -58,12 +58,10 @@ def _allgather_slices(
         [s.indices for s in slices], name=f"{name}.indices" if name else None, process_set=process_set
     )
     if op == Average:
-        values = [_divide(v, set_size(process_set, v.dtype)) for v in values]
+        # True division, as Horovod's: integer values come back as floats (float32 up to 16 bits, else
+        # float64), like TensorFlow's ``/`` on integer tensors.
+        values = [tf.math.truediv(v, set_size(process_set, v.dtype)) for v in values]
     return [tf.IndexedSlices(v, i, dense_shape=s.dense_shape) for v, i, s in zip(values, indices, slices)]
-
-
-def _divide(values: tf.Tensor, size: tf.Tensor) -> tf.Tensor:
-    return values / size if values.dtype.is_floating or values.dtype.is_complex else values // size
 
 
 def allreduce(

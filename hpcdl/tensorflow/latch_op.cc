@@ -6,14 +6,15 @@
 // result. The latch returns at once from ComputeAsync; TensorFlow's executor carries on with the rest of
 // the graph (so every collective of the graph reaches the engine, whatever order each rank's executor
 // picks), and the kernel finishes when hpcdl's waiter thread, which waits for the operation with the
-// engine's deadline, calls hpcdl_tf_open(token). The latch knows nothing of the engine: a failed or
-// timed-out operation opens it too, and the reading op raises hpcdl's error.
+// engine's deadline, calls hpcdl_tf_open(token, code, message). The latch knows nothing of the engine: a
+// failed or timed-out operation opens it with the TensorFlow error code and message hpcdl chose, which
+// the latch's op then fails with (so a graph sees the same error classes as eager code).
 //
 // Compiled against the installed TensorFlow on first use (hpcdl/tensorflow/_latch.py).
 #include <cstdint>
 #include <mutex>
+#include <string>
 #include <unordered_map>
-#include <unordered_set>
 #include <utility>
 
 #include "tensorflow/core/framework/op.h"
@@ -23,30 +24,46 @@
 namespace {
 
 using tensorflow::AsyncOpKernel;
+using tensorflow::OpKernelContext;
+
+struct Waiting {
+  OpKernelContext* context;
+  AsyncOpKernel::DoneCallback done;
+};
 
 std::mutex g_mutex;
-// Tokens whose kernel is waiting, with the callback that finishes it.
-std::unordered_map<int64_t, AsyncOpKernel::DoneCallback> g_waiting;
-// Tokens opened before their kernel ran.
-std::unordered_set<int64_t> g_open;
+// Tokens whose kernel is waiting.
+std::unordered_map<int64_t, Waiting> g_waiting;
+// Tokens opened before their kernel ran: the status to finish with.
+std::unordered_map<int64_t, absl::Status> g_open;
+
+absl::Status status_of(int code, const char* message) {
+  if (code == 0) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(code), message != nullptr ? message : "hpcdl error");
+}
 
 class HpcdlLatchOp : public AsyncOpKernel {
  public:
   explicit HpcdlLatchOp(tensorflow::OpKernelConstruction* context) : AsyncOpKernel(context) {}
 
-  void ComputeAsync(tensorflow::OpKernelContext* context, DoneCallback done) override {
+  void ComputeAsync(OpKernelContext* context, DoneCallback done) override {
     const tensorflow::Tensor& token = context->input(0);
     OP_REQUIRES_ASYNC(context, tensorflow::TensorShapeUtils::IsScalar(token.shape()),
                       tensorflow::errors::InvalidArgument("HpcdlLatch takes a scalar token"), done);
     context->set_output(0, token);
     const int64_t key = token.scalar<int64_t>()();
+    absl::Status status;
     {
       std::lock_guard<std::mutex> lock(g_mutex);
-      if (g_open.erase(key) == 0) {
-        g_waiting.emplace(key, std::move(done));
+      auto it = g_open.find(key);
+      if (it == g_open.end()) {
+        g_waiting.emplace(key, Waiting{context, std::move(done)});
         return;
       }
+      status = std::move(it->second);
+      g_open.erase(it);
     }
+    context->SetStatus(status);
     done();
   }
 };
@@ -61,20 +78,22 @@ REGISTER_OP("HpcdlLatch")
 
 REGISTER_KERNEL_BUILDER(Name("HpcdlLatch").Device(tensorflow::DEVICE_CPU), HpcdlLatchOp);
 
-// Opens the latch of `token`: finishes its kernel now, or as soon as it runs. Called without the GIL
-// (ctypes), because finishing a kernel may run the graph's next ops on this thread.
-extern "C" int hpcdl_tf_open(int64_t token) {
-  AsyncOpKernel::DoneCallback done;
+// Opens the latch of `token`: finishes its kernel now, or as soon as it runs, with `code` (a TensorFlow
+// error code, 0 for success) and `message`. Called without the GIL (ctypes), because finishing a kernel
+// may run the graph's next ops on this thread.
+extern "C" int hpcdl_tf_open(int64_t token, int code, const char* message) {
+  Waiting waiting;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     auto it = g_waiting.find(token);
     if (it == g_waiting.end()) {
-      g_open.insert(token);
+      g_open.emplace(token, status_of(code, message));
       return 0;
     }
-    done = std::move(it->second);
+    waiting = std::move(it->second);
     g_waiting.erase(it);
   }
-  done();
+  waiting.context->SetStatus(status_of(code, message));
+  waiting.done();
   return 1;
 }

@@ -38,10 +38,10 @@ import tensorflow as tf
 from tensorflow.python.ops import control_flow_util
 
 from hpcdl.common import basics
-from hpcdl.common.exceptions import HpcdlMismatchError, HpcdlTimeoutError, HpcdlUnsupportedError
+from hpcdl.common.exceptions import HpcdlError, HpcdlMismatchError, HpcdlTimeoutError, HpcdlUnsupportedError
 from hpcdl.common.process_sets import ProcessSet, global_process_set, id_of
 from hpcdl.common.reduce_ops import Adasum, Average, Sum, check_op
-from hpcdl.tensorflow import _engine, _latch
+from hpcdl.tensorflow import _engine, _errors, _latch
 from hpcdl.tensorflow._dtypes import reduction_dtype, wire_of
 
 Tensors = Sequence[Any]
@@ -55,25 +55,33 @@ _TOKENS = itertools.count(1)
 _WAITERS = _latch.Waiters()
 
 
-def _explained(result: Callable[[], list[np.ndarray]], auto_names: Sequence[str]) -> list[np.ndarray]:
-    """``result()``; a mismatch or a missing rank on an automatically named graph operation adds what to
-    do about it to the engine's message."""
-    try:
-        return result()
-    except (HpcdlMismatchError, HpcdlTimeoutError) as exc:
-        if not auto_names:
-            raise
-        raise type(exc)(
+def _failure(exc: BaseException, auto_names: Sequence[str]) -> BaseException:
+    """``exc`` as TensorFlow sees it (see ``_errors``); a mismatch or a missing rank on an automatically
+    named graph operation adds what to do about it to the engine's message."""
+    if auto_names and isinstance(exc, (HpcdlMismatchError, HpcdlTimeoutError)):
+        exc = type(exc)(
             f"{exc}\n{', '.join(auto_names)} was named automatically, by its position among the collectives "
             "of its graph, and the ranks did not create the same collectives in the same order there (a "
             "rank-dependent branch or loop). Pass name='...' (the same on every rank) to the collectives "
             "that only some ranks create, or make every rank build the same ones."
-        ) from None
+        )
+    return _errors.as_tensorflow(exc)
 
 
-def _submit(start: Callable[..., _engine.Started], arrays: Sequence[np.ndarray]) -> np.ndarray:
-    """Submit without waiting; a waiter thread waits and opens the token's latch."""
-    started = start(*arrays)
+def _explained(result: Callable[[], list[np.ndarray]], auto_names: Sequence[str]) -> list[np.ndarray]:
+    """``result()``, its failure raised as :func:`_failure` makes it."""
+    try:
+        return result()
+    except (HpcdlError, ValueError) as exc:
+        raise _failure(exc, auto_names) from None
+
+
+def _submit(
+    start: Callable[..., _engine.Started], arrays: Sequence[np.ndarray], auto_names: Sequence[str]
+) -> np.ndarray:
+    """Submit without waiting; a waiter thread waits and opens the token's latch (with the error a failed
+    operation raises, when it failed: then the reading op does not run)."""
+    started = _explained(lambda: start(*arrays), auto_names)
     token = next(_TOKENS)
     _PENDING[token] = started
     loaded = _latch.load()
@@ -82,7 +90,15 @@ def _submit(start: Callable[..., _engine.Started], arrays: Sequence[np.ndarray])
 
     def wait_and_open() -> None:
         started.wait()
-        opener(token)
+        if started.error is None:
+            opener(token, 0, None)
+            return
+        del _PENDING[token]
+        try:
+            started.result()  # releases the handles
+        except BaseException as exc:
+            code, message = _errors.code_and_message(_failure(exc, auto_names))
+            opener(token, code, message.encode(errors="replace"))
 
     _WAITERS.run(wait_and_open)
     return np.asarray(token, dtype=np.int64)
@@ -119,7 +135,7 @@ def _run(
         )
     else:
         [token] = tf.numpy_function(
-            lambda *arrays: _submit(start, arrays),
+            lambda *arrays: _submit(start, arrays, auto_names),
             list(inputs),
             [tf.int64],
             stateful=True,
@@ -140,24 +156,26 @@ def _run(
 
 def _tensors(values: Tensors, what: str) -> list[tf.Tensor]:
     if isinstance(values, (tf.Tensor, tf.Variable)) or not isinstance(values, (list, tuple)):
-        raise ValueError(f"{what} takes a list of tensors, got {type(values).__name__}")
+        raise _errors.invalid_argument(f"{what} takes a list of tensors, got {type(values).__name__}")
     if not values:
-        raise ValueError(f"{what} needs a non-empty list of tensors")
+        raise _errors.invalid_argument(f"{what} needs a non-empty list of tensors")
     return [_tensor(v, what) for v in values]
 
 
 def _tensor(value: Any, what: str) -> tf.Tensor:
     if isinstance(value, tf.IndexedSlices):
-        raise ValueError(f"{what} takes dense tensors; hvd.allreduce handles tf.IndexedSlices")
+        raise _errors.invalid_argument(f"{what} takes dense tensors; hvd.allreduce handles tf.IndexedSlices")
     try:
         return tf.convert_to_tensor(value)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"{what} takes a tf.Tensor (or a value convertible to one): {exc}") from None
+        raise _errors.invalid_argument(
+            f"{what} takes a tf.Tensor (or a value convertible to one): {exc}"
+        ) from None
 
 
 def _rows(tensor: tf.Tensor, what: str) -> None:
     if tensor.shape.rank == 0:
-        raise ValueError(
+        raise _errors.invalid_argument(
             f"{what} works on the first dimension, but got a 0-d tensor; reshape it, e.g. tf.reshape(t, [1])"
         )
 
@@ -193,7 +211,7 @@ def _auto_name() -> str:
 def _names(kind: str, name: Optional[str], tensors: Sequence[tf.Tensor]) -> list[Optional[str]]:
     """The engine names of one operation (one tensor) or of a group's members."""
     if name is not None and not isinstance(name, str):
-        raise ValueError(f"name must be a string or None, got {name!r}")
+        raise _errors.invalid_argument(f"name must be a string or None, got {name!r}")
     if not name:
         if tf.executing_eagerly():
             return [None] * len(tensors)
@@ -254,7 +272,10 @@ def _reductions(
             "hpcdl.tensorflow does not implement the Adasum reduction; use op=hvd.Average (or hpcdl.torch, "
             "which has Adasum)"
         )
-    how = _engine.Reduction(op, float(prescale_factor), float(postscale_factor), id_of(process_set), groups)
+    ps = id_of(process_set)
+    how = _engine.Reduction(
+        op, float(prescale_factor), float(postscale_factor), ps, _engine.place(groups, ps)
+    )
     originals = [t.dtype for t in tensors]
     widened = [tf.cast(t, reduction_dtype(t.dtype, op)) for t in tensors]
     wires = [wire_of(t.dtype) for t in widened]
@@ -366,7 +387,7 @@ def _reducescatter_group(
     for t in tensors:
         _rows(t, "reducescatter")
     if op == Adasum:
-        raise ValueError("reducescatter does not support Adasum; use hvd.Average or hvd.Sum")
+        raise _errors.invalid_argument("reducescatter does not support Adasum; use hvd.Average or hvd.Sum")
     factor = float(prescale_factor) * float(postscale_factor)
 
     def gradient(dy: tf.Tensor) -> tf.Tensor:
@@ -436,8 +457,10 @@ def _allgather_group(
     ps = id_of(process_set)
     wires = [wire_of(t.dtype) for t in tensors]
 
+    placed = _engine.place([len(tensors)], ps)
+
     def start(*arrays: np.ndarray) -> _engine.Started:
-        return _engine.allgather(arrays, wires, names, ps, [len(arrays)])
+        return _engine.allgather(arrays, wires, names, ps, placed)
 
     def forward(xs: list[tf.Tensor]) -> list[tf.Tensor]:
         shapes = [tf.TensorShape([None]).concatenate(t.shape[1:]) for t in xs]
@@ -476,10 +499,10 @@ def grouped_allgather(
 
 def _check_root(root_rank: Any, process_set: ProcessSet) -> int:
     if not isinstance(root_rank, (int, np.integer)) or isinstance(root_rank, bool):
-        raise ValueError(f"root_rank must be an int (a global rank), got {root_rank!r}")
+        raise _errors.invalid_argument(f"root_rank must be an int (a global rank), got {root_rank!r}")
     members = basics.process_set_ranks(id_of(process_set))
     if int(root_rank) not in members:
-        raise ValueError(
+        raise _errors.invalid_argument(
             f"root_rank {root_rank} is not a member of {process_set} (ranks {members}); "
             "broadcast roots are global ranks, as in Horovod"
         )
@@ -533,7 +556,7 @@ def broadcast_(
     if not variables:
         return []
     if not all(isinstance(v, tf.Variable) for v in variables):
-        raise ValueError("broadcast_ works in place and takes a list of tf.Variable")
+        raise _errors.invalid_argument("broadcast_ works in place and takes a list of tf.Variable")
     root = _check_root(root_rank, process_set)
     values = [tf.convert_to_tensor(v) for v in variables]
     names = _names("Broadcast", name, values)
@@ -554,13 +577,13 @@ def _static_splits(splits: Any) -> Optional[list[int]]:
 def _checked_splits(splits: Optional[list[int]], rows: int, set_size: int) -> Optional[list[int]]:
     if splits is None:
         if rows % set_size:
-            raise ValueError(
+            raise _errors.invalid_argument(
                 f"alltoall without splits divides dim 0 evenly, but {rows} rows do not divide among "
                 f"{set_size} ranks; pass splits=[rows for each rank]"
             )
         return None
     if len(splits) != set_size or any(s < 0 for s in splits) or sum(splits) != rows:
-        raise ValueError(
+        raise _errors.invalid_argument(
             f"alltoall splits {splits} must have one non-negative entry per rank of the set ({set_size}) "
             f"and sum to the tensor's first dimension ({rows})"
         )
