@@ -106,7 +106,7 @@ def DistributedOptimizer(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
             "hpcdl.tensorflow supports TensorFlow 2: wrap a Keras optimizer (tf.keras.optimizers.*) with "
             "hvd.DistributedOptimizer, or compute gradients with hvd.DistributedGradientTape"
         )
-    from hpcdl.tensorflow.keras import DistributedOptimizer as keras_optimizer
+    from hpcdl.tensorflow.keras.optimizers import DistributedOptimizer as keras_optimizer
 
     return keras_optimizer(optimizer, *args, **kwargs)
 

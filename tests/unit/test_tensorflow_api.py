@@ -11,9 +11,9 @@ tf = pytest.importorskip("tensorflow", reason="TensorFlow is not installed: pip 
 keras = pytest.importorskip("keras", reason="Keras 3 is not installed (it comes with TensorFlow 2.16+)")
 
 import hpcdl.tensorflow as hvd  # noqa: E402
+from hpcdl._keras.optimizer import is_distributed  # noqa: E402
 from hpcdl.common.exceptions import HpcdlNotInitializedError, HpcdlUnsupportedError  # noqa: E402
 from hpcdl.common.reduce_ops import group_order, split_list  # noqa: E402
-from hpcdl.keras.optimizer import is_distributed  # noqa: E402
 from hpcdl.stack.check_build import check_build  # noqa: E402
 from hpcdl.tensorflow._dtypes import reduction_dtype, wire_of  # noqa: E402
 from hpcdl.tensorflow.gradients import LocalGradientAggregation  # noqa: E402
@@ -75,7 +75,7 @@ def test_horovods_tensorflow_and_keras_names_are_all_there() -> None:
         assert [n for n in HOROVOD_KERAS_NAMES if not hasattr(module, n)] == []
         assert [n for n in KERAS_CALLBACKS if not hasattr(module.callbacks, n)] == []
         assert [n for n in KERAS_ELASTIC if not hasattr(module.elastic, n)] == []
-    assert hvd.elastic.TensorFlowKerasState is hvd_keras.elastic.KerasState
+    assert hvd.elastic.TensorFlowKerasState is hvd_tf_keras.elastic.KerasState
     assert hvd.HorovodInternalError is hvd.HpcdlInternalError and issubclass(
         hvd.HorovodInternalError, Exception
     )
