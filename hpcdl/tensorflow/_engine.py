@@ -92,8 +92,12 @@ class Started:
                 raise self.error
             return self._collect(self._handles)
         finally:
-            for handle in self._handles:
-                handle.release()
+            self.release()
+
+    def release(self) -> None:
+        """Release every handle (idempotent; a running operation's buffers stay alive until it ends)."""
+        for handle in self._handles:
+            handle.release()
 
     def finish(self) -> list[np.ndarray]:
         """Wait, then the result (the eager path)."""

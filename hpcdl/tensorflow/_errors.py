@@ -44,8 +44,12 @@ def _both(error: type[BaseException]) -> type[BaseException]:
     """A class deriving from ``error`` and from its TensorFlow error class."""
     tf_class = _tensorflow_error(error)[0]
 
-    def __init__(self: Any, message: str) -> None:
-        tf_class.__init__(self, None, None, message)
+    # TensorFlow's signature, which AutoGraph calls to re-raise an error met while tracing; hpcdl passes
+    # the message alone.
+    def __init__(self: Any, node_def: Any, op: Any = None, message: Any = None, *args: Any) -> None:
+        if op is None and message is None:
+            node_def, message = None, node_def
+        tf_class.__init__(self, node_def, op, message, *args)
 
     return type(error.__name__, (tf_class, error), {"__init__": __init__})
 

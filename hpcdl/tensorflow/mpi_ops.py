@@ -91,14 +91,12 @@ def _submit(
     def wait_and_open() -> None:
         started.wait()
         if started.error is None:
-            opener(token, 0, None)
+            if opener(token, 0, None) < 0:  # its step was cancelled: no reading op will release it
+                _PENDING.pop(token).release()
             return
-        del _PENDING[token]
-        try:
-            started.result()  # releases the handles
-        except BaseException as exc:
-            code, message = _errors.code_and_message(_failure(exc, auto_names))
-            opener(token, code, message.encode(errors="replace"))
+        code, text = _errors.code_and_message(_failure(started.error, auto_names))
+        _PENDING.pop(token).release()  # the failed latch stops the step before the reading op
+        opener(token, code, text.encode(errors="replace"))
 
     _WAITERS.run(wait_and_open)
     return np.asarray(token, dtype=np.int64)
