@@ -4,6 +4,11 @@ and in a graph, the tape and the Keras optimizer leaving training unchanged, XLA
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -235,3 +240,36 @@ def test_check_build_shows_tensorflow_and_keras_with_versions() -> None:
     )
     assert frameworks["Keras"].available
     assert frameworks["Keras"].detail == f"keras {keras.__version__} on the {keras.backend.backend()} backend"
+
+
+@pytest.mark.parametrize("legacy", ["0", "1"])
+def test_check_build_says_which_keras_tf_keras_is(monkeypatch: pytest.MonkeyPatch, legacy: str) -> None:
+    from importlib.metadata import version
+
+    monkeypatch.setenv("TF_USE_LEGACY_KERAS", legacy)
+    row = {c.name: c for c in check_build().frameworks}["tf.keras"]
+    if legacy == "0":
+        assert row.available and row.detail.startswith(f"Keras 3, keras {version('keras')}"), row
+    elif importlib.util.find_spec("tf_keras") is None:
+        assert not row.available and "pip install --no-deps tf-keras" in row.reason, row
+    else:
+        assert row.available and row.detail.startswith(f"tf-keras {version('tf-keras')}"), row
+
+
+def test_keras_and_tensorflow_packages_do_not_import_each_other() -> None:
+    """hpcdl.tensorflow (with its keras) never imports hpcdl.keras; hpcdl._keras imports neither framework
+    API (on Keras' torch backend, where Keras imports torch itself, nothing of TensorFlow); hpcdl.keras on
+    TensorFlow does not import torch."""
+    script = (
+        "import sys; import hpcdl.tensorflow.keras, hpcdl.tensorflow.elastic;"
+        "hpcdl.tensorflow.elastic.TensorFlowKerasState;"
+        "assert 'hpcdl.keras' not in sys.modules, 'hpcdl.tensorflow imports hpcdl.keras';"
+        "import hpcdl.keras; assert 'torch' not in sys.modules, 'hpcdl.keras imports torch'"
+    )
+    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3")
+    subprocess.run([sys.executable, "-c", script], check=True, env=env, timeout=240)
+    neutral = "import sys, hpcdl._keras.callbacks, hpcdl._keras.elastic, hpcdl._keras.optimizer;" + (
+        "assert not {'hpcdl.tensorflow', 'hpcdl.torch', 'tensorflow'} & set(sys.modules)"
+    )
+    torch_env = dict(env, KERAS_BACKEND="torch")
+    subprocess.run([sys.executable, "-c", neutral], check=True, env=torch_env, timeout=240)
