@@ -273,3 +273,25 @@ def test_keras_and_tensorflow_packages_do_not_import_each_other() -> None:
     )
     torch_env = dict(env, KERAS_BACKEND="torch")
     subprocess.run([sys.executable, "-c", neutral], check=True, env=torch_env, timeout=240)
+
+
+def test_graph_collectives_fall_back_to_waiting_in_their_op_without_a_compiler(tmp_path) -> None:
+    """Where the latch kernel cannot be built, hpcdl warns once, saying what to install, and graph
+    collectives still run (waiting inside their op)."""
+    script = """
+import warnings
+import tensorflow as tf
+import hpcdl.tensorflow as hvd
+hvd.init()
+f = tf.function(lambda x: hvd.allreduce(x, op=hvd.Sum) + hvd.allgather(x))
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    assert f(tf.ones(2)).numpy().tolist() == [2.0, 2.0]
+    assert f(tf.ones(2)).numpy().tolist() == [2.0, 2.0]
+texts = [str(w.message) for w in seen if "asynchronous graph kernel" in str(w.message)]
+assert len(texts) == 1 and "C++ compiler" in texts[0], texts
+"""
+    env = dict(
+        os.environ, CXX=str(tmp_path / "no-compiler"), XDG_CACHE_HOME=str(tmp_path), TF_CPP_MIN_LOG_LEVEL="3"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, env=env, timeout=240)
