@@ -1,10 +1,11 @@
-"""Horovod's TensorFlow API on hpcdl's runtime, for TensorFlow 2.21 and Keras 3: change
+"""Horovod's TensorFlow API on hpcdl's runtime, for TensorFlow 2.21 with Keras 3 or tf-keras: change
 ``import horovod.tensorflow as hvd`` to ``import hpcdl.tensorflow as hvd`` and the script runs unchanged.
 
-No compiled TensorFlow op is involved (hence no TensorFlow version a build is tied to): eagerly the
-collectives hand NumPy views of the tensors to hpcdl's engine; inside a ``tf.function`` they are stateful
-``tf.numpy_function`` ops, with static shapes where they are known and gradients where Horovod has them.
-Either way they go through the engine: named negotiation, fusion, the timeline.
+Eagerly the collectives hand NumPy views of the tensors to hpcdl's engine; in a graph (``tf.function`` or
+a TensorFlow 1 session) each is submitted by a ``tf.numpy_function`` without waiting and awaited by a small
+asynchronous kernel compiled against the installed TensorFlow on first use (see ``mpi_ops``), with static
+shapes where they are known and gradients where Horovod has them. Either way they go through the engine:
+named negotiation, fusion, the timeline.
 
 A custom training loop needs four lines: ``hvd.init()``; scale the learning rate by ``hvd.size()``;
 ``tape = hvd.DistributedGradientTape(tape)`` before ``tape.gradient``; and
