@@ -77,16 +77,16 @@ def _explained(result: Callable[[], list[np.ndarray]], auto_names: Sequence[str]
 
 
 def _submit(
-    start: Callable[..., _engine.Started], arrays: Sequence[np.ndarray], auto_names: Sequence[str]
+    start: Callable[..., _engine.Started],
+    arrays: Sequence[np.ndarray],
+    auto_names: Sequence[str],
+    opener: _latch.Opener,
 ) -> np.ndarray:
     """Submit without waiting; a waiter thread waits and opens the token's latch (with the error a failed
     operation raises, when it failed: then the reading op does not run)."""
     started = _explained(lambda: start(*arrays), auto_names)
     token = next(_TOKENS)
     _PENDING[token] = started
-    loaded = _latch.load()
-    assert loaded is not None
-    opener = loaded[1]
 
     def wait_and_open() -> None:
         started.wait()
@@ -133,7 +133,7 @@ def _run(
         )
     else:
         [token] = tf.numpy_function(
-            lambda *arrays: _submit(start, arrays, auto_names),
+            lambda *arrays: _submit(start, arrays, auto_names, loaded[1]),
             list(inputs),
             [tf.int64],
             stateful=True,

@@ -86,13 +86,12 @@ def reducescatter(value: Any, name: Optional[str] = None, op: int = Average) -> 
 
 
 def broadcast_global_variables(root_rank: int) -> Any:
-    """TensorFlow 1's broadcast of every global variable, run in Keras' session (tf-keras in graph mode).
-    Eagerly there are none: use ``callbacks.BroadcastGlobalVariablesCallback`` or
-    ``hpcdl.tensorflow.broadcast_variables``."""
+    """TensorFlow 1's broadcast of every global variable, run in Keras' session (tf-keras) or the default
+    one (the op itself where there is none). Eagerly there are none: use
+    ``callbacks.BroadcastGlobalVariablesCallback`` or ``hpcdl.tensorflow.broadcast_variables``."""
     op = _hvd.broadcast_global_variables(root_rank)  # raises, with what to do, when eager
-    if LEGACY:
-        return keras.backend.get_session().run(op)
-    return tf.compat.v1.get_default_session().run(op)
+    session = keras.backend.get_session() if LEGACY else tf.compat.v1.get_default_session()
+    return session.run(op) if session is not None else op
 
 
 __all__ = [
