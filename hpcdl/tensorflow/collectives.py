@@ -13,25 +13,22 @@ from typing import Any, Optional
 
 import tensorflow as tf
 
-from hpcdl.common import elastic
 from hpcdl.common.process_sets import ProcessSet, global_process_set, id_of
 from hpcdl.common.reduce_ops import Adasum, Average, Sum, resolve_op
 from hpcdl.tensorflow.compression import Compression, Compressor
 from hpcdl.tensorflow.mpi_ops import (
     _grouped_allreduce,
     _grouped_reducescatter,
+    _set_size,
     _tensor,
     grouped_allgather,
-    size_op,
 )
 
 
 def set_size(process_set: ProcessSet, dtype: tf.DType) -> tf.Tensor:
     """The size of the set as a ``dtype`` scalar; read when the graph runs under an elastic launch, where
     it changes between resets."""
-    if elastic.enabled() and not tf.executing_eagerly():
-        return tf.cast(size_op(id_of(process_set)), dtype)
-    return tf.cast(process_set.size(), dtype)
+    return _set_size(id_of(process_set), dtype)
 
 
 def _allgather_slices(

@@ -37,10 +37,10 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import control_flow_util
 
-from hpcdl.common import basics
+from hpcdl.common import basics, elastic
 from hpcdl.common.exceptions import HpcdlError, HpcdlMismatchError, HpcdlTimeoutError, HpcdlUnsupportedError
 from hpcdl.common.process_sets import ProcessSet, global_process_set, id_of
-from hpcdl.common.reduce_ops import Adasum, Average, Sum, check_op
+from hpcdl.common.reduce_ops import Adasum, Average, Product, Sum, check_op
 from hpcdl.tensorflow import _engine, _errors, _latch
 from hpcdl.tensorflow._dtypes import reduction_dtype, wire_of
 
@@ -253,6 +253,22 @@ def _gradients(
 # ---- allreduce, reducescatter ------------------------------------------------------------------------
 
 
+_HALF = (tf.float16, tf.bfloat16)
+
+
+def _rounded(tensor: tf.Tensor, factor: float) -> tf.Tensor:
+    """A half-precision ``tensor`` times ``factor``, computed in float32 and rounded once."""
+    return tf.cast(tf.cast(tensor, tf.float32) * factor, tensor.dtype)
+
+
+def _set_size(ps: int, dtype: tf.DType) -> tf.Tensor:
+    """The set's size as a ``dtype`` scalar (read when the graph runs under an elastic launch, where it
+    changes between resets)."""
+    if elastic.enabled() and not tf.executing_eagerly():
+        return tf.cast(size_op(ps), dtype)
+    return tf.cast(basics.process_set_size(ps), dtype)
+
+
 def _reductions(
     kind: str,
     tensors: list[tf.Tensor],
@@ -264,13 +280,30 @@ def _reductions(
     groups: Sequence[int],
 ) -> list[tf.Tensor]:
     """The (non-differentiable) allreduce (``kind`` "Allreduce") or reducescatter ("Reducescatter") of
-    ``tensors``, uint16/uint32 reduced in a wider type."""
+    ``tensors``, uint16/uint32 reduced in a wider type.
+
+    Where rounding makes the order of operations visible, the result is what TensorFlow's own arithmetic
+    gives, as with Horovod: half-precision tensors are scaled (prescale, Average's division, postscale)
+    by TensorFlow around the engine's half-precision Sum, each step rounded to the dtype; and a
+    floating-point allreduce with Product is ``tf.reduce_prod`` of every rank's tensor in rank order.
+    """
     if op == Adasum:
         raise NotImplementedError(
             "hpcdl.tensorflow does not implement the Adasum reduction; use op=hvd.Average (or hpcdl.torch, "
             "which has Adasum)"
         )
     ps = id_of(process_set)
+    floating = all(t.dtype.is_floating for t in tensors)
+    if kind == "Allreduce" and op == Product and floating:
+        return _product_in_rank_order(tensors, names, ps, groups)
+    half = all(t.dtype in _HALF for t in tensors)
+    if half and (op == Average or prescale_factor != 1.0 or postscale_factor != 1.0):
+        if prescale_factor != 1.0:
+            tensors = [_rounded(t, prescale_factor) for t in tensors]
+        summed = _reductions(kind, tensors, names, Sum, 1.0, 1.0, process_set, groups)
+        if op == Average:
+            summed = [t / _set_size(ps, t.dtype) for t in summed]
+        return [_rounded(t, postscale_factor) for t in summed] if postscale_factor != 1.0 else summed
     how = _engine.Reduction(
         op, float(prescale_factor), float(postscale_factor), ps, _engine.place(groups, ps)
     )
@@ -290,6 +323,22 @@ def _reductions(
 
     reduced = _run(kind, start, widened, [t.dtype for t in widened], shapes, names)
     return [r if r.dtype == d else tf.cast(r, d) for r, d in zip(reduced, originals)]
+
+
+def _product_in_rank_order(
+    tensors: list[tf.Tensor], names: list[Optional[str]], ps: int, groups: Sequence[int]
+) -> list[tf.Tensor]:
+    """Product of floating-point tensors: every rank's tensor gathered, multiplied in rank order."""
+    stacked = [t[None] for t in tensors]
+    wires = [wire_of(t.dtype) for t in stacked]
+    placed = _engine.place(groups, ps)
+
+    def start(*arrays: np.ndarray) -> _engine.Started:
+        return _engine.allgather(arrays, wires, names, ps, placed)
+
+    shapes = [tf.TensorShape([None]).concatenate(t.shape) for t in tensors]
+    gathered = _run("Allreduce", start, stacked, [t.dtype for t in stacked], shapes, names)
+    return [tf.reduce_prod(g, axis=0) for g in gathered]
 
 
 def reduce_tensors(
