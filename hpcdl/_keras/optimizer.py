@@ -161,8 +161,8 @@ def DistributedOptimizer(
     """
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise ValueError(
-            "DistributedOptimizer wraps a Keras optimizer (keras.optimizers.*, or tf.keras.optimizers.* with "
-            f"TF_USE_LEGACY_KERAS=1 and tf-keras), got {type(optimizer).__name__}"
+            "DistributedOptimizer wraps a Keras 3 optimizer (keras.optimizers.*), or a tf-keras one "
+            f"(tf.keras.optimizers.* under TF_USE_LEGACY_KERAS=1), got {type(optimizer).__name__}"
         )
     if is_distributed(type(optimizer)):
         raise ValueError("this optimizer is already a DistributedOptimizer; wrap the plain optimizer once")
