@@ -16,7 +16,7 @@ from typing import Any, Optional
 import yaml
 
 from hpcdl.schedulers.errors import JobSpecError, SiteConfigError
-from hpcdl.schedulers.job import JobSpec, format_clock, parse_walltime
+from hpcdl.schedulers.job import JobSpec, SignalSpec, format_clock, parse_walltime
 from hpcdl.schedulers.shell import check_directive_value, check_value
 
 SYSTEM_SITE_FILE = Path("/etc/hpcdl/site.yaml")
@@ -41,6 +41,7 @@ SCHEMA: dict[str, tuple[type, str]] = {
     "extra_directives": (list, "extra scheduler directives, without the #SBATCH/#PBS/... prefix"),
     "pbs_chunk_resources": (list, "site-defined PBS chunk resources such as system=polaris"),
     "python": (str, "interpreter that runs a COMMAND ending in .py"),
+    "checkpoint_signal": (str, "warning signal of --checkpoint jobs, SIG@SECONDS (default: the scheduler's)"),
 }
 
 
@@ -93,6 +94,7 @@ class SiteConfig:
     extra_directives: list[str] = field(default_factory=list)
     pbs_chunk_resources: list[str] = field(default_factory=list)
     python: str = "python3"
+    checkpoint_signal: Optional[str] = None
     sources: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -155,6 +157,13 @@ class SiteConfig:
                 except JobSpecError as exc:
                     raise SiteConfigError(f"{self.origin(key)}: {exc}") from None
         self.env = {str(k): str(v) for k, v in self.env.items()}
+        if self.checkpoint_signal is not None:
+            try:
+                SignalSpec.parse(self.checkpoint_signal)
+            except JobSpecError as exc:
+                raise SiteConfigError(
+                    f"{self.origin('checkpoint_signal')}: checkpoint_signal: {exc}"
+                ) from None
 
     def origin(self, key: str) -> str:
         return self.sources.get(key, "site configuration")

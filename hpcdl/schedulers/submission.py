@@ -65,6 +65,7 @@ def submit_job(
         workdir=str(workdir),
         script=str(script_path.resolve()),
         log_globs=scheduler.log_globs(job),
+        checkpoint=job.checkpoint,
     )
     record.save()
     return Submitted(job_id, script_path, record)
