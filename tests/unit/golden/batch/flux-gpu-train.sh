@@ -13,7 +13,7 @@ module load cuda/12.4 || { printf 'hpcdl: module load %s failed\n' cuda/12.4 >&2
 source $HOME/venv/bin/activate
 
 # where the ranks leave their diagnostic files (last words, stacks, flight recorder): hpcdl debug analyze DIR
-HPCDL_DEBUG_DIR="${HPCDL_DEBUG_DIR:-$(python3 -m hpcdl.common.debug_dir)}" || { echo "hpcdl: no debug directory" >&2; exit 1; }
+HPCDL_DEBUG_DIR="${HPCDL_DEBUG_DIR:-$(python3 -m hpcdl.runner.print_debug_dir)}" || { echo "hpcdl: no debug directory" >&2; exit 1; }
 export HPCDL_DEBUG_DIR
 
 # rendezvous of the hpcdl ranks: a fresh secret per job, and a server this script hosts for the whole job on
