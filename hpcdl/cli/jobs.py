@@ -12,11 +12,13 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from hpcdl.checkpoint.report import job_progress
 from hpcdl.cli import progress
 from hpcdl.common.exceptions import HpcdlError
 from hpcdl.scaling import watch
 from hpcdl.scaling.cluster import load_jobs
 from hpcdl.schedulers import Scheduler, get_scheduler
+from hpcdl.schedulers.records import load_record
 from hpcdl.schedulers.submission import job_log_files, scheduler_of, tail
 
 jobs_app = typer.Typer(
@@ -40,13 +42,18 @@ def status_command(
     job_id: str = typer.Argument(..., metavar="JOB"),
     scheduler: str = typer.Option("auto", "--scheduler", "-s", help=_SCHEDULER_HELP),
 ) -> None:
-    """Print the job's state (one line per array task)."""
+    """Print the job's state (one line per array task); for a --checkpoint job, its restarts too."""
     try:
         states = _backend(job_id, scheduler).status(job_id)
     except HpcdlError as exc:
         raise _fail("status", exc) from None
     for state in states:
         typer.echo(f"{state.job_id}\t{state.state}\t{state.native}")
+    record = load_record(job_id)
+    if record is not None and record.checkpoint:
+        typer.echo(
+            f"checkpoint {record.checkpoint}: {job_progress(Path(record.checkpoint), job_id).describe()}"
+        )
 
 
 @jobs_app.command("cancel")

@@ -69,6 +69,12 @@ def submit_command(
     requeue: bool = typer.Option(
         False, "--requeue", help="Requeue the job after the signal (needs --signal)."
     ),
+    checkpoint: Optional[Path] = typer.Option(
+        None,
+        "--checkpoint",
+        help="Checkpoint directory of a training using hpcdl.checkpoint.run: the scheduler's warning signal "
+        "(unless --signal), requeue where the scheduler can, the path passed to the ranks.",
+    ),
     array: Optional[str] = typer.Option(
         None, "--array", help="Job array indices: 0-9, 0-9:2, 1,3,5, with %LIMIT."
     ),
@@ -120,6 +126,7 @@ def submit_command(
             sweep=Sweep.parse(sweep) if sweep else None,
             launcher_args=launcher_args,
             python=python,
+            checkpoint=str(checkpoint.expanduser().absolute()) if checkpoint else None,
         )
         backend = get_scheduler(scheduler or site.scheduler)
         if dry_run:

@@ -49,6 +49,8 @@ class Cobalt(Scheduler):
     name = "cobalt"
     rank_variable = "${ALPS_APP_PE:?not started by aprun}"
     array_variable = None  # Cobalt has no job arrays
+    job_id_variable = "COBALT_JOBID"
+    can_requeue = False
 
     def local_rank(self, job: JobSpec) -> str:
         # ALPS gives only the global rank; aprun places ranks block-wise, -N per node.

@@ -53,6 +53,8 @@ class Flux(Scheduler):
     rank_variable = "${FLUX_TASK_RANK:?not started by flux run}"
     local_rank_variable = "${FLUX_TASK_LOCAL_ID:?not started by flux run}"
     array_variable = "FLUX_JOB_CC"
+    job_id_variable = "FLUX_JOB_ID"
+    can_requeue = False
 
     @classmethod
     def detect(cls) -> bool:

@@ -172,6 +172,7 @@ class JobSpec:
     launcher_args: list[str] = field(default_factory=list)
     python: str = field(default_factory=default_python)  # hpcdl's helpers and a *.py command run with it
     python_origin: str = DEFAULT_PYTHON_ORIGIN  # why this interpreter (the script says so)
+    checkpoint: Optional[str] = None  # the training's checkpoint directory (hpcdl.checkpoint)
 
     @property
     def walltime_seconds(self) -> int:
@@ -237,6 +238,11 @@ class JobSpec:
             )
         if self.array and self.sweep:
             raise JobSpecError("give either --array or --sweep, not both (a sweep makes its own array)")
+        if self.checkpoint is not None and (self.array or self.sweep):
+            raise JobSpecError(
+                "--checkpoint with --array or --sweep would have every task write one checkpoint; submit "
+                "one job per task, each with its own checkpoint path"
+            )
         return self
 
     def _check_script_values(self) -> None:
@@ -257,6 +263,8 @@ class JobSpec:
                 raise JobSpecError(f"module {module!r} is not a module name (names do not start with '-')")
         for arg in self.launcher_args:
             check_value(arg, "launcher argument")
+        if self.checkpoint is not None:
+            check_value(self.checkpoint, "checkpoint path")
         check_value(self.python, "python")
         if not self.python.strip() or self.python.startswith("-"):
             raise JobSpecError(

@@ -57,6 +57,7 @@ class Lsf(Scheduler):
     name = "lsf"
     rank_variable = "${JSM_NAMESPACE_RANK:?not started by jsrun}"
     local_rank_variable = "${JSM_NAMESPACE_LOCAL_RANK:?not started by jsrun}"
+    job_id_variable = "LSB_JOBID"
     array_variable = "LSB_JOBINDEX"
     array_base = 1
 
@@ -133,7 +134,8 @@ class Lsf(Scheduler):
 
     def signal_parts(self, job: JobSpec) -> tuple[Optional[int], Optional[str]]:
         assert job.signal is not None
-        return job.walltime_seconds - job.signal.seconds, 'brequeue "$LSB_JOBID"' if job.requeue else None
+        requeue = f'brequeue "${self.job_id_variable}"' if job.requeue else None
+        return job.walltime_seconds - job.signal.seconds, requeue
 
     def validate(self, script: str, site: SiteConfig) -> list[str]:
         return lint.check_lsf(script, site.gpus_per_node, site.cpus_per_node)

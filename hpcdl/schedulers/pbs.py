@@ -51,6 +51,7 @@ class Pbs(Scheduler):
     name = "pbs"
     rank_variable = "${PALS_RANKID:-${PMI_RANK:?not started by mpiexec}}"
     local_rank_variable = "${PALS_LOCAL_RANKID:-${PMI_LOCAL_RANK:?not started by mpiexec}}"
+    job_id_variable = "PBS_JOBID"
     array_variable = "PBS_ARRAY_INDEX"
 
     @classmethod
@@ -126,7 +127,8 @@ class Pbs(Scheduler):
 
     def signal_parts(self, job: JobSpec) -> tuple[Optional[int], Optional[str]]:
         assert job.signal is not None
-        return job.walltime_seconds - job.signal.seconds, 'qrerun "$PBS_JOBID"' if job.requeue else None
+        requeue = f'qrerun "${self.job_id_variable}"' if job.requeue else None
+        return job.walltime_seconds - job.signal.seconds, requeue
 
     def validate(self, script: str, site: SiteConfig) -> list[str]:
         names = {item.partition("=")[0] for item in site.pbs_chunk_resources}

@@ -16,7 +16,14 @@ from typing import Any, Optional
 import yaml
 
 from hpcdl.schedulers.errors import JobSpecError, SiteConfigError
-from hpcdl.schedulers.job import DEFAULT_PYTHON_ORIGIN, JobSpec, default_python, format_clock, parse_walltime
+from hpcdl.schedulers.job import (
+    DEFAULT_PYTHON_ORIGIN,
+    JobSpec,
+    SignalSpec,
+    default_python,
+    format_clock,
+    parse_walltime,
+)
 from hpcdl.schedulers.shell import check_directive_value, check_value
 
 SYSTEM_SITE_FILE = Path("/etc/hpcdl/site.yaml")
@@ -45,6 +52,7 @@ SCHEMA: dict[str, tuple[type, str]] = {
         "interpreter of hpcdl's helpers and of a COMMAND ending in .py in batch jobs (default: the one hpcdl "
         "runs in)",
     ),
+    "checkpoint_signal": (str, "warning signal of --checkpoint jobs, SIG@SECONDS (default: the scheduler's)"),
 }
 
 
@@ -97,6 +105,7 @@ class SiteConfig:
     extra_directives: list[str] = field(default_factory=list)
     pbs_chunk_resources: list[str] = field(default_factory=list)
     python: Optional[str] = None
+    checkpoint_signal: Optional[str] = None
     sources: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -159,6 +168,13 @@ class SiteConfig:
                 except JobSpecError as exc:
                     raise SiteConfigError(f"{self.origin(key)}: {exc}") from None
         self.env = {str(k): str(v) for k, v in self.env.items()}
+        if self.checkpoint_signal is not None:
+            try:
+                SignalSpec.parse(self.checkpoint_signal)
+            except JobSpecError as exc:
+                raise SiteConfigError(
+                    f"{self.origin('checkpoint_signal')}: checkpoint_signal: {exc}"
+                ) from None
 
     def origin(self, key: str) -> str:
         return self.sources.get(key, "site configuration")

@@ -10,7 +10,7 @@ from typing import Optional
 from hpcdl.schedulers import lint
 from hpcdl.schedulers.base import JobState, Scheduler, run_command
 from hpcdl.schedulers.errors import JobUnknownError, SchedulerError
-from hpcdl.schedulers.job import JobSpec, format_clock
+from hpcdl.schedulers.job import JobSpec, SignalSpec, format_clock
 from hpcdl.schedulers.site import SiteConfig
 
 _STATES = {
@@ -57,6 +57,9 @@ class Slurm(Scheduler):
     rank_variable = "${SLURM_PROCID:?not started by srun}"
     local_rank_variable = "${SLURM_LOCALID:?not started by srun}"
     array_variable = "SLURM_ARRAY_TASK_ID"
+    job_id_variable = "SLURM_JOB_ID"
+    # Slurm sends --signal up to 60 s earlier than asked (its event resolution): more lead than elsewhere.
+    checkpoint_signal = SignalSpec("USR2", 180)
 
     @classmethod
     def detect(cls) -> bool:
@@ -122,7 +125,7 @@ class Slurm(Scheduler):
 
     def signal_parts(self, job: JobSpec) -> tuple[Optional[int], Optional[str]]:
         # Slurm itself signals the batch shell (--signal=B:...); the script forwards it to srun.
-        return None, 'scontrol requeue "$SLURM_JOB_ID"' if job.requeue else None
+        return None, f'scontrol requeue "${self.job_id_variable}"' if job.requeue else None
 
     def validate(self, script: str, site: SiteConfig) -> list[str]:
         return lint.check_slurm(script)

@@ -131,6 +131,7 @@ def submit_prepared(scheduler: Scheduler, prepared: Prepared) -> Submitted:
         workdir=str(prepared.workdir),
         script=str(prepared.script.resolve()),
         log_globs=scheduler.log_globs(prepared.job),
+        checkpoint=prepared.job.checkpoint,
     )
     record.save()
     return Submitted(job_id, prepared.script, record)

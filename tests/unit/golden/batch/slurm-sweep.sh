@@ -31,7 +31,7 @@ case "$SLURM_ARRAY_TASK_ID" in
 esac
 
 # where the ranks leave their diagnostic files (last words, stacks, flight recorder): hpcdl debug analyze DIR
-HPCDL_DEBUG_DIR="${HPCDL_DEBUG_DIR:-$(/venv/bin/python -m hpcdl.common.debug_dir)}" || { echo "hpcdl: no debug directory" >&2; exit 1; }
+HPCDL_DEBUG_DIR="${HPCDL_DEBUG_DIR:-$(/venv/bin/python -m hpcdl.runner.print_debug_dir)}" || { echo "hpcdl: no debug directory" >&2; exit 1; }
 export HPCDL_DEBUG_DIR
 
 # rendezvous of the hpcdl ranks: a fresh secret per job, and a server this script hosts for the whole job on
