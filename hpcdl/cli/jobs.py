@@ -21,7 +21,9 @@ from hpcdl.schedulers import Scheduler, get_scheduler
 from hpcdl.schedulers.records import load_record
 from hpcdl.schedulers.submission import job_log_files, scheduler_of, tail
 
-jobs_app = typer.Typer(help="Follow batch jobs: status, watch, cancel, logs.", no_args_is_help=True)
+jobs_app = typer.Typer(
+    help="Follow batch jobs: status, watch, cancel, logs.", no_args_is_help=True, rich_markup_mode=None
+)
 
 _SCHEDULER_HELP = "auto|slurm|pbs|cobalt|lsf|flux (default: the one hpcdl submitted the job to, else auto)."
 
@@ -112,7 +114,7 @@ def _table(statuses: list[watch.JobStatus], started: float) -> Table:
         table.add_column(column)
     for status in statuses:
         if status.error:
-            table.add_row(status.job.job_id, status.job.name, "UNKNOWN", status.error)
+            table.add_row(status.job.job_id, status.job.name, status.summary(), status.error)
         for state in status.states:
             table.add_row(state.job_id, status.job.name, state.state, state.native)
     return table
@@ -124,7 +126,7 @@ def _changes(statuses: list[watch.JobStatus], seen: dict[str, str]) -> list[str]
     stamp = time.strftime("%H:%M:%S")
     for status in statuses:
         rows = [(s.job_id, s.state, s.native) for s in status.states] or [
-            (status.job.job_id, "UNKNOWN", status.error)
+            (status.job.job_id, status.summary(), status.error)
         ]
         for job_id, state, native in rows:
             if seen.get(job_id) != state:

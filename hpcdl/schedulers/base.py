@@ -18,7 +18,7 @@ from hpcdl.checkpoint import contract
 from hpcdl.schedulers.errors import JobSpecError, SchedulerError, ScriptCheckError
 from hpcdl.schedulers.job import JobSpec, SignalSpec
 from hpcdl.schedulers.render import render_parts
-from hpcdl.schedulers.shell import quote, shell_word
+from hpcdl.schedulers.shell import check_value, quote, shell_word
 from hpcdl.schedulers.site import SiteConfig
 
 COMMAND_TIMEOUT_S = 60.0
@@ -26,11 +26,6 @@ PLACEHOLDERS = ("name", "job_id", "array_index")
 
 # Seconds the script waits for its rendezvous server's address line (a Python start on a busy file system).
 RENDEZVOUS_START_TIMEOUT_S = 120
-# Prints "HOST PORT": the first compute node's name and a port free on it, for torch.distributed's MASTER_PORT
-# where the script runs on a service node (it cannot hold the port there; see README, residual risk).
-_MASTER_PROBE = (
-    'import socket; s = socket.socket(); s.bind(("", 0)); print(socket.gethostname(), s.getsockname()[1])'
-)
 
 
 @dataclass
@@ -42,6 +37,8 @@ class ScriptParts:
     exports: list[tuple[str, str]]
     modules: list[str]
     setup: list[str]
+    python: str  # the interpreter of hpcdl's helpers and of a *.py command, as one shell word
+    python_origin: str  # why that one (a comment)
     secret_command: str
     debug_dir_command: str
     rendezvous_command: str
@@ -183,9 +180,12 @@ class Scheduler(ABC):
         )
 
     def master_probe_command(self, job: JobSpec) -> Optional[str]:
-        """Where rank 0 runs on another node than the script: shell printing that node's name and a port."""
+        """Where rank 0 runs on another node than the script: shell printing that node's name, a port free
+        there for torch.distributed's MASTER_PORT (it cannot be held from here; see README, residual risk)
+        and its interface towards the rendezvous."""
         prefix = self.first_node_prefix()
-        return quote([*prefix, job.python, "-c", _MASTER_PROBE]) if prefix else None
+        probe = [job.python, "-m", "hpcdl.runner.batch_rendezvous", "--probe"]
+        return quote([*prefix, *probe]) if prefix else None
 
     def workdir_command(self) -> Optional[str]:
         """Shell that enters the submission directory, where the scheduler does not start there."""
@@ -253,6 +253,8 @@ class Scheduler(ABC):
             exports=exports,
             modules=[shell_word(m, "module") for m in job.modules],
             setup=list(job.setup),
+            python=shell_word(job.python, "python"),
+            python_origin=check_value(job.python_origin, "the origin of python"),
             secret_command=quote([job.python, "-c", "import secrets; print(secrets.token_hex(32))"]),
             debug_dir_command=quote([job.python, "-m", "hpcdl.runner.print_debug_dir"]),
             rendezvous_command=self.rendezvous_command(job),
@@ -271,6 +273,11 @@ class Scheduler(ABC):
     @abstractmethod
     def submit(self, script: Path, workdir: Path) -> str:
         """Submit the script with ``workdir`` as the job's working directory; the job id."""
+
+    def check_submission(self, script: Path, workdir: Path) -> None:
+        """Ask the scheduler whether it would accept the script, without submitting it (SchedulerError with
+        its answer when not); a scheduler that cannot be asked so accepts here."""
+        return None
 
     @abstractmethod
     def status(self, job_id: str) -> list[JobState]:

@@ -9,7 +9,7 @@ from typing import Optional
 
 from hpcdl.schedulers import lint
 from hpcdl.schedulers.base import JobState, Scheduler, run_command
-from hpcdl.schedulers.errors import SchedulerError
+from hpcdl.schedulers.errors import JobUnknownError, SchedulerError
 from hpcdl.schedulers.job import JobSpec, SignalSpec, format_clock
 from hpcdl.schedulers.site import SiteConfig
 
@@ -44,6 +44,12 @@ _STATES = {
 def slurm_time(seconds: int) -> str:
     days, rest = divmod(seconds, 86400)
     return f"{days}-{format_clock(rest)}" if days else format_clock(rest)
+
+
+def _unanswered(job_id: str, exc: SchedulerError) -> SchedulerError:
+    return SchedulerError(
+        f"{exc}; job {job_id} may still be queued or running: ask again once Slurm's controller answers"
+    )
 
 
 class Slurm(Scheduler):
@@ -131,12 +137,17 @@ class Slurm(Scheduler):
             raise SchedulerError(f"sbatch answered {out.strip()!r}, which holds no job id")
         return job_id
 
+    def check_submission(self, script: Path, workdir: Path) -> None:
+        run_command(["sbatch", "--test-only", str(script)], "have Slurm check the job", cwd=workdir)
+
     def status(self, job_id: str) -> list[JobState]:
         try:
             out = run_command(
                 ["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%i|%T"], f"ask Slurm about {job_id}"
             )
-        except SchedulerError:
+        except SchedulerError as exc:
+            if "Invalid job id" not in str(exc):  # the controller did not answer: nothing is known
+                raise _unanswered(job_id, exc) from None
             out = ""
         states = []
         for line in out.splitlines():
@@ -152,7 +163,9 @@ class Slurm(Scheduler):
                 ["sacct", "-n", "-X", "-P", "-j", job_id, "--format=JobID,State"],
                 f"ask Slurm's accounting about {job_id}",
             )
-        except SchedulerError:
+        except SchedulerError as exc:
+            if "accounting storage is disabled" not in str(exc):
+                raise _unanswered(job_id, exc) from None
             out = ""
         states = []
         for line in out.splitlines():
@@ -160,7 +173,7 @@ class Slurm(Scheduler):
             native = native.split()[0] if native else ""
             states.append(JobState(task, _STATES.get(native, "UNKNOWN"), native))
         if not states:
-            raise SchedulerError(
+            raise JobUnknownError(
                 f"Slurm does not know job {job_id}: it never existed, or it ended more than MinJobAge ago "
                 "and this cluster keeps no accounting (sacct)"
             )
