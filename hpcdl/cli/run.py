@@ -18,7 +18,7 @@ from hpcdl.runner.errors import LaunchError
 from hpcdl.runner.horovodrun import NO_EFFECT, no_effect_notes
 from hpcdl.runner.hosts import parse_hostfile, parse_hosts_arg
 from hpcdl.runner.launch import LaunchSpec, MpiOptions, launch
-from hpcdl.runner.launchers import LAUNCHER_CHOICES
+from hpcdl.runner.launchers import launcher_choices
 from hpcdl.runner.output import OutputOptions
 from hpcdl.runner.procs import HOST_KEY_POLICIES, SshOptions
 from hpcdl.runner.rank_env import parse_extra_env
@@ -71,11 +71,11 @@ def run_command(
     launcher: str = typer.Option(
         "auto",
         "--launcher",
-        help=f"What starts the ranks: {', '.join(LAUNCHER_CHOICES)}. auto: the allocation's own launcher "
-        "(srun, flux run, PALS mpiexec, aprun, jsrun/blaunch) inside one, else ssh for other hosts.",
+        help=f"What starts the ranks: {', '.join(launcher_choices())}. auto: the allocation's own launcher "
+        "inside one, else ssh for other hosts.",
     ),
     launcher_args: str = typer.Option(
-        "", "--launcher-args", help="Extra arguments for srun / flux run / mpiexec / aprun / jsrun / blaunch."
+        "", "--launcher-args", help="Extra arguments for the launcher that starts the ranks."
     ),
     use_jsrun: bool = typer.Option(False, "--jsrun", help="Same as --launcher jsrun (horovodrun's flag)."),
     use_gloo: bool = typer.Option(

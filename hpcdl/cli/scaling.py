@@ -11,15 +11,15 @@ from typing import Optional
 
 import typer
 
-from hpcdl.cli import progress
 from hpcdl.cli.submit import _pairs as env_pairs
+from hpcdl.common import progress
 from hpcdl.common.exceptions import HpcdlError
 from hpcdl.scaling import cluster, local, publish, textplot
 from hpcdl.scaling import report as report_module
 from hpcdl.scaling import study as study_module
 from hpcdl.scaling.study import StudyError, StudySpec, Workload
-from hpcdl.scaling.watch import JobStatus
 from hpcdl.schedulers.submission import GroupSubmissionError
+from hpcdl.schedulers.watch import JobStatus
 
 scaling_app = typer.Typer(
     help="Scaling studies: run a workload at several worker counts, fit T = G·f(W) + C(W), report and plot.",

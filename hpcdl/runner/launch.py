@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from hpcdl import platforms
 from hpcdl.common import debug_dir, handshake, stacks
 from hpcdl.runner.allocation import Allocation, detect_allocation
 from hpcdl.runner.board import BoardServer
@@ -230,9 +231,10 @@ class _Job:
 
 
 def _service_node_hosts(launcher: str, hosts: list[HostSlots], from_allocation: bool) -> list[HostSlots]:
-    """aprun and jsrun start ranks on compute nodes only; the node they run on (a MOM or launch node that
-    LSF lists in LSB_MCPU_HOSTS) gets none."""
-    if launcher not in ("aprun", "jsrun") or not from_allocation:
+    """Launchers that run from a service node (aprun, jsrun) start ranks on compute nodes only; the node they
+    run on (a MOM or launch node that LSF lists in its allocation) gets none."""
+    native = platforms.native_launchers().get(launcher)
+    if native is None or not native.from_service_node or not from_allocation:
         return hosts
     here = socket.gethostname().split(".", 1)[0]
     return [h for h in hosts if h.name.split(".", 1)[0] != here] or hosts
