@@ -13,6 +13,7 @@ import typer
 from hpcdl._version import __version__
 from hpcdl.cli.helpformat import PanelledCommand
 from hpcdl.common.exceptions import HpcdlError
+from hpcdl.platforms.lsf import Jsrun
 from hpcdl.runner.elastic import ElasticOptions
 from hpcdl.runner.errors import LaunchError
 from hpcdl.runner.horovodrun import NO_EFFECT, no_effect_notes
@@ -77,7 +78,9 @@ def run_command(
     launcher_args: str = typer.Option(
         "", "--launcher-args", help="Extra arguments for the launcher that starts the ranks."
     ),
-    use_jsrun: bool = typer.Option(False, "--jsrun", help="Same as --launcher jsrun (horovodrun's flag)."),
+    use_jsrun: bool = typer.Option(
+        False, "--jsrun", help=f"Same as --launcher {Jsrun.name} (horovodrun's flag)."
+    ),
     use_gloo: bool = typer.Option(
         False, "--gloo", help="hpcdl's own TCP controller, the default (horovodrun's flag; not with --mpi)."
     ),
@@ -273,9 +276,9 @@ def _spec_from_flags(params: dict[str, Any]) -> tuple[LaunchSpec, list[str]]:
         raise LaunchError("--gloo and --mpi choose different controllers; give one of them")
     launcher = params["launcher"]
     if params["use_jsrun"]:
-        if launcher not in ("auto", "jsrun"):
+        if launcher not in ("auto", Jsrun.name):
             raise LaunchError(f"--jsrun contradicts --launcher {launcher}; give one of them")
-        launcher = "jsrun"
+        launcher = Jsrun.name
     start_timeout = params["start_timeout"]
     if start_timeout is None:
         start_timeout = settings.pop("start_timeout", None)

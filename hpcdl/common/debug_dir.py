@@ -2,7 +2,7 @@
 
 ``HPCDL_DEBUG_DIR`` when set (``hpcdl run`` and the scripts of ``hpcdl submit`` set it for every rank),
 else ``./hpcdl-debug/<job id>``, the job id being the one its launcher or scheduler gives it
-(:data:`hpcdl.common.discovery.JOB_ID_VARIABLES`), else the rendezvous it meets at. ``hpcdl debug analyze
+(:func:`hpcdl.platforms.job_id_variables`), else the rendezvous it meets at. ``hpcdl debug analyze
 DIR`` reads them there.
 
 The files may tell others what a job does, so they are private: the directory is made 0700, files 0600,

@@ -113,15 +113,11 @@ def discover(env: Mapping[str, str] | None = None) -> RankInfo:
     return RankInfo(0, 1, host, "none", 0)
 
 
-# The variables naming the job a rank belongs to, the most specific first: the batch job (Slurm, PBS, LSF,
-# Cobalt, Flux), then an mpirun's job (PMIx namespace), then torchrun's run id.
-JOB_ID_VARIABLES = tuple(platforms.job_id_variables())
-
-
 def job_id(env: Mapping[str, str] | None = None) -> str:
     """The launcher's or scheduler's id of this job ('' when none of them names one)."""
     env = os.environ if env is None else env
-    return next((env[name] for name in JOB_ID_VARIABLES if env.get(name)), "")
+    # The most specific first: the batch job's, then an mpirun's (PMIx namespace), then torchrun's run id.
+    return next((env[name] for name in platforms.job_id_variables() if env.get(name)), "")
 
 
 def _job_tag(env: Mapping[str, str], *parts: str) -> str:

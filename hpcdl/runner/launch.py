@@ -504,8 +504,9 @@ def _worker_start(spec: LaunchSpec, launcher: str, environ: Mapping[str, str]) -
         return None
     native = make_native(launcher, environ, spec.launcher_args)
     if native.worker_argv("HOST") is None:
+        able = [name for name, cls in platforms.native_launchers().items() if cls({}).worker_argv("HOST")]
         raise LaunchError(
             f"--launcher {launcher} cannot start one worker at a time, which elastic jobs need; "
-            "use srun, flux, mpiexec (PALS), blaunch or ssh"
+            f"use {', '.join(able)} or ssh"
         )
     return LauncherStart(native.worker_argv, native.name)

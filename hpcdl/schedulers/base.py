@@ -99,6 +99,8 @@ class Scheduler(ABC):
     array_base: ClassVar[int] = 0
     job_id_variable: ClassVar[str] = ""  # the job's id in its environment
     can_requeue: ClassVar[bool] = True
+    # Folders searched for its template before templates/batch (a backend that ships its own).
+    template_dirs: ClassVar[tuple[Path, ...]] = ()
     # What --checkpoint asks for unless --signal or the site's checkpoint_signal says otherwise: the warning
     # signal and how long before the walltime (the time to reach a commit point and write the checkpoint).
     checkpoint_signal: ClassVar[SignalSpec] = SignalSpec("USR2", 120)
@@ -117,7 +119,7 @@ class Scheduler(ABC):
     # ---- rendering ------------------------------------------------------------------------------
     def render(self, job: JobSpec, site: SiteConfig) -> str:
         """The batch script for ``job``; raises ScriptCheckError if the scheduler would reject it."""
-        script = render_parts(self.parts(job, site))
+        script = render_parts(self.parts(job, site), self.template_dirs)
         problems = self.validate(script, site)
         if problems:
             raise ScriptCheckError(self.name, problems)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 from typing import Optional
 
@@ -11,7 +12,7 @@ from hpcdl.schedulers import lint
 from hpcdl.schedulers.base import JobState, Scheduler, run_command
 from hpcdl.schedulers.errors import JobSpecError, JobUnknownError, SchedulerError
 from hpcdl.schedulers.job import JobSpec
-from hpcdl.schedulers.probe import qsub_flavour
+from hpcdl.schedulers.probe import qsub_version
 from hpcdl.schedulers.site import SiteConfig
 
 _STATES = {
@@ -137,7 +138,9 @@ class Cobalt(Scheduler):
 
     @classmethod
     def detect(cls) -> bool:
-        return qsub_flavour() == "cobalt"
+        if shutil.which("qsub") is None:
+            return False
+        return bool(shutil.which("cqstat") or shutil.which("partlist")) or "cobalt" in qsub_version()
 
     def check_supported(self, job: JobSpec) -> None:
         if job.requeue:

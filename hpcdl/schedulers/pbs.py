@@ -12,7 +12,7 @@ from hpcdl.schedulers import lint
 from hpcdl.schedulers.base import JobState, Scheduler, run_command
 from hpcdl.schedulers.errors import JobSpecError, JobUnknownError, SchedulerError
 from hpcdl.schedulers.job import JobSpec, format_clock
-from hpcdl.schedulers.probe import qsub_flavour
+from hpcdl.schedulers.probe import qsub_version
 from hpcdl.schedulers.site import SiteConfig
 
 _STATES = {
@@ -263,7 +263,7 @@ class Pbs(Scheduler):
 
     @classmethod
     def detect(cls) -> bool:
-        return qsub_flavour() == "pbs"
+        return "pbs_version" in qsub_version()
 
     def check_supported(self, job: JobSpec) -> None:
         if job.array and (not job.array.is_range or len(job.array.indices) < 2):

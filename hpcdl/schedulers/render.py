@@ -43,9 +43,9 @@ def template_dir() -> Path:
     return Path(str(resources.files("hpcdl") / "templates" / "batch"))
 
 
-def _environment() -> jinja2.Environment:
+def _environment(search: tuple[Path, ...]) -> jinja2.Environment:
     return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(template_dir())),
+        loader=jinja2.FileSystemLoader([*(str(d) for d in search), str(template_dir())]),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
@@ -54,7 +54,8 @@ def _environment() -> jinja2.Environment:
     )
 
 
-def render_parts(parts: ScriptParts) -> str:
-    """The script text: ``templates/batch/<scheduler>.sh.j2`` filled with ``parts``."""
-    template = _environment().get_template(f"{parts.scheduler}.sh.j2")
+def render_parts(parts: ScriptParts, search: tuple[Path, ...] = ()) -> str:
+    """The script text: ``<scheduler>.sh.j2`` filled with ``parts``, looked up in `search` (the folders of a
+    backend that ships its own template), then ``templates/batch``."""
+    template = _environment(search).get_template(f"{parts.scheduler}.sh.j2")
     return template.render(version=__version__, **asdict(parts))
