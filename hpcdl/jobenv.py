@@ -9,6 +9,7 @@ has only Python (as it does ``hpcdl.common.handshake``).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Optional
 
 RANK = "HPCDL_RANK"
 SIZE = "HPCDL_SIZE"
@@ -21,16 +22,31 @@ RENDEZVOUS_ADDR = "HPCDL_RENDEZVOUS_ADDR"
 RENDEZVOUS_PORT = "HPCDL_RENDEZVOUS_PORT"
 RENDEZVOUS_SERVE = "HPCDL_RENDEZVOUS_SERVE"  # "1": rank 0 serves the rendezvous at exactly that port
 IFACE = "HPCDL_IFACE"  # the interface (or address) a rank's transport binds
+ELASTIC_DRIVER = "HPCDL_ELASTIC_DRIVER"  # host:port of the launcher's elastic driver
+ELASTIC_WORKER = "HPCDL_ELASTIC_WORKER"  # an elastic worker's number in the job
+ELASTIC_TIMEOUT = "HPCDL_ELASTIC_TIMEOUT"  # how long a worker waits for its next round (--elastic-timeout)
+MASTER_BOARD = "HPCDL_MASTER_BOARD"  # where rank 0's agent posts MASTER_PORT for the others
+START_TIMEOUT = "HPCDL_START_TIMEOUT"  # seconds all ranks may take to meet
+
+# What points a rank at one job's rendezvous: a launcher clears these before it sets its own.
+JOB_SPECIFIC = (
+    RENDEZVOUS_ADDR, RENDEZVOUS_PORT, RENDEZVOUS_SERVE, SECRET,
+    ELASTIC_DRIVER, ELASTIC_WORKER, ELASTIC_TIMEOUT,
+)  # fmt: skip
 
 _TRUE = ("1", "true", "yes", "on")
 
 
-def rendezvous_env(addr: str, port: int, secret: str, serve: bool = False) -> dict[str, str]:
-    """The variables that send a rank to the rendezvous at ``addr:port`` with the job's secret (``serve``:
-    rank 0 hosts it there)."""
-    env = {RENDEZVOUS_ADDR: addr, RENDEZVOUS_PORT: str(port), SECRET: secret}
-    if serve:
-        env[RENDEZVOUS_SERVE] = "1"
+def rendezvous_env(
+    addr: str, port: int, secret: Optional[str], serve: Optional[bool] = None
+) -> dict[str, str]:
+    """The variables that send a rank to the rendezvous at ``addr:port`` with the job's secret (None: the
+    rank has it already); ``serve``: whether rank 0 hosts it there (None: left as it is)."""
+    env = {RENDEZVOUS_ADDR: addr, RENDEZVOUS_PORT: str(port)}
+    if secret is not None:
+        env[SECRET] = secret
+    if serve is not None:
+        env[RENDEZVOUS_SERVE] = "1" if serve else "0"
     return env
 
 

@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 import typer
 
+from hpcdl import jobenv
 from hpcdl._version import __version__
 from hpcdl.cli.helpformat import PanelledCommand
 from hpcdl.common.exceptions import HpcdlError
@@ -148,7 +149,7 @@ def run_command(
     start_timeout: Optional[float] = typer.Option(
         None,
         "--start-timeout",
-        help="Seconds all ranks may take to meet [HPCDL_START_TIMEOUT, HOROVOD_START_TIMEOUT; 30].",
+        help=f"Seconds all ranks may take to meet [{jobenv.START_TIMEOUT}, HOROVOD_START_TIMEOUT; 30].",
     ),
     output_filename: Optional[Path] = typer.Option(
         None, "--output-filename", help="Also write each rank's output to DIR/rank.N/{stdout,stderr}."
@@ -199,7 +200,7 @@ def run_command(
         "--network-interface",
         "--network-interfaces",
         help="Network interface(s) for TCP traffic, comma-separated or repeated (each host uses the first "
-        "it has), or an IPv4 address; also used to reach other hosts [HPCDL_IFACE].",
+        f"it has), or an IPv4 address; also used to reach other hosts [{jobenv.IFACE}].",
         rich_help_panel=_TUNING,
     ),
     small_message_bytes: Optional[int] = _tunable("small_message_bytes", "--small-message-bytes"),

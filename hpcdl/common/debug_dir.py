@@ -21,6 +21,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from hpcdl import jobenv
 from hpcdl.common.discovery import job_id
 from hpcdl.common.output_file import private_directory, write_output_file
 
@@ -35,7 +36,7 @@ def job_key(environ: Mapping[str, str] | None = None) -> str:
     by one launcher process on one host)."""
     env = os.environ if environ is None else environ
     key = job_id(env)
-    for host, port in (("HPCDL_RENDEZVOUS_ADDR", "HPCDL_RENDEZVOUS_PORT"), ("MASTER_ADDR", "MASTER_PORT")):
+    for host, port in ((jobenv.RENDEZVOUS_ADDR, jobenv.RENDEZVOUS_PORT), ("MASTER_ADDR", "MASTER_PORT")):
         if not key and env.get(host) and env.get(port):
             key = f"{env[host]}-{env[port]}"
     if not key:

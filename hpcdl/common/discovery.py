@@ -103,7 +103,7 @@ def discover(env: Mapping[str, str] | None = None) -> RankInfo:
         if size_var not in env:
             raise HpcdlConfigError(
                 f"{rank_var} is set ({launcher}) but {size_var} is not, so the job size is unknown; set "
-                f"HPCDL_RANK and HPCDL_SIZE, or launch with 'hpcdl run -np N'"
+                f"{jobenv.RANK} and {jobenv.SIZE}, or launch with 'hpcdl run -np N'"
             )
         rank, size = _int(env, rank_var), _int(env, size_var)
         if size < 1 or not 0 <= rank < size:
@@ -128,12 +128,12 @@ def _job_tag(env: Mapping[str, str], *parts: str) -> str:
 
 def _no_secret(info: RankInfo, origin: str) -> str:
     return (
-        f"HPCDL_SECRET is not set (rank {info.rank} of {info.size}, {info.launcher} launch, rendezvous from "
-        f"{origin}). Ranks that meet over TCP prove to each other that they hold the job's secret, which "
-        "must be random: anything they could derive alike from the job (its id, addresses, your user id) "
-        "the other users of the cluster can derive too. Launch with 'hpcdl run' or a script from 'hpcdl "
+        f"{jobenv.SECRET} is not set (rank {info.rank} of {info.size}, {info.launcher} launch, rendezvous "
+        f"from {origin}). Ranks that meet over TCP prove to each other that they hold the job's secret, "
+        "which must be random: anything they could derive alike from the job (its id, addresses, your user "
+        "id) the other users of the cluster can derive too. Launch with 'hpcdl run' or a script from 'hpcdl "
         "submit' (both make one), or export the same random value to every rank before starting them: "
-        "export HPCDL_SECRET=$(python3 -c 'import secrets; print(secrets.token_hex(32))')"
+        f"export {jobenv.SECRET}=$(python3 -c 'import secrets; print(secrets.token_hex(32))')"
     )
 
 
@@ -187,5 +187,6 @@ def meeting(info: RankInfo, env: Mapping[str, str] | None = None, mpi_vendor: st
         f"rank {info.rank} of {info.size} ({info.launcher}) does not know where to meet the other "
         f"ranks{hint}. "
         "Launch with 'hpcdl run -np N', or set MASTER_ADDR and MASTER_PORT (rank 0's host and a port) "
-        "for every rank, or set HPCDL_RENDEZVOUS_ADDR/HPCDL_RENDEZVOUS_PORT to a running rendezvous server."
+        f"for every rank, or set {jobenv.RENDEZVOUS_ADDR}/{jobenv.RENDEZVOUS_PORT} to a running rendezvous "
+        "server."
     )
