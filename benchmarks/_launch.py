@@ -1,6 +1,6 @@
 """What the benchmarks share: launching themselves on N ranks, reading back what the ranks print, and
 showing how far they are (rank 0 prints ``PROGRESS done total`` lines; the launcher draws a bar on a
-terminal, see ``hpcdl.cli.progress``)."""
+terminal, see ``hpcdl.common.progress``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 
-from hpcdl.cli import progress
+from hpcdl.common import progress
 
 OPENMPI = "/usr/bin/mpirun.openmpi"
 PROGRESS = "PROGRESS"

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from hpcdl import jobenv
 from hpcdl.common.exceptions import HpcdlConfigError
 
 _TRUE = {"1", "true", "yes", "on", "y"}
@@ -34,7 +35,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("transport", "transport", "HPCDL_TRANSPORT", None, "auto", str),
     # Which MPI library (see mpi_library): auto (the launcher's), openmpi, mpich, or a libmpi path.
     Setting("mpi", "mpi", "HPCDL_MPI", None, "auto", str),
-    Setting("iface", "iface", "HPCDL_IFACE", "HOROVOD_GLOO_IFACE", "", str),
+    Setting("iface", "iface", jobenv.IFACE, "HOROVOD_GLOO_IFACE", "", str),
     Setting(
         "small_message_bytes",
         "small_message_bytes",

@@ -10,13 +10,13 @@ import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from hpcdl.platforms.mpi import VERSION_TIMEOUT_SECONDS, version_output
 from hpcdl.runner.errors import LaunchError
 from hpcdl.runner.hosts import HostSlots
 from hpcdl.runner.procs import SshOptions
 from hpcdl.runner.rank_env import FORWARDED_NAMES, FORWARDED_PREFIXES
 from hpcdl.runner.tagged import Tagged, TagReader
 
-VERSION_TIMEOUT_SECONDS = 20.0
 OPENMPI, MPICH = "Open MPI", "MPICH/Hydra"
 # Per-rank identity comes from the MPI launcher; inherited values would be wrong.
 _RANK_VARIABLES = tuple(
@@ -26,14 +26,6 @@ _RANK_VARIABLES = tuple(
 )
 _OPENMPI_TAG = re.compile(rb"^\[\d+,(\d+)\]<(stdout|stderr)>:(.*)$", re.DOTALL)
 _MPICH_TAG = re.compile(rb"^\[(\d+)\] (.*)$", re.DOTALL)
-
-
-def version_output(program: str) -> str:
-    """What ``PROGRAM --version`` prints (stdout, then stderr); OSError or TimeoutExpired if it cannot."""
-    done = subprocess.run(
-        [program, "--version"], capture_output=True, text=True, timeout=VERSION_TIMEOUT_SECONDS, check=False
-    )
-    return done.stdout + done.stderr
 
 
 def detect_flavor(mpirun: str) -> str:
