@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -48,6 +49,24 @@ Status random_secret(std::string* secret) {
   secret->clear();
   for (uint8_t b : raw) *secret += std::string{hex[b >> 4], hex[b & 15]};
   return Status::ok();
+}
+
+// Whether allreduce over `ranks` takes the hierarchical path (HPCDL_HIERARCHICAL_ALLREDUCE): forced by
+// hierarchical=1|0, else (auto) when the ranks span hosts and some host has several of them.
+bool hierarchical_for(const Options& options, const std::vector<PeerInfo>& peers, const std::vector<int>& ranks) {
+  const std::string choice = options.get("hierarchical", "auto");
+  std::map<std::string, int> per_host;
+  for (int r : ranks) ++per_host[peers[size_t(r)].host];
+  if (per_host.size() < 2) return false;
+  if (choice != "auto" && !choice.empty()) return options.get_bool("hierarchical", true);
+  for (const auto& host : per_host)
+    if (host.second > 1) return true;
+  return false;
+}
+
+bool logs_info(const Options& options) {
+  const std::string level = options.get("log_level", "warning");
+  return level == "info" || level == "debug" || level == "trace";
 }
 
 std::vector<int> parse_ranks(const std::string& text) {
@@ -235,11 +254,14 @@ Status Runtime::start(const Options& options) {
   if (transport_ == "shm" && spans)
     return Status::error(HPCDL_ERR_INVALID, "transport=shm needs every rank on one host, but ranks span " +
                                                 std::to_string(per_host.size()) + " hosts; use auto or tcp");
+  std::vector<int> world(static_cast<size_t>(size_));
+  for (int i = 0; i < size_; ++i) world[size_t(i)] = i;
   if (transport_ == "mpi") {
     local_transport_ = cross_transport_ = "mpi";
   } else {
     local_transport_ = size_ == 1 || local_size_ == 1 ? "self" : (transport_ == "tcp" || spans ? "tcp" : "shm");
-    if (spans && transport_ != "tcp" && options_.get_bool("hierarchical", true) && local_size_ > 1) local_transport_ = "shm";
+    if (spans && transport_ != "tcp" && hierarchical_for(options_, peers_, world) && local_size_ > 1)
+      local_transport_ = "shm";
     cross_transport_ = spans ? "tcp" : "self";
   }
 
@@ -250,19 +272,25 @@ Status Runtime::start(const Options& options) {
     Status st = ensure_open_files(tcp_meshes * 2 * size_t(size_ - 1) + 6 * size_t(per_host.size()),
                                   "connections to the job's " + std::to_string(size_ - 1) + " other ranks");
     if (!st.is_ok()) return st;
-    std::vector<int> all(static_cast<size_t>(size_));
-    for (int i = 0; i < size_; ++i) all[size_t(i)] = i;
-    st = TcpComm::create(*endpoint_, peers_, all, rank_, "boot", 0, deadline, &world_boot_);
+    st = TcpComm::create(*endpoint_, peers_, world, rank_, "boot", 0, deadline, &world_boot_);
     if (!st.is_ok()) return st;
   }
-  std::vector<int> world(static_cast<size_t>(size_));
-  for (int i = 0; i < size_; ++i) world[size_t(i)] = i;
   Status st = build_process_set(0, world);
   if (!st.is_ok()) return st;
   for (const auto& ranks : parse_process_sets(options_.get("process_sets"))) {
     int id = 0;
     st = add_process_set(ranks, &id);
     if (!st.is_ok()) return st;
+  }
+  if (rank_ == 0 && spans && transport_ != "mpi" && logs_info(options_)) {  // what hpcdl run --verbose shows
+    const bool hierarchical = find_comm(0, Channel::kDirect)->path() == "hierarchical";
+    const std::string line = "hpcdl: " + std::to_string(size_) + " ranks on " + std::to_string(per_host.size()) +
+                             " hosts (" + (homogeneous_ ? std::to_string(local_size_) + " per host" : "unequal") +
+                             "); allreduce across hosts: " +
+                             (hierarchical ? "hierarchical (shared memory within a host, TCP between hosts)"
+                                           : "flat (one TCP ring over every rank)") +
+                             "; HPCDL_HIERARCHICAL_ALLREDUCE=" + options_.get("hierarchical", "auto") + "\n";
+    std::fputs(line.c_str(), stderr);
   }
   return Status::ok();
 }
@@ -386,9 +414,10 @@ Status Runtime::make_comm(const std::vector<int>& ranks, int set_id, Channel cha
     std::shared_ptr<TcpComm> tcp;
     Status st = make_tcp_comm(ranks, my, key, deadline, &tcp);
     if (!st.is_ok()) return st;
-    if (!one_host && transport_ != "tcp" && options_.get_bool("hierarchical", true)) {
+    if (!one_host && transport_ != "tcp" && hierarchical_for(options_, peers_, ranks)) {
       std::shared_ptr<Comm> hier;
-      st = HierarchicalComm::create(*this, ranks, my, key, tcp, deadline, &hier);
+      const size_t small = size_t(options_.get_int("small_message_bytes", 65536));
+      st = HierarchicalComm::create(*this, ranks, my, key, tcp, small, deadline, &hier);
       if (!st.is_ok()) return st;
       *out = hier;
       return Status::ok();

@@ -19,7 +19,11 @@ Status p2p_allgatherv(P2P& p, const void* send, void* recv, const std::vector<in
   auto* out = static_cast<char*>(recv);
   size_t mine = offsets[size_t(r) + 1] - offsets[size_t(r)];
   if (mine && out + offsets[size_t(r)] != send) std::memmove(out + offsets[size_t(r)], send, mine);
-  return ring_allgather(p, out, offsets, deadline, what);
+  if (n == 1) return Status::ok();
+  const Ring ring(p, std::move(offsets), kRingChunkBytes);
+  Schedule s;
+  ring_allgather(s, ring, out, {});
+  return p.run(s, deadline, what);
 }
 
 }  // namespace hpcdl
