@@ -192,6 +192,8 @@ Status TcpComm::run(Schedule& schedule, Deadline deadline, const std::string& wh
   };
 
   std::vector<pollfd> fds;
+  static const long spin_us = getenv("XSPIN") ? atol(getenv("XSPIN")) : 0;  // EXPERIMENT
+  auto idle_since = Clock::now();
   while (true) {
     bool moved = false;
     for (Lane& l : in) {
@@ -203,7 +205,8 @@ Status TcpComm::run(Schedule& schedule, Deadline deadline, const std::string& wh
       if (!st.is_ok()) return st;
     }
     if (open == 0) return Status::ok();
-    if (moved) continue;
+    if (moved) { idle_since = Clock::now(); continue; }
+    if (spin_us && Clock::now() - idle_since < std::chrono::microseconds(spin_us)) continue;  // EXPERIMENT
     // Nothing could move: sleep until a socket has room for a ready send or bytes for a receive.
     fds.clear();
     for (const Lane& l : in)
