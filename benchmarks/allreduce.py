@@ -126,6 +126,28 @@ def _peers(rank: int, size: int, spans_hosts: bool) -> dict[str, Callable[[np.nd
     return impls
 
 
+ENGINE_TENSORS = 16
+
+
+def _engine_step(a: np.ndarray) -> Callable[[], None]:
+    """The buffer as ENGINE_TENSORS tensors through hpcdl.torch (Horovod's allreduce_async_ and synchronize,
+    as DistributedOptimizer reduces gradients): the engine negotiates them and fuses them into one
+    allreduce. Next to ``hpcdl`` (the direct call on the whole buffer) it shows what the engine costs."""
+    import torch
+
+    import hpcdl.torch as hvd
+
+    parts = list(torch.from_numpy(a).chunk(ENGINE_TENSORS))
+    names = [f"bench.{a.nbytes}.{i}" for i in range(len(parts))]
+
+    def step() -> None:
+        handles = [hvd.allreduce_async_(p, name=n, op=hvd.Sum) for p, n in zip(parts, names)]
+        for handle in handles:
+            hvd.synchronize(handle)
+
+    return step
+
+
 def _ceiling(rank: int, hosts: list[str]) -> Optional[TcpCeiling]:
     """The TCP probe between rank 0 and the first rank on another host, or None on one host."""
     import hpcdl.common as hc
@@ -210,6 +232,8 @@ def worker(sizes: list[int], repeats: int, variants: list[str]) -> None:
                 current = variant
             impls = {variant: lambda a: lambda: hc.allreduce(a, out=a)}
             if variant == variants[0]:
+                if "gloo" in peers:  # torch is there
+                    impls["hpcdl.torch"] = _engine_step
                 impls.update(peers)
             for nbytes in sizes:
                 buffer = np.ones(max(nbytes // 4, 1), dtype=np.float32)

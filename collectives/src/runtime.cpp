@@ -283,12 +283,15 @@ Status Runtime::start(const Options& options) {
     if (!st.is_ok()) return st;
   }
   if (rank_ == 0 && spans && transport_ != "mpi" && logs_info(options_)) {  // what hpcdl run --verbose shows
-    const bool hierarchical = find_comm(0, Channel::kDirect)->path() == "hierarchical";
+    const size_t small = size_t(options_.get_int("small_message_bytes", 65536));
+    const bool hierarchical = find_comm(0, Channel::kDirect)->path(small + 1) == "hierarchical";
     const std::string line = "hpcdl: " + std::to_string(size_) + " ranks on " + std::to_string(per_host.size()) +
                              " hosts (" + (homogeneous_ ? std::to_string(local_size_) + " per host" : "unequal") +
                              "); allreduce across hosts: " +
-                             (hierarchical ? "hierarchical (shared memory within a host, TCP between hosts)"
-                                           : "flat (one TCP ring over every rank)") +
+                             (hierarchical ? "hierarchical above " + std::to_string(small) +
+                                                 " bytes (shared memory within a host, TCP between hosts), "
+                                                 "flat up to it"
+                                           : std::string("flat (TCP between every pair of ranks)")) +
                              "; HPCDL_HIERARCHICAL_ALLREDUCE=" + options_.get("hierarchical", "auto") + "\n";
     std::fputs(line.c_str(), stderr);
   }

@@ -100,8 +100,10 @@ from hpcdl.common import engine
 hc.init()
 x = np.ones(1 << 20, dtype=np.float32)
 engine.allreduce_async(x, name="grad", op=hc.ReduceOp.SUM, out=x).wait()
+y = np.ones(1024, dtype=np.float32)  # above what travels in control messages
+engine.allreduce_async(y, name="tiny", op=hc.ReduceOp.SUM, out=y).wait()
 hc.shutdown()
-print("RESULT " + json.dumps({"sum": float(x[0])}), flush=True)
+print("RESULT " + json.dumps({"sum": float(x[0] + y[0])}), flush=True)
 """
 
 
@@ -109,8 +111,8 @@ print("RESULT " + json.dumps({"sum": float(x[0])}), flush=True)
 def test_the_path_across_hosts_is_chosen_and_shown(
     hosts: VirtualHosts, tmp_path: Path, setting: str | None, path: str
 ) -> None:
-    """Two ranks on each of two hosts: hierarchical unless HPCDL_HIERARCHICAL_ALLREDUCE=0; hpcdl run --verbose
-    says which, and the timeline marks each allreduce with it."""
+    """Two ranks on each of two hosts: hierarchical above the small-message size unless
+    HPCDL_HIERARCHICAL_ALLREDUCE=0; hpcdl run --verbose says which, and the timeline marks each allreduce."""
     script = tmp_path / "choice.py"
     script.write_text(CHOICE)
     timeline = tmp_path / f"timeline-{path}.json"
@@ -120,8 +122,13 @@ def test_the_path_across_hosts_is_chosen_and_shown(
     base = {k: v for k, v in os.environ.items() if not k.startswith(_FOREIGN)}
     done = hosts.run("host1", command, env={**base, **env}, cwd=tmp_path, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count('RESULT {"sum": 4.0}') == 4
-    shown = {"hierarchical": "hierarchical (shared memory within a host, TCP between hosts)", "flat": "flat"}
+    assert done.stdout.count('RESULT {"sum": 8.0}') == 4
+    shown = {
+        "hierarchical": "hierarchical above 65536 bytes (shared memory within a host, TCP",
+        "flat": "flat",
+    }
     assert f"hpcdl: 4 ranks on 2 hosts (2 per host); allreduce across hosts: {shown[path]}" in done.stderr
-    spans = [e for e in json.loads(timeline.read_text()) if e.get("name") == "ALLREDUCE"]
-    assert spans and all(e["args"]["path"] == path for e in spans)
+    events = json.loads(timeline.read_text())
+    tracks = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    paths = {tracks[e["tid"]]: e["args"]["path"] for e in events if e.get("name") == "ALLREDUCE"}
+    assert paths == {"grad": path, "tiny": "flat"}

@@ -89,6 +89,9 @@ constexpr int kMaxGather = 16;
 // Moves every lane as far as its socket and its dependencies allow, and sleeps in poll() only when no lane
 // can move: a ring's sends, receives and reductions overlap, and a small exchange with every peer costs
 // one round trip. Consecutive ready sends of a lane go out in one sendmsg() straight from their buffers.
+// It sleeps at once rather than spinning first: with ranks sharing cores (or a host busy with other work)
+// a spinning rank takes the time its peer needs to answer, and a 4-byte allreduce between two hosts took
+// 2x longer with 20 us of polling before each sleep than without (benchmarks/README.md).
 Status TcpComm::run(Schedule& schedule, Deadline deadline, const std::string& what) {
   auto& sends = schedule.sends();
   auto& recvs = schedule.recvs();
@@ -192,8 +195,6 @@ Status TcpComm::run(Schedule& schedule, Deadline deadline, const std::string& wh
   };
 
   std::vector<pollfd> fds;
-  static const long spin_us = getenv("XSPIN") ? atol(getenv("XSPIN")) : 0;  // EXPERIMENT
-  auto idle_since = Clock::now();
   while (true) {
     bool moved = false;
     for (Lane& l : in) {
@@ -205,8 +206,7 @@ Status TcpComm::run(Schedule& schedule, Deadline deadline, const std::string& wh
       if (!st.is_ok()) return st;
     }
     if (open == 0) return Status::ok();
-    if (moved) { idle_since = Clock::now(); continue; }
-    if (spin_us && Clock::now() - idle_since < std::chrono::microseconds(spin_us)) continue;  // EXPERIMENT
+    if (moved) continue;
     // Nothing could move: sleep until a socket has room for a ready send or bytes for a receive.
     fds.clear();
     for (const Lane& l : in)

@@ -25,7 +25,7 @@ class TcpComm : public Comm, public P2P {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const std::vector<int>& world_ranks() const override { return world_; }
-  std::string path() const override { return spans_hosts_ ? "flat" : ""; }
+  std::string path(size_t) const override { return spans_hosts_ ? "flat" : ""; }
 
   Status allreduce(const void* send, void* recv, int64_t count, int dtype, int op, double prescale, double postscale,
                    Deadline deadline, const std::string& what) override;
