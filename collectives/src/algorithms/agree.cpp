@@ -16,8 +16,10 @@ struct Header {
 }  // namespace
 
 Status p2p_agree(P2P& p, const OpDesc& desc, Deadline deadline, const std::string& what, std::vector<OpDesc>* all,
-                 const void* payload, size_t payload_bytes, char* gathered) {
+                 const Inline* data) {
   const int n = p.p2p_size(), r = p.p2p_rank();
+  const size_t payload_bytes = data ? data->bytes : 0;
+  auto expected = [&](int q) { return data ? data->len[size_t(q)] : 0; };
   std::vector<Header> heads(static_cast<size_t>(n));
   heads[size_t(r)] = {desc.type, desc.dtype, desc.op, 0, desc.count, int64_t(desc.vec.size()), int64_t(payload_bytes)};
   std::vector<std::vector<int64_t>> vecs(static_cast<size_t>(n));
@@ -27,7 +29,7 @@ Status p2p_agree(P2P& p, const OpDesc& desc, Deadline deadline, const std::strin
     if (q == r) continue;
     s.send(q, &heads[size_t(r)], sizeof(Header));
     if (!desc.vec.empty()) s.send(q, desc.vec.data(), desc.vec.size() * sizeof(int64_t));
-    if (payload_bytes) s.send(q, payload, payload_bytes);
+    if (payload_bytes) s.send(q, data->mine, payload_bytes);
     const int vec_item = int(s.recvs().size()) + 1, payload_item = vec_item + 1;
     s.recv(q, &heads[size_t(q)], sizeof(Header), [&, q, vec_item, payload_item]() {
       const Header& h = heads[size_t(q)];
@@ -35,8 +37,8 @@ Status p2p_agree(P2P& p, const OpDesc& desc, Deadline deadline, const std::strin
       try {
         vecs[size_t(q)].resize(vec_len);
         s.set_recv(vec_item, vecs[size_t(q)].data(), vec_len * sizeof(int64_t));
-        if (theirs == payload_bytes && gathered) {
-          s.set_recv(payload_item, gathered + payload_bytes * size_t(q), theirs);
+        if (theirs == expected(q) && data) {
+          s.set_recv(payload_item, data->into + data->at[size_t(q)], theirs);
         } else {
           stray[size_t(q)].resize(theirs);
           s.set_recv(payload_item, stray[size_t(q)].data(), theirs);
@@ -59,7 +61,7 @@ Status p2p_agree(P2P& p, const OpDesc& desc, Deadline deadline, const std::strin
     std::vector<int64_t> vec = q == r ? desc.vec : vecs[size_t(q)];
     vec.resize(size_t(2 * n), 0);
     descs.push_back(make_desc(h.type, h.dtype, h.op, h.count, std::move(vec)));
-    same_payload = same_payload && h.payload == int64_t(payload_bytes);
+    same_payload = same_payload && h.payload == int64_t(q == r ? payload_bytes : expected(q));
   }
   st = check_descs(descs, p.p2p_world(), what);
   if (st.is_ok() && !same_payload) {

@@ -18,8 +18,13 @@ Status p2p_allreduce(P2P& p, const void* send, void* recv, int64_t count, int dt
   // One round with every rank at once: the agreement on the arguments and, on the exchange path, the
   // whole inputs behind it.
   std::vector<char> all(exchange ? bytes * size_t(n) : 0);
-  Status st = p2p_agree(p, make_desc(HPCDL_OP_ALLREDUCE, dtype, op, count), deadline, what, nullptr, send,
-                        exchange ? bytes : 0, all.data());
+  Inline data;
+  if (exchange) {
+    data = {send, bytes, all.data(), {}, std::vector<size_t>(size_t(n), bytes)};
+    for (int q = 0; q < n; ++q) data.at.push_back(bytes * size_t(q));
+  }
+  Status st = p2p_agree(p, make_desc(HPCDL_OP_ALLREDUCE, dtype, op, count), deadline, what, nullptr,
+                        exchange ? &data : nullptr);
   if (!st.is_ok()) return st;
   if (exchange) {  // everybody reduces everything in rank order: bitwise identical results
     std::vector<const void*> srcs(static_cast<size_t>(n));

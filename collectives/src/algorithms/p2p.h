@@ -28,13 +28,20 @@ class P2P {
                   Deadline deadline, const std::string& what);
 };
 
+// Data that travels with the agreement (see p2p_agree): this rank's `bytes` at `mine`, sent to every other
+// rank; rank q's, `len[q]` bytes, lands at `into + at[q]` (this rank's own place is left alone).
+struct Inline {
+  const void* mine = nullptr;
+  size_t bytes = 0;
+  char* into = nullptr;
+  std::vector<size_t> at, len;
+};
+
 // Opens every collective: exchanges descriptors with every rank at once and checks they agree (all ranks
-// fail alike on mismatch). With a payload, each rank also sends it to every other, and rank q's lands at
-// `gathered + q * payload_bytes` (this rank's own place is left alone): one round trip for a small
-// collective's arguments and data together.
+// fail alike on mismatch). With `data`, each rank's payload travels behind its descriptor: one round trip
+// for a small collective's arguments and data together.
 Status p2p_agree(P2P& p, const OpDesc& desc, Deadline deadline, const std::string& what,
-                 std::vector<OpDesc>* all = nullptr, const void* payload = nullptr, size_t payload_bytes = 0,
-                 char* gathered = nullptr);
+                 std::vector<OpDesc>* all = nullptr, const Inline* data = nullptr);
 
 Status p2p_allreduce(P2P& p, const void* send, void* recv, int64_t count, int dtype, int op, double prescale,
                      double postscale, size_t small_message_bytes, Deadline deadline, const std::string& what);
@@ -43,7 +50,7 @@ Status p2p_allreduce(P2P& p, const void* send, void* recv, int64_t count, int dt
 Status p2p_ring_allreduce(P2P& p, const void* send, void* recv, int64_t count, int dtype, int op, double prescale,
                           double postscale, int64_t divisor, Deadline deadline, const std::string& what);
 Status p2p_allgatherv(P2P& p, const void* send, void* recv, const std::vector<int64_t>& counts, int dtype,
-                      Deadline deadline, const std::string& what);
+                      size_t small_message_bytes, Deadline deadline, const std::string& what);
 Status p2p_broadcast(P2P& p, void* buf, int64_t count, int dtype, int root, Deadline deadline,
                      const std::string& what);
 Status p2p_alltoallv(P2P& p, const void* send, const std::vector<int64_t>& send_counts, void* recv,

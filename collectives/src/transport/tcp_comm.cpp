@@ -248,7 +248,7 @@ Status TcpComm::allreduce(const void* send, void* recv, int64_t count, int dtype
 }
 Status TcpComm::allgatherv(const void* send, void* recv, const std::vector<int64_t>& counts, int dtype,
                            Deadline deadline, const std::string& what) {
-  HPCDL_TCP_OP(p2p_allgatherv(*this, send, recv, counts, dtype, deadline, what));
+  HPCDL_TCP_OP(p2p_allgatherv(*this, send, recv, counts, dtype, small_message_bytes_, deadline, what));
 }
 Status TcpComm::broadcast(void* buf, int64_t count, int dtype, int root, Deadline deadline,
                           const std::string& what) {
