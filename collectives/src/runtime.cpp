@@ -51,17 +51,25 @@ Status random_secret(std::string* secret) {
   return Status::ok();
 }
 
-// Whether allreduce over `ranks` takes the hierarchical path (HPCDL_HIERARCHICAL_ALLREDUCE): forced by
-// hierarchical=1|0, else (auto) when the ranks span hosts and some host has several of them.
-bool hierarchical_for(const Options& options, const std::vector<PeerInfo>& peers, const std::vector<int>& ranks) {
+// Allreduces of at least this many bytes over `ranks` take the hierarchical path; 0: none (flat TCP).
+// hierarchical=1 (HPCDL_HIERARCHICAL_ALLREDUCE) makes it every allreduce above the small-message size,
+// hierarchical=0 none; unset (auto), those of at least kAutoHierarchicalBytes when the ranks span hosts and
+// some host has several of them. Below that the flat ring won on the namespace hosts of benchmarks/README.md
+// (two hosts of two ranks on two cores), where each of the path's shared-memory steps waits for a rank
+// that shares its core; where every rank has a core of its own, hierarchical=1 is worth trying.
+constexpr size_t kAutoHierarchicalBytes = 4 << 20;
+
+size_t hierarchical_min_bytes(const Options& options, const std::vector<PeerInfo>& peers,
+                              const std::vector<int>& ranks) {
   const std::string choice = options.get("hierarchical", "auto");
+  const size_t above_small = size_t(options.get_int("small_message_bytes", 65536)) + 1;
   std::map<std::string, int> per_host;
   for (int r : ranks) ++per_host[peers[size_t(r)].host];
-  if (per_host.size() < 2) return false;
-  if (choice != "auto" && !choice.empty()) return options.get_bool("hierarchical", true);
+  if (per_host.size() < 2) return 0;
+  if (choice != "auto" && !choice.empty()) return options.get_bool("hierarchical", true) ? above_small : 0;
   for (const auto& host : per_host)
-    if (host.second > 1) return true;
-  return false;
+    if (host.second > 1) return std::max(above_small, kAutoHierarchicalBytes);
+  return 0;
 }
 
 bool logs_info(const Options& options) {
@@ -260,7 +268,7 @@ Status Runtime::start(const Options& options) {
     local_transport_ = cross_transport_ = "mpi";
   } else {
     local_transport_ = size_ == 1 || local_size_ == 1 ? "self" : (transport_ == "tcp" || spans ? "tcp" : "shm");
-    if (spans && transport_ != "tcp" && hierarchical_for(options_, peers_, world) && local_size_ > 1)
+    if (spans && transport_ != "tcp" && hierarchical_min_bytes(options_, peers_, world) > 0 && local_size_ > 1)
       local_transport_ = "shm";
     cross_transport_ = spans ? "tcp" : "self";
   }
@@ -283,15 +291,13 @@ Status Runtime::start(const Options& options) {
     if (!st.is_ok()) return st;
   }
   if (rank_ == 0 && spans && transport_ != "mpi" && logs_info(options_)) {  // what hpcdl run --verbose shows
-    const size_t small = size_t(options_.get_int("small_message_bytes", 65536));
-    const bool hierarchical = find_comm(0, Channel::kDirect)->path(small + 1) == "hierarchical";
+    const size_t from = hierarchical_min_bytes(options_, peers_, world);
     const std::string line = "hpcdl: " + std::to_string(size_) + " ranks on " + std::to_string(per_host.size()) +
                              " hosts (" + (homogeneous_ ? std::to_string(local_size_) + " per host" : "unequal") +
                              "); allreduce across hosts: " +
-                             (hierarchical ? "hierarchical above " + std::to_string(small) +
-                                                 " bytes (shared memory within a host, TCP between hosts), "
-                                                 "flat up to it"
-                                           : std::string("flat (TCP between every pair of ranks)")) +
+                             (from > 0 ? "hierarchical from " + std::to_string(from) +
+                                             " bytes (shared memory within a host, TCP between hosts), flat below"
+                                       : std::string("flat (TCP between every pair of ranks)")) +
                              "; HPCDL_HIERARCHICAL_ALLREDUCE=" + options_.get("hierarchical", "auto") + "\n";
     std::fputs(line.c_str(), stderr);
   }
@@ -417,10 +423,10 @@ Status Runtime::make_comm(const std::vector<int>& ranks, int set_id, Channel cha
     std::shared_ptr<TcpComm> tcp;
     Status st = make_tcp_comm(ranks, my, key, deadline, &tcp);
     if (!st.is_ok()) return st;
-    if (!one_host && transport_ != "tcp" && hierarchical_for(options_, peers_, ranks)) {
+    const size_t hierarchical = hierarchical_min_bytes(options_, peers_, ranks);
+    if (!one_host && transport_ != "tcp" && hierarchical > 0) {
       std::shared_ptr<Comm> hier;
-      const size_t small = size_t(options_.get_int("small_message_bytes", 65536));
-      st = HierarchicalComm::create(*this, ranks, my, key, tcp, small, deadline, &hier);
+      st = HierarchicalComm::create(*this, ranks, my, key, tcp, hierarchical, deadline, &hier);
       if (!st.is_ok()) return st;
       *out = hier;
       return Status::ok();

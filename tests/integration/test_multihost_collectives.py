@@ -1,7 +1,7 @@
 """Every collective and dtype across separate hosts (network namespaces with their own names and addresses):
-one rank per host on two and on three hosts (flat TCP rings), two ranks on each of two hosts (shared memory
-within a host, TCP between them, chosen by the runtime) and the same forced flat; and how a job learns which
-path its allreduce takes (``hpcdl run --verbose``, the timeline)."""
+one rank per host on two and on three hosts (flat TCP rings), two ranks on each of two hosts as the runtime
+chooses, forced hierarchical (shared memory within a host, TCP between them) and forced flat; and how a job
+learns which path its allreduce takes (``hpcdl run --verbose``, the timeline)."""
 
 from __future__ import annotations
 
@@ -70,8 +70,11 @@ JOBS = {
     "2 hosts x 1": (["host1", "host2"], {}),
     "3 hosts x 1": (["host1", "host2", "host3"], {}),
     "2 hosts x 2": (["host1", "host1", "host2", "host2"], {}),
-    # a tiny small-message size sends everything but scalars through the sliced path and the rings
-    "2 hosts x 2, rings": (["host1", "host1", "host2", "host2"], {"HPCDL_SMALL_MESSAGE_BYTES": "64"}),
+    # forced, with a tiny small-message size: everything but scalars takes the sliced path and the rings
+    "2 hosts x 2, sliced": (
+        ["host1", "host1", "host2", "host2"],
+        {"HPCDL_SMALL_MESSAGE_BYTES": "64", "HPCDL_HIERARCHICAL_ALLREDUCE": "1"},
+    ),
     "2 hosts x 2, flat": (["host1", "host1", "host2", "host2"], {"HPCDL_HIERARCHICAL_ALLREDUCE": "0"}),
 }
 
@@ -98,7 +101,7 @@ import numpy as np
 import hpcdl.common as hc
 from hpcdl.common import engine
 hc.init()
-x = np.ones(1 << 20, dtype=np.float32)
+x = np.ones(1 << 21, dtype=np.float32)  # 8 MiB: the hierarchical path unless forced flat
 engine.allreduce_async(x, name="grad", op=hc.ReduceOp.SUM, out=x).wait()
 y = np.ones(1024, dtype=np.float32)  # above what travels in control messages
 engine.allreduce_async(y, name="tiny", op=hc.ReduceOp.SUM, out=y).wait()
@@ -111,8 +114,8 @@ print("RESULT " + json.dumps({"sum": float(x[0] + y[0])}), flush=True)
 def test_the_path_across_hosts_is_chosen_and_shown(
     hosts: VirtualHosts, tmp_path: Path, setting: str | None, path: str
 ) -> None:
-    """Two ranks on each of two hosts: hierarchical above the small-message size unless
-    HPCDL_HIERARCHICAL_ALLREDUCE=0; hpcdl run --verbose says which, and the timeline marks each allreduce."""
+    """Two ranks on each of two hosts: large allreduces hierarchical unless HPCDL_HIERARCHICAL_ALLREDUCE=0;
+    hpcdl run --verbose says which, and the timeline marks each allreduce."""
     script = tmp_path / "choice.py"
     script.write_text(CHOICE)
     timeline = tmp_path / f"timeline-{path}.json"
@@ -124,7 +127,7 @@ def test_the_path_across_hosts_is_chosen_and_shown(
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count('RESULT {"sum": 8.0}') == 4
     shown = {
-        "hierarchical": "hierarchical above 65536 bytes (shared memory within a host, TCP",
+        "hierarchical": "hierarchical from 4194304 bytes (shared memory within a host, TCP",
         "flat": "flat",
     }
     assert f"hpcdl: 4 ranks on 2 hosts (2 per host); allreduce across hosts: {shown[path]}" in done.stderr

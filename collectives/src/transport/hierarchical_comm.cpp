@@ -19,11 +19,11 @@ bool is_float(int dtype) {
 }  // namespace
 
 Status HierarchicalComm::create(Runtime& runtime, const std::vector<int>& ranks, int my, const std::string& key,
-                                std::shared_ptr<TcpComm> flat, size_t small_message_bytes, Deadline deadline,
+                                std::shared_ptr<TcpComm> flat, size_t min_bytes, Deadline deadline,
                                 std::shared_ptr<Comm>* out) {
   std::shared_ptr<HierarchicalComm> c(new HierarchicalComm());
   c->flat_ = std::move(flat);
-  c->small_message_bytes_ = small_message_bytes;
+  c->min_bytes_ = min_bytes;
   const auto& peers = runtime.peers();
   std::map<std::string, size_t> host_index;
   for (int i = 0; i < int(ranks.size()); ++i) {
@@ -68,11 +68,11 @@ const std::vector<int>& HierarchicalComm::world_ranks() const { return flat_->wo
 
 Status HierarchicalComm::allreduce(const void* send, void* recv, int64_t count, int dtype, int op, double prescale,
                                    double postscale, Deadline deadline, const std::string& what) {
-  // Small tensors: one round with every rank over the flat mesh, arguments and data together. A shared-memory
-  // step first would save TCP messages, but its waits spin and yield, which costs more than the round saves
-  // wherever ranks outnumber cores (benchmarks/README.md). Integers scaled before the sum would be truncated
-  // once per stage: those stay on the flat mesh too.
-  if (size_t(count) * dtype_bytes(dtype) <= small_message_bytes_ || count < int64_t(size()) ||
+  // Smaller tensors: the flat mesh (one round with every rank when small, arguments and data together). The
+  // shared-memory steps of the hierarchical path wait by spinning and yielding, which costs more than the
+  // TCP messages they save wherever ranks outnumber cores (benchmarks/README.md). Integers scaled before the
+  // sum would be truncated once per stage: those stay on the flat mesh too.
+  if (size_t(count) * dtype_bytes(dtype) < min_bytes_ || count < int64_t(size()) ||
       (!is_float(dtype) && prescale != 1.0))
     return flat_->allreduce(send, recv, count, dtype, op, prescale, postscale, deadline, what);
   // The whole set agrees first over the flat mesh, where every other collective starts too, so that ranks

@@ -1,6 +1,7 @@
-// For process sets that span hosts with several members on a host: allreduce of large tensors in stages
-// (shared memory within each host, TCP between hosts); small tensors and every other collective go over the
-// flat TCP mesh, where every collective also starts with the agreement on its arguments.
+// For process sets that span hosts with several members on a host: allreduce of large tensors (at least
+// `min_bytes`) in stages (shared memory within each host, TCP between hosts); smaller ones and every other
+// collective go over the flat TCP mesh, where every collective also starts with the agreement on its
+// arguments.
 //
 // When every host has the same number L of members (the usual job), member i of each host works with
 // member i of every other host ("cross" links): a tensor is reduce-scattered within the host into L slices,
@@ -23,13 +24,13 @@ class TcpComm;
 class HierarchicalComm : public Comm {
  public:
   static Status create(Runtime& runtime, const std::vector<int>& ranks, int my, const std::string& key,
-                       std::shared_ptr<TcpComm> flat, size_t small_message_bytes, Deadline deadline,
+                       std::shared_ptr<TcpComm> flat, size_t min_bytes, Deadline deadline,
                        std::shared_ptr<Comm>* out);
 
   int rank() const override;
   int size() const override;
   const std::vector<int>& world_ranks() const override;
-  std::string path(size_t bytes) const override { return bytes > small_message_bytes_ ? "hierarchical" : "flat"; }
+  std::string path(size_t bytes) const override { return bytes >= min_bytes_ ? "hierarchical" : "flat"; }
 
   Status allreduce(const void* send, void* recv, int64_t count, int dtype, int op, double prescale, double postscale,
                    Deadline deadline, const std::string& what) override;
@@ -59,7 +60,7 @@ class HierarchicalComm : public Comm {
   std::shared_ptr<TcpComm> cross_;   // member i of every host (equal members per host), else null
   std::shared_ptr<TcpComm> leaders_;  // unequal hosts: the first member of each host; null on the others
   std::vector<std::vector<int>> members_;  // comm ranks of each host, hosts in order of their first member
-  size_t small_message_bytes_ = 65536;
+  size_t min_bytes_ = 0;  // allreduces of fewer bytes go flat (see hierarchical_min_bytes in runtime.cpp)
 };
 
 }  // namespace hpcdl
