@@ -90,8 +90,8 @@ constexpr int kMaxGather = 16;
 // can move: a ring's sends, receives and reductions overlap, and a small exchange with every peer costs
 // one round trip. Consecutive ready sends of a lane go out in one sendmsg() straight from their buffers.
 // It sleeps at once rather than spinning first: with ranks sharing cores (or a host busy with other work)
-// a spinning rank takes the time its peer needs to answer, and a 4-byte allreduce between two hosts took
-// 2x longer with 20 us of polling before each sleep than without (benchmarks/README.md).
+// a spinning rank takes the time its peer needs to answer; a 4-byte allreduce between two hosts took twice
+// as long with 50 us of polling before each sleep as without (benchmarks/README.md).
 Status TcpComm::run(Schedule& schedule, Deadline deadline, const std::string& what) {
   auto& sends = schedule.sends();
   auto& recvs = schedule.recvs();
@@ -197,12 +197,13 @@ Status TcpComm::run(Schedule& schedule, Deadline deadline, const std::string& wh
   std::vector<pollfd> fds;
   while (true) {
     bool moved = false;
-    for (Lane& l : in) {
-      Status st = pump_in(l, &moved);
-      if (!st.is_ok()) return st;
-    }
+    // Sends first: at the start nothing can have arrived yet (a receive would only say so).
     for (Lane& l : out) {
       Status st = pump_out(l, &moved);
+      if (!st.is_ok()) return st;
+    }
+    for (Lane& l : in) {
+      Status st = pump_in(l, &moved);
       if (!st.is_ok()) return st;
     }
     if (open == 0) return Status::ok();
