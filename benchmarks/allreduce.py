@@ -252,10 +252,9 @@ def worker(sizes: list[int], repeats: int, variants: list[str]) -> None:
                 _measure_ceiling(probe, best)
     if rank == 0:
         for (name, nbytes), seconds in best.items():
-            busbw = (
-                nbytes / seconds / 1e9 if name.startswith("tcp-") else bus_bandwidth(nbytes, size, seconds)
-            )
-            record = Record(name, 2 if probe else size, nbytes, seconds, busbw, nbytes / seconds / 1e9)
+            tcp = name.startswith("tcp-")  # the probe: two ranks, one way
+            busbw = nbytes / seconds / 1e9 if tcp else bus_bandwidth(nbytes, size, seconds)
+            record = Record(name, 2 if tcp else size, nbytes, seconds, busbw, nbytes / seconds / 1e9)
             print("RECORD " + json.dumps(asdict(record)), flush=True)
     if probe is not None:
         probe.close()
