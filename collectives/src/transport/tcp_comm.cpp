@@ -25,7 +25,8 @@ Status TcpComm::create(Endpoint& endpoint, const std::vector<PeerInfo>& world, c
   c->fds_.assign(world_ranks.size(), -1);
   c->bell_fds_.assign(world_ranks.size(), -1);
   for (int w : world_ranks) c->hosts_.push_back(world[size_t(w)].host);
-  c->spans_hosts_ = std::any_of(c->hosts_.begin(), c->hosts_.end(), [&](const std::string& h) { return h != c->hosts_[0]; });
+  c->spans_hosts_ =
+      std::any_of(c->hosts_.begin(), c->hosts_.end(), [&](const std::string& h) { return h != c->hosts_[0]; });
   c->self_bell_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   // The higher comm rank connects, the lower accepts (the listener thread queues early arrivals).
   for (int j = 0; j < my_rank; ++j) {
