@@ -189,6 +189,7 @@ def run_command(
     log_level: Optional[str] = _tunable("log_level", "--log-level"),
     timeout: Optional[float] = _tunable("timeout", "--timeout", "--gloo-timeout-seconds"),
     transport: Optional[str] = _tunable("transport", "--transport"),
+    mpi_library: Optional[str] = _tunable("mpi_library", "--mpi-library"),
     network_interfaces: list[str] = typer.Option(
         [],
         "--network-interface",

@@ -91,6 +91,31 @@ def _keras_capability() -> Capability:
     return Capability("Keras", True, detail=f"keras {version} on the {backend} backend")
 
 
+def _tf_keras_capability() -> Capability:
+    """Which Keras ``tf.keras`` (hence ``hpcdl.tensorflow.keras``) is, read from the installed distributions
+    and TensorFlow's own switch, without importing TensorFlow."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(distribution: str) -> str | None:
+        try:
+            return version(distribution)
+        except PackageNotFoundError:
+            return None
+
+    keras3, tf_keras = installed("keras"), installed("tf-keras") or installed("tf_keras")
+    if importlib.util.find_spec("tensorflow") is None:
+        return Capability("tf.keras", False, "TensorFlow is not installed; pip install 'hpcdl[tensorflow]'")
+    if os.environ.get("TF_USE_LEGACY_KERAS") in ("1", "true", "True"):
+        if tf_keras is None:
+            reason = "TF_USE_LEGACY_KERAS=1 but tf-keras is not installed: pip install --no-deps tf-keras"
+            return Capability("tf.keras", False, reason)
+        return Capability("tf.keras", True, detail=f"tf-keras {tf_keras}: Keras 2 (TF_USE_LEGACY_KERAS=1)")
+    if keras3 is None:
+        return Capability("tf.keras", False, "Keras 3 is not installed; it comes with 'hpcdl[tensorflow]'")
+    other = f"; TF_USE_LEGACY_KERAS=1 selects tf-keras {tf_keras}" if tf_keras else ""
+    return Capability("tf.keras", True, detail=f"Keras 3, keras {keras3}{other}")
+
+
 def _unsupported_framework(display: str, module: str) -> Capability:
     version = _module_version(module)
     if version is None:
@@ -127,6 +152,7 @@ def check_build() -> Matrix:
         _tensorflow_capability(),
         _torch_capability(),
         _keras_capability(),
+        _tf_keras_capability(),
         _unsupported_framework("JAX", "jax"),
         _unsupported_framework("MXNet", "mxnet"),
     ]

@@ -59,7 +59,7 @@ def test_check_build_reflects_the_loaded_runtime() -> None:
     assert controllers["MPI"]["available"] is runtime.mpi.available
     assert ops["shared memory"]["available"] and ops["TCP"]["available"]
     frameworks = {c["name"]: c for c in matrix["frameworks"]}
-    assert set(frameworks) == {"TensorFlow", "PyTorch", "Keras", "JAX", "MXNet"}
+    assert set(frameworks) == {"TensorFlow", "tf.keras", "PyTorch", "Keras", "JAX", "MXNet"}
 
 
 def test_check_build_verbose_explains_every_missing_item() -> None:
