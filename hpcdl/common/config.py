@@ -52,7 +52,9 @@ SETTINGS: tuple[Setting, ...] = (
         "hierarchical",
         "HPCDL_HIERARCHICAL_ALLREDUCE",
         "HOROVOD_HIERARCHICAL_ALLREDUCE",
-        True,  # only matters when ranks span hosts: shared memory first, then TCP between hosts
+        # Only matters when ranks span hosts. Unset (None): the runtime chooses per process set, shared
+        # memory within hosts then TCP between them when a host has several members; True/False force it.
+        None,
         bool,
     ),
     Setting(
@@ -253,6 +255,8 @@ def options_text(options: Mapping[str, Any]) -> str:
     """The ``key=value`` lines of hpcdl_init; rejects values that would break the format."""
     lines = []
     for key, value in options.items():
+        if value is None:  # unset: the runtime's own choice
+            continue
         text = ("1" if value else "0") if isinstance(value, bool) else str(value)
         if "\n" in text or "\r" in text:
             raise HpcdlConfigError(f"setting {key} may not contain a line break")
