@@ -44,6 +44,9 @@ class Comm {
   virtual int rank() const = 0;                            // rank within this comm
   virtual int size() const = 0;
   virtual const std::vector<int>& world_ranks() const = 0;  // comm rank -> world rank
+  // How an allreduce of `bytes` crosses hosts here, for the timeline and logs: "hierarchical" (shared memory
+  // within hosts, TCP between them), "flat" (one TCP mesh over members on several hosts), "" (one host, MPI).
+  virtual std::string path(size_t bytes) const { return ""; }
 
   // `what` names the operation in timeout/peer-loss messages (e.g. "allreduce 'grad.fc1.weight'").
   virtual Status allreduce(const void* send, void* recv, int64_t count, int dtype, int op, double prescale,

@@ -7,9 +7,7 @@ about an argument are also ``ValueError``s, as Horovod raises those.
 
 from __future__ import annotations
 
-
-class HpcdlError(RuntimeError):
-    """Base class of every error hpcdl raises on purpose."""
+from hpcdl.errors import HpcdlError
 
 
 class LibraryNotFoundError(HpcdlError):

@@ -124,7 +124,8 @@ HPCDL_API const char* hpcdl_build_info(void);
  *   small_message_bytes           below this, latency-optimal algorithms; at/above, ring
  *   shm_chunk_bytes               shared-memory staging buffer per rank and step
  *   shm_stores=auto|cached|streaming  how ranks write staged chunks (auto: measured, see staging_stores.h)
- *   hierarchical=0|1              intra-host then inter-host allreduce/allgather when ranks span hosts
+ *   hierarchical=auto|0|1         large allreduces within hosts, then across, when ranks span hosts (auto,
+ *                                 the default: when some host has several ranks of the process set)
  *   fusion_threshold              engine fusion buffer bytes (0 disables fusion)
  *   cycle_time_ms                 engine cycle time (float)
  *   cache_capacity                engine response cache entries (0 disables)

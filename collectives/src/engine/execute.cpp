@@ -34,6 +34,12 @@ Status allocate_result(std::vector<uint8_t>& out, int64_t rows, int64_t row, int
                                               " rows (" + size + ") on this rank; the members' inputs are too large");
 }
 
+// The timeline's note of how an allreduce of `bytes` crossed hosts (see Comm::path), "" on one host.
+std::string path_arg(const Comm& comm, int64_t bytes) {
+  const std::string path = comm.path(static_cast<size_t>(bytes));
+  return path.empty() ? "" : ",\"path\":\"" + path + "\"";
+}
+
 }  // namespace
 
 int64_t Engine::entry_bytes(const Pending& e) const {
@@ -102,7 +108,8 @@ void Engine::run_batch(const std::vector<Ready>& batch, bool fused) {
     s = run_one(*batch.front().entry, *data, what);
     if (timeline_.active() && s.is_ok())
       record_timeline(*batch.front().entry, op_type_upper(batch.front().entry->any()->op_type), start, Clock::now(),
-                      "\"bytes\":" + std::to_string(entry_bytes(*batch.front().entry)));
+                      "\"bytes\":" + std::to_string(entry_bytes(*batch.front().entry)) +
+                          path_arg(*data, entry_bytes(*batch.front().entry)));
   }
   burst_bytes_ += bytes;
   finish(batch, s.code, s.message);
@@ -310,7 +317,7 @@ Status Engine::run_fused(const std::vector<Ready>& batch, Comm& comm, const std:
   if (timeline_.active()) {
     std::string args = "\"fused_tensors\":" + std::to_string(batch.size()) +
                        ",\"fused_bytes\":" + std::to_string(total * dsize) +
-                       ",\"copied_bytes\":" + std::to_string(packed_count * dsize);
+                       ",\"copied_bytes\":" + std::to_string(packed_count * dsize) + path_arg(comm, total * dsize);
     for (const Ready& r : batch) {
       if (!packed(*r.entry)) {
         record_timeline(*r.entry, "ALLREDUCE", t1, t2, args + ",\"in_place\":true");
