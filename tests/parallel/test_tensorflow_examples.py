@@ -65,6 +65,6 @@ def test_submit_renders_the_examples(example: Path) -> None:
     submit = ["submit", "-s", "slurm", "--dry-run", "-N", "2", "--ranks-per-node", "2", "-t", "20"]
     script = _run(sys.executable, "-m", "hpcdl", *submit, str(relative), "--epochs", "3")
     assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=2" in script
-    assert re.search(rf"^srun .* python3 {re.escape(str(relative))} --epochs 3$", script, re.MULTILINE), (
-        script
-    )
+    # The job runs the example with the interpreter that rendered it (the one submit was run with).
+    line = rf"^srun .* {re.escape(sys.executable)} {re.escape(str(relative))} --epochs 3$"
+    assert re.search(line, script, re.MULTILINE), script
