@@ -38,6 +38,14 @@ constexpr int64_t kWideBytes = 1 << 20;  // batches this large may run on any co
 // first two gradients in cycles of their own, on the core the caller was submitting the rest from (the
 // submissions took 1.5 ms instead of 0.45 ms); at 50 us, about one step in 25.
 constexpr std::chrono::microseconds kSettle{100};
+// A rank that starts a cycle rings its peers only when they have not arrived on their own after this long
+// (Comm::ring_if_late): ranks in step (a lone allreduce called on every rank, a training step's burst) meet
+// without a wake-up, and a peer that is idle is woken within it.
+constexpr std::chrono::microseconds kRingAfter{20};
+// A submission this small, of a name the response cache knows, made while the engine sleeps, does not wake
+// it: its caller usually waits for it next and then runs the cycle itself (the direct path). The engine
+// thread still runs it when anything else wakes it, at the latest within a second.
+constexpr int64_t kDeferMaxBytes = 64 * 1024;
 // The longest a rank that shuts down waits for its peers to hear it (see Engine::run_cycle).
 constexpr std::chrono::seconds kShutdownGrace{2};
 constexpr std::chrono::microseconds kSettleRecheck{100};

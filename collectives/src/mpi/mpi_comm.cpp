@@ -55,8 +55,8 @@ class MpiComm : public Comm {
       int flag = 1;
       while (flag) {
         MPI_Status status;
-        MPI_Iprobe(MPI_ANY_SOURCE, kBellTag, bell_comm_, &flag, &status);
-        if (flag) MPI_Recv(nullptr, 0, MPI_BYTE, status.MPI_SOURCE, kBellTag, bell_comm_, MPI_STATUS_IGNORE);
+        MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, bell_comm_, &flag, &status);
+        if (flag) MPI_Recv(nullptr, 0, MPI_BYTE, status.MPI_SOURCE, status.MPI_TAG, bell_comm_, MPI_STATUS_IGNORE);
       }
       MPI_Comm_free(&comm_);
       MPI_Comm_free(&bell_comm_);
@@ -184,12 +184,14 @@ class MpiComm : public Comm {
     return agree(make_desc(HPCDL_OP_BARRIER, 0, 0, 0), deadline, what);
   }
 
-  void notify_peers() override {
+  // A ring is an empty message on the doorbells' own communicator whose tag carries the low bits of the
+  // cycle it is for (a waiter for cycle c can only find rings for c or earlier cycles: see comm.h).
+  void notify_peers(uint32_t cycle) override {
     std::lock_guard<std::mutex> lock(mutex_);
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
       MPI_Request req;
-      MPI_Isend(nullptr, 0, MPI_BYTE, r, kBellTag, bell_comm_, &req);
+      MPI_Isend(nullptr, 0, MPI_BYTE, r, int(cycle & kBellTagMask), bell_comm_, &req);
       MPI_Request_free(&req);
     }
   }
@@ -203,32 +205,34 @@ class MpiComm : public Comm {
   // MPI has no blocking receive with a timeout, so a peer's bell is polled for: every 50 us at first, then
   // twice as long after each empty look, at most every kBellPollMax (an idle engine polling every 50 us
   // took 30% of a core away from the training). This rank's own bell wakes the wait at once.
-  bool wait_notify(Deadline until) override {
+  Bell wait_notify(uint32_t cycle, Deadline until) override {
     auto interval = std::chrono::microseconds(50);
     while (true) {
-      {
-        std::lock_guard<std::mutex> lock(bell_mutex_);
-        if (self_bell_) {
-          self_bell_ = false;
-          return true;
-        }
-      }
-      bool rung = false;
       {
         std::lock_guard<std::mutex> lock(mutex_);
         int flag = 1;
         while (flag) {
           MPI_Status status;
-          MPI_Iprobe(MPI_ANY_SOURCE, kBellTag, bell_comm_, &flag, &status);
+          MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, bell_comm_, &flag, &status);
           if (flag) {
-            MPI_Recv(nullptr, 0, MPI_BYTE, status.MPI_SOURCE, kBellTag, bell_comm_, MPI_STATUS_IGNORE);
-            rung = true;
+            MPI_Recv(nullptr, 0, MPI_BYTE, status.MPI_SOURCE, status.MPI_TAG, bell_comm_, MPI_STATUS_IGNORE);
+            // The tag's low bits tell the whole cycle number (rings are for cycles near `cycle`).
+            uint32_t delta = (uint32_t(status.MPI_TAG) - cycle) & kBellTagMask;
+            const uint32_t full = cycle + (delta > kBellTagMask / 2 ? delta - (kBellTagMask + 1) : delta);
+            if (int32_t(full - bell_) > 0) bell_ = full;
           }
         }
       }
-      if (rung) return true;
+      if (int32_t(bell_ - cycle) >= 0) return Bell::kRung;
+      {
+        std::lock_guard<std::mutex> lock(bell_mutex_);
+        if (self_bell_) {
+          self_bell_ = false;
+          return Bell::kPoked;
+        }
+      }
       const auto now = Clock::now();
-      if (now >= until) return false;
+      if (now >= until) return Bell::kTimeout;
       std::unique_lock<std::mutex> lock(bell_mutex_);
       bell_cv_.wait_until(lock, std::min<Deadline>(until, now + interval), [&] { return self_bell_; });
       interval = std::min(interval * 2, kBellPollMax);
@@ -236,7 +240,8 @@ class MpiComm : public Comm {
   }
 
  private:
-  static constexpr int kBellTag = 77;
+  static constexpr uint32_t kBellTagMask = 0x3fff;  // tags up to 32767 are valid in every MPI
+  uint32_t bell_ = 0;  // the latest cycle a peer rang for (only wait_notify's thread touches it)
   static constexpr std::chrono::microseconds kBellPollMax{1000};
 
   Status wait(MPI_Request* req, Deadline deadline, const std::string& what) {
