@@ -49,7 +49,8 @@ def install(rank: int) -> None:
     global _file
     path = stack_path(rank)
     private_directory(path.parent)
-    flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    # Appending: whoever empties the file for a new dump need not move this descriptor's offset back.
+    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
     new = os.fdopen(os.open(path, flags, 0o600), "w+")
     faulthandler.register(STACK_SIGNAL, file=new, all_threads=True, chain=False)
     old, _file = _file, new

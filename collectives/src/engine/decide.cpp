@@ -125,6 +125,10 @@ void Engine::decide_and_run(const std::vector<NameRecord*>& work) {
       }
     }
     if (!message.empty()) {
+      if (code == HPCDL_ERR_MISMATCH && dump_reason_.empty()) {
+        dump_reason_ = "mismatch";
+        dump_message_ = message;
+      }
       record_timeline(r, "NEGOTIATE", r.first_seen, now, "\"error\":\"" + json_escape(message) + "\"");
       finish(r, code, message);
       done(r);
@@ -311,12 +315,15 @@ void Engine::remember(NameRecord& r) {
   r.last_used = ++cache_clock_;
 }
 
+// World rank 0, every second: operations some ranks submitted and others have not, for longer than the
+// stall check time (a warning) or the stall shutdown time (they are cancelled on every rank). Either report
+// waits for the missing ranks' own reports first (see finish_stall_report).
 void Engine::stall_check(Clock::time_point now) {
-  if (!stall_check_enabled_ || now < next_stall_check_) return;
+  if (!stall_check_enabled_ || now < next_stall_check_ || stall_report_.active) return;
   next_stall_check_ = now + std::chrono::seconds(1);
-  std::ostringstream warning;
-  int stalled = 0;
-  // In name order (the table is hashed), so that a warning lists its operations the same way every time.
+  StallReport report;
+  std::ostringstream lines;
+  // In name order (the table is hashed), so that a report lists its operations the same way every time.
   std::vector<NameRecord*> entries;
   for (NameRecord* r = negotiating_; r != nullptr; r = r->next_negotiating) entries.push_back(r);
   std::sort(entries.begin(), entries.end(), [](const NameRecord* a, const NameRecord* b) { return a->key < b->key; });
@@ -332,36 +339,41 @@ void Engine::stall_check(Clock::time_point now) {
       else if (joined.count(w) == 0 || r.any()->op_type == HPCDL_OP_JOIN) missing.push_back(w);
     }
     if (missing.empty()) continue;
+    const bool shutdown = stall_shutdown_s_ > 0 && age >= stall_shutdown_s_;
+    if (!shutdown && (age < stall_check_s_ || seconds_between(r.last_stall_warning, now) < stall_check_s_)) continue;
     char age_text[32];
     std::snprintf(age_text, sizeof age_text, "%.1f", age);
-    if (stall_shutdown_s_ > 0 && age >= stall_shutdown_s_) {
-      aborts_to_send_.push_back(
+    const std::string conflict = set_conflicts(r);
+    for (int m : missing)
+      if (std::find(report.missing.begin(), report.missing.end(), m) == report.missing.end()) report.missing.push_back(m);
+    if (shutdown) {
+      report.aborts.push_back(
           {r.key.first, r.key.second,
            "stall shutdown: " + describe(*r.any()) + " was submitted by " + ranks_text(present) + " but " +
                ranks_text(missing) + (missing.size() == 1 ? " has" : " have") + " not submitted it after " +
                age_text + " s (HPCDL_STALL_SHUTDOWN_TIME_SECONDS); it was cancelled on every rank. A rank "
-               "that never submits this name is stuck or took a different code path."});
+               "that never submits this name is stuck or took a different code path." +
+               (conflict.empty() ? "" : "\n" + conflict)});
       continue;
     }
-    if (age >= stall_check_s_ && seconds_between(r.last_stall_warning, now) >= stall_check_s_) {
-      r.last_stall_warning = now;
-      warning << "\n  " << describe(*r.any()) << ": " << ranks_text(missing) << " missing (submitted by "
-              << ranks_text(present) << ", waiting " << age_text << " s)";
-      ++stalled;
-      if (timeline_.active())
-        timeline_.instant("STALL", now, "\"tensor\":\"" + json_escape(r.key.second) +
-                                            "\",\"missing_ranks\":" + ranks_json(missing));
-    }
+    r.last_stall_warning = now;
+    lines << "\n  " << describe(*r.any()) << ": " << ranks_text(missing) << " missing (submitted by "
+          << ranks_text(present) << ", waiting " << age_text << " s)";
+    if (!conflict.empty()) lines << "\n    " << conflict;
+    ++report.stalled;
+    if (timeline_.active())
+      timeline_.instant("STALL", now, "\"tensor\":\"" + json_escape(r.key.second) +
+                                          "\",\"missing_ranks\":" + ranks_json(missing));
   }
-  if (stalled > 0) {
-    std::fprintf(stderr,
-                 "hpcdl WARNING: stall inspector (rank 0): %d operation(s) waited more than %g s because some "
-                 "ranks have not submitted them:%s\nA missing rank may be stuck, have crashed, or have taken a "
-                 "different code path (e.g. a layer skipped on some ranks). HPCDL_STALL_CHECK_TIME_SECONDS sets "
-                 "this interval; HPCDL_STALL_SHUTDOWN_TIME_SECONDS cancels such operations.\n",
-                 stalled, stall_check_s_, warning.str().c_str());
-    std::fflush(stderr);
-  }
+  if (report.stalled == 0 && report.aborts.empty()) return;
+  std::sort(report.missing.begin(), report.missing.end());
+  report.lines = lines.str();
+  report.active = true;
+  report.asked_at = now;
+  std::lock_guard<std::mutex> lock(mutex_);
+  report.round = report_round_ + 1;  // the round of the request the next cycle sends
+  request_reports(report.missing, report.aborts.empty() ? kStallWarning : kStallShutdown);
+  stall_report_ = std::move(report);
 }
 
 }  // namespace hpcdl

@@ -27,6 +27,12 @@ constexpr uint32_t kMaxControlBytes = 64u << 20;
 constexpr int64_t kFuseTensorMaxBytes = 256 * 1024;
 constexpr int64_t kPackTensorMaxBytes = 4 * 1024;
 constexpr uint32_t kFlagShutdown = 1, kFlagKnobs = 2, kFlagAborts = 4;
+// A rank asks others for their reports (stack and last submissions), and a rank sends its report.
+constexpr uint32_t kFlagReportRequest = 8, kFlagReport = 16;
+// How long a stall report or a timeout waits for the reports of the ranks it names.
+constexpr std::chrono::seconds kReportWait{2};
+// The innermost frames of a missing rank's main thread that a report shows.
+constexpr int kReportFrames = 12;
 constexpr uint8_t kFullRequest = 0, kCachedRequest = 1;
 constexpr int64_t kInlineMaxBytes = 64;  // allreduces this small carry their data in the control message
 constexpr int64_t kWideBytes = 1 << 20;  // batches this large may run on any core (see place_thread)

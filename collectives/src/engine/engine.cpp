@@ -62,6 +62,9 @@ Status Engine::start() {
   stall_check_s_ = o.get_double("stall_check_s", 60.0);
   stall_shutdown_s_ = o.get_double("stall_shutdown_s", 0.0);
   flight_.resize(static_cast<size_t>(std::max<long long>(0, o.get_int("flight_recorder_size", 2048))));
+  debug_dir_ = o.get("debug_dir");
+  stacks_.configure(static_cast<int>(o.get_int("stack_fd", -1)), static_cast<int>(o.get_int("stack_signal", 0)),
+                    o.get("stack_thread"));
   if (rank_ == 0 && o.get_bool("autotune", false)) {
     autotuner_ = std::make_unique<Autotuner>(knobs_, split_commas(o.get("autotune_fixed")),
                                              static_cast<int>(o.get_int("autotune_warmup_samples", 3)),
@@ -164,7 +167,7 @@ void Engine::loop() {
   place_thread();
   // Its sleeps are tens of microseconds (settle); the default 50 us of timer slack would triple them.
   prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
-  std::unique_lock<std::mutex> token(cycle_mutex_);
+  std::unique_lock<std::timed_mutex> token(cycle_mutex_);
   while (true) {
     const Want want = idle_wait(token);
     if (want == Want::kStop) break;
@@ -195,7 +198,7 @@ void Engine::loop() {
 Engine::Want Engine::cycle_wanted(bool rung) {
   if (!failed_.is_ok()) return Want::kStop;
   if (rung || (!queue_.empty() && !deferred_) || (shutdown_requested_ && !shutdown_sent_) ||
-      !aborts_to_send_.empty() || knobs_to_send_)
+      !aborts_to_send_.empty() || knobs_to_send_ || !report_request_.empty() || report_due_)
     return Want::kCycle;
   const auto now = Clock::now();
   const bool device = !device_queue_.empty() || !device_running_.empty();
@@ -217,7 +220,7 @@ Engine::Want Engine::cycle_wanted(bool rung) {
 // so that a caller may run a cycle itself meanwhile, until this rank has work, a peer rang for the next
 // cycle, a heartbeat is due (this rank waits for an operation: see kHeartbeat) or a timer (stall check,
 // timeline flush) is.
-Engine::Want Engine::idle_wait(std::unique_lock<std::mutex>& token) {
+Engine::Want Engine::idle_wait(std::unique_lock<std::timed_mutex>& token) {
   bool rung = control_->wait_notify(next_cycle_, past()) == Comm::Bell::kRung;
   while (true) {
     const auto now = Clock::now();
@@ -231,6 +234,7 @@ Engine::Want Engine::idle_wait(std::unique_lock<std::mutex>& token) {
       waiting_ = true;
     }
     if (rank_ == 0 && stall_check_enabled_ && negotiating_ != nullptr) until = std::min(until, next_stall_check_);
+    if (stall_report_.active) until = std::min(until, stall_report_.asked_at + kReportWait);
     // Events still in memory reach the file soon, so a trace survives the job being killed.
     if (timeline_.has_pending()) until = std::min(until, now + std::chrono::milliseconds(600));
     const uint32_t cycle = next_cycle_;
@@ -249,7 +253,10 @@ Engine::Want Engine::idle_wait(std::unique_lock<std::mutex>& token) {
     rung = bell == Comm::Bell::kRung &&
            (cycle == next_cycle_ || control_->wait_notify(next_cycle_, past()) == Comm::Bell::kRung);
     if (bell == Comm::Bell::kTimeout) {
-      if (rank_ == 0) stall_check(Clock::now());
+      if (rank_ == 0) {
+        stall_check(Clock::now());
+        finish_stall_report(Clock::now());
+      }
       timeline_.flush(false);
     }
   }
@@ -347,7 +354,14 @@ bool Engine::cycle() {
     fail_everything(shutdown_status(result.shut_down));
     return false;
   }
-  if (rank_ == 0) stall_check(Clock::now());
+  if (!dump_reason_.empty()) {
+    flight_dump(dump_reason_, dump_message_);
+    dump_reason_.clear();
+  }
+  if (rank_ == 0) {
+    stall_check(Clock::now());
+    finish_stall_report(Clock::now());
+  }
   return true;
 }
 
@@ -439,11 +453,24 @@ void Engine::pack(ByteWriter* message) {
     deferred_ = false;
     if (shutdown_requested_ && !shutdown_sent_) shutdown_sent_ = true;
   }
+  std::vector<int> ask;
+  uint8_t why = 0;
+  bool report = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ask.swap(report_request_);
+    why = report_why_;
+    report_why_ = 0;
+    report = report_due_;
+    report_due_ = false;
+  }
   ByteWriter& w = *message;
   w.clear();
   uint32_t flags = shutdown_sent_ ? kFlagShutdown : 0;
   if (rank_ == 0 && knobs_to_send_) flags |= kFlagKnobs;
   if (rank_ == 0 && !aborts_to_send_.empty()) flags |= kFlagAborts;
+  if (!ask.empty()) flags |= kFlagReportRequest;
+  if (report) flags |= kFlagReport;
   w.put(flags);
   w.put(static_cast<uint32_t>(packed_.size()));
   for (const auto& op : packed_) {
@@ -477,6 +504,12 @@ void Engine::pack(ByteWriter* message) {
     }
     aborts_to_send_.clear();
   }
+  if (flags & kFlagReportRequest) {
+    w.put(why);
+    w.put(static_cast<uint32_t>(ask.size()));
+    for (int r : ask) w.put(static_cast<int32_t>(r));
+  }
+  if (flags & kFlagReport) w.put_string(rank_report());
 }
 
 // All-gathers every rank's control message: one exchange of fixed-size slots (a single step on shared
@@ -677,6 +710,28 @@ bool Engine::decode(int rank, const uint8_t* message, size_t size, bool* shutdow
       aborts->push_back(std::move(a));
     }
   }
+  if (flags & kFlagReportRequest) {
+    uint8_t why = 0;
+    uint32_t n = 0;
+    if (!in.get(&why) || !in.get(&n) || n > static_cast<uint32_t>(size_)) return false;
+    std::vector<int> asked(n);
+    for (auto& a : asked) {
+      int32_t v = -1;
+      if (!in.get(&v) || v < 0 || v >= size_) return false;
+      a = v;
+    }
+    ++report_round_;
+    if (std::find(asked.begin(), asked.end(), rank_) != asked.end()) report_due_ = true;
+    dump_reason_ = why == kTimeout ? "timeout" : "stall";
+    dump_message_ = "rank " + std::to_string(rank) + (why == kTimeout ? " timed out waiting for " : " found a stall: ") +
+                    ranks_text(asked) + (why == kTimeout ? "" : " missing");
+  }
+  if (flags & kFlagReport) {
+    RankReport& report = reports_[rank];
+    if (!in.get_string(&report.text)) return false;
+    report.round = report_round_;
+    reports_cv_.notify_all();
+  }
   return !in.failed();
 }
 
@@ -695,10 +750,21 @@ Status Engine::shutdown_status(const std::vector<int>& ranks) const {
                            "too (init() starts a new job)");
 }
 
-// Cycle runner: every operation this rank holds fails with `status`, and the engine takes no more.
+// Cycle runner: every operation this rank holds fails with `status`, and the engine takes no more. The
+// flight recorder is dumped when something failed: an error, or the shutdown of a peer this rank waited on.
 void Engine::fail_everything(const Status& status) {
+  bool failed_work = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    failed_work = fail_all(status);
+  }
+  const bool ours = status.message.rfind("hpcdl was shut down", 0) == 0;
+  if (status.code != HPCDL_ERR_SHUTDOWN || (failed_work && !ours)) flight_dump("error", status.message);
+}
+
+// Under mutex_: fail_everything's work; true when an operation of this rank failed.
+bool Engine::fail_all(const Status& status) {
   std::vector<std::shared_ptr<EngineOp>> ops;
-  std::lock_guard<std::mutex> lock(mutex_);
   while (negotiating_ != nullptr) {
     NameRecord& r = *negotiating_;
     if (r.local) ops.push_back(std::move(r.local));
@@ -724,13 +790,17 @@ void Engine::fail_everything(const Status& status) {
   device_cv_.notify_all();
   std::vector<std::shared_ptr<EngineOp>> waited_on;
   const int code = failed_.code == HPCDL_OK ? HPCDL_ERR_SHUTDOWN : failed_.code;
+  bool failed_any = false;
   for (auto& op : ops) {
     if (op->status.load() != HPCDL_PENDING) continue;
+    failed_any = true;
     if (auto waited = mark_finished(op, code, failed_.message + " (" + describe(op->request) + " did not complete)"))
       waited_on.push_back(std::move(waited));
   }
   for (auto& op : waited_on) op->done.notify_all();
+  reports_cv_.notify_all();
   wake_engine();  // a caller ran this cycle: the engine thread stops too
+  return failed_any;
 }
 
 }  // namespace hpcdl

@@ -45,6 +45,7 @@
 #include "comm.h"
 #include "engine/autotune.h"
 #include "engine/flight.h"
+#include "engine/python_stacks.h"
 #include "engine/request.h"
 #include "engine/timeline.h"
 #include "runtime.h"
@@ -155,6 +156,8 @@ class Engine {
   Status start_timeline(const std::string& path, bool mark_cycles);
   Status stop_timeline();
   bool knob(const std::string& name, double* value) const;
+  // Writes this rank's flight recorder to <debug dir>/flight.rank<R>.json (nothing without a debug directory).
+  Status flight_dump(const std::string& reason, const std::string& message);
   // The device executor's side of c_api.h (hpcdl_device_*); any thread.
   Status device_next(double timeout_s, int64_t* words, int capacity, int* length);
   Status device_done(int64_t batch, int status, const std::string& message, const int64_t* times_ns);
@@ -197,13 +200,30 @@ class Engine {
   };
   // Why a cycle is wanted (see cycle_wanted).
   enum class Want { kNothing, kCycle, kStop };
+  // Why a rank asks others for their reports (diagnose.cpp).
+  enum Report : uint8_t { kStallWarning = 1, kStallShutdown = 2, kTimeout = 3 };
+  // What a rank said about itself when asked: its last submissions and where its main thread is.
+  struct RankReport {
+    uint64_t round = 0;  // the request round it answered (see report_round_)
+    std::string text;
+  };
+  // World rank 0's stall report, sent once the missing ranks' reports are in (or kReportWait passed).
+  struct StallReport {
+    bool active = false;
+    int stalled = 0;
+    std::string lines;
+    std::vector<Abort> aborts;
+    std::vector<int> missing;
+    uint64_t round = 0;
+    Clock::time_point asked_at;
+  };
 
   // ---- the engine thread ----
   void loop();
   void place_thread();
   void follow_caller();
   void keep_to_own_core(bool own);
-  Want idle_wait(std::unique_lock<std::mutex>& token);
+  Want idle_wait(std::unique_lock<std::timed_mutex>& token);
   Want cycle_wanted(bool rung);  // cycle runner, under mutex_
   void settle();
   void wait_for_batch();
@@ -246,7 +266,16 @@ class Engine {
   bool cached(const NameRecord& r, const OpRequest& request) const;
   void remember(NameRecord& r);
   void stall_check(Clock::time_point now);
+  // ---- diagnosis (diagnose.cpp) ----
+  void request_reports(const std::vector<int>& ranks, Report why);  // under mutex_
+  std::string rank_report();  // cycle runner: this rank's report
+  std::string reports_of(const std::vector<int>& ranks, uint64_t round);  // under mutex_
+  bool reports_in(const std::vector<int>& ranks, uint64_t round) const;   // under mutex_
+  void finish_stall_report(Clock::time_point now);
+  std::string set_conflicts(const NameRecord& r);  // cycle runner
+  std::string timeout_diagnosis(const std::shared_ptr<EngineOp>& op);
   void fail_everything(const Status& status);
+  bool fail_all(const Status& status);  // under mutex_
   std::vector<int> members_of(const OpRequest& request) const;
   void record_timeline(const NameRecord& r, const char* phase, Clock::time_point begin, Clock::time_point end,
                        const std::string& args = "");
@@ -274,7 +303,7 @@ class Engine {
   Knobs knobs_next_;
 
   // The cycle token: whoever holds it runs cycles (the engine thread, or a caller on the direct path).
-  std::mutex cycle_mutex_;
+  std::timed_mutex cycle_mutex_;
 
   // Shared with callers, under mutex_.
   mutable std::mutex mutex_;
@@ -297,6 +326,13 @@ class Engine {
   Status failed_;  // once set, the engine accepts no more work
   int64_t unfinished_ = 0;  // operations this rank submitted that have not finished (see kHeartbeat)
   FlightRecorder flight_;   // this rank's recent submissions (see flight.h)
+  // Reports: the ranks this rank asks (and why), whether it owes its own, what each rank last said.
+  std::vector<int> report_request_;
+  uint8_t report_why_ = 0;
+  bool report_due_ = false;
+  uint64_t report_round_ = 0;  // requests seen so far (every rank counts alike: they travel in cycles)
+  std::map<int, RankReport> reports_;
+  std::condition_variable reports_cv_;
   // Device batches: decided and waiting for the executor, and taken by it (running until it reports).
   std::deque<std::shared_ptr<DeviceBatch>> device_queue_;
   std::unordered_map<int64_t, std::shared_ptr<DeviceBatch>> device_running_;
@@ -305,6 +341,10 @@ class Engine {
   int64_t next_device_batch_ = 1;
 
   // Cycle runner.
+  std::string debug_dir_;  // where flight recorder dumps go ("": none)
+  PythonStacks stacks_;
+  std::string dump_reason_, dump_message_;  // a flight recorder dump this cycle asked for
+  StallReport stall_report_;  // world rank 0
   bool shutdown_sent_ = false;
   uint32_t next_cycle_ = 1;  // the number of the next cycle, the same on every rank
   std::vector<std::shared_ptr<EngineOp>> packed_;

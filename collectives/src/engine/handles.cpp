@@ -200,7 +200,7 @@ void Engine::collected(EngineOp& op) {
 // engine thread and back. Every rank runs the same cycles as ever, so ordering, validation, the stall
 // inspector and shutdown work as on the engine thread. True when it ran a cycle.
 bool Engine::try_direct(const std::shared_ptr<EngineOp>& op) {
-  std::unique_lock<std::mutex> token(cycle_mutex_, std::try_to_lock);
+  std::unique_lock<std::timed_mutex> token(cycle_mutex_, std::try_to_lock);
   if (!token.owns_lock()) return false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -282,6 +282,8 @@ Status Engine::wait_for(const std::shared_ptr<EngineOp>& op, double timeout_s) {
         m << ": the other ranks have not all submitted it"
           << " (a rank may be stuck, slower, or have taken a different code path)";
       }
+      lock.unlock();
+      m << timeout_diagnosis(op);
       return Status::error(HPCDL_ERR_TIMEOUT, m.str());
     }
     return op_status(*op);
