@@ -31,13 +31,16 @@ static inline PyObject* Py_NewRef(PyObject* obj) {
 #define MAX_DIMS 32
 #define MAX_SPLITS 4096
 
-typedef hpcdl_handle (*enqueue_fn)(const hpcdl_request*);
-typedef int (*handle_fn)(hpcdl_handle);
-typedef int (*wait_fn)(hpcdl_handle, double);
+/* The types of the functions bind() takes, from their declarations in c_api.h (the compiler checks every
+ * call against them; hpcdl.common.abi.HOTPATH lists them for bind()). */
+typedef __typeof__(&hpcdl_enqueue) enqueue_fn;
+typedef __typeof__(&hpcdl_wait) wait_fn;
+typedef __typeof__(&hpcdl_poll) handle_fn;
 
 static enqueue_fn enqueue_ptr;
 static wait_fn wait_ptr;
-static handle_fn poll_ptr, release_ptr;
+static handle_fn poll_ptr;
+static __typeof__(&hpcdl_release) release_ptr;
 static PyObject* raise_status; /* Python callable: raises the hpcdl exception for a status */
 static PyObject* error_class;   /* hpcdl.common.exceptions.HpcdlError */
 /* What allreduce() accepts without the Python helper: numpy.ndarray, and the buffer formats of the dtypes
@@ -105,7 +108,7 @@ static PyObject* bind(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   enqueue_ptr = (enqueue_fn)f[0];
   wait_ptr = (wait_fn)f[1];
   poll_ptr = (handle_fn)f[2];
-  release_ptr = (handle_fn)f[3];
+  release_ptr = (__typeof__(&hpcdl_release))f[3];
   Py_XSETREF(raise_status, Py_NewRef(args[4]));
   Py_XSETREF(error_class, Py_NewRef(args[5]));
   Py_RETURN_NONE;
