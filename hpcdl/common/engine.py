@@ -211,6 +211,42 @@ def submit(
     )  # fmt: skip
 
 
+def run(
+    op_type: OpType,
+    name: Optional[str],
+    process_set: int,
+    dtype: DType,
+    input_ptr: int,
+    output_ptr: int,
+    shape: Sequence[int],
+    reduce_op: ReduceOp = ReduceOp.SUM,
+    prescale: float = 1.0,
+    postscale: float = 1.0,
+    root: int = 0,
+    keep: Any = None,
+) -> None:
+    """Submit an operation whose output the caller owns (allreduce, broadcast, reducescatter) and wait for
+    it: a blocking collective, with no handle. When the engine is idle and the response cache knows the
+    name, the runtime negotiates and runs it on the calling thread (the direct path of c_api.h's engine).
+    ``keep`` owns the buffers; it stays alive past a timeout, while the operation may still run."""
+    if not _bound:
+        _lib()
+    _hotpath.run(
+        op_type,
+        name,
+        process_set,
+        dtype,
+        input_ptr,
+        output_ptr,
+        shape,
+        reduce_op,
+        prescale,
+        postscale,
+        root,
+        keep,
+    )
+
+
 def new_group_id(process_set: int = 0) -> int:
     """A fresh id for a group of operations on ``process_set`` that must run together. The members of the
     set allocate their group ids in the same order (as unnamed operations get the same names); a joined

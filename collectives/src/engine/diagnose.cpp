@@ -86,10 +86,12 @@ std::string Engine::rank_report() {
     for (auto it = recent.rbegin(); it != recent.rend() && shown < 3; ++it, ++shown) {
       const EngineOp& op = **it;
       const char* state = state_of(op);
-      out << (shown ? "; before that " : "") << describe(op.request) << " (" << state;
-      const int64_t done = op.done_ns.load(std::memory_order_relaxed);
-      if (done != 0) out << " " << seconds_ago(done, now);
-      else out << ", submitted " << seconds_ago(steady_ns(op.submitted), now);
+      // When it reached the state it is in.
+      int64_t at = op.done_ns.load(std::memory_order_relaxed);
+      if (at == 0) at = op.started_ns.load(std::memory_order_relaxed);
+      if (at == 0) at = op.negotiated_ns.load(std::memory_order_relaxed);
+      if (at == 0) at = steady_ns(op.submitted);
+      out << (shown ? "; before that " : "") << describe(op.request) << " (" << state << " " << seconds_ago(at, now);
       out << ")";
     }
   }
@@ -252,7 +254,8 @@ Status Engine::flight_dump(const std::string& reason, const std::string& message
         << state_of(op) << "\", \"submitted\": " << wall_json(steady_ns(op.submitted), now, wall_now)
         << ", \"negotiated\": " << wall_json(op.negotiated_ns.load(std::memory_order_relaxed), now, wall_now)
         << ", \"started\": " << wall_json(op.started_ns.load(std::memory_order_relaxed), now, wall_now)
-        << ", \"done\": " << wall_json(op.done_ns.load(std::memory_order_relaxed), now, wall_now) << ", \"error\": "
+        << ", \"done\": " << wall_json(op.done_ns.load(std::memory_order_relaxed), now, wall_now)
+        << ", \"direct\": " << (op.direct.load(std::memory_order_relaxed) ? "true" : "false") << ", \"error\": "
         << (status != HPCDL_OK && status != HPCDL_PENDING ? "\"" + json_escape(op.error) + "\"" : std::string("null"))
         << "}";
     first = false;

@@ -244,6 +244,7 @@ Engine::Want Engine::idle_wait(std::unique_lock<std::timed_mutex>& token) {
     // preempted it, and an asynchronous submission must return to its caller (which submits more, polls,
     // or waits, and a wait hands the core back at once) before the engine runs it.
     if (bell == Comm::Bell::kPoked) sched_yield();
+    if (bell == Comm::Bell::kRung) yield_to_caller();
     token.lock();
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -259,6 +260,21 @@ Engine::Want Engine::idle_wait(std::unique_lock<std::timed_mutex>& token) {
       }
       timeline_.flush(false);
     }
+  }
+}
+
+// A peer started a cycle while this rank's caller is between submitting an operation it left for itself
+// (deferred) and waiting for it: the caller is microseconds away and runs the cycle itself (the direct path),
+// so the engine thread, woken by the ring, lets it rather than take the cycle from it. Ranks that drift a few
+// microseconds apart would otherwise keep handing their cycles to their engine threads.
+void Engine::yield_to_caller() {
+  const auto until = Clock::now() + kYieldToCaller;
+  while (Clock::now() < until) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!deferred_ || callers_waiting_ > 0 || !failed_.is_ok()) return;
+    }
+    sched_yield();
   }
 }
 
@@ -369,8 +385,8 @@ Status Engine::run_cycle(CycleResult* result) {
   const uint32_t number = next_cycle_++;
   last_cycle_start_ = Clock::now();
   if (timeline_.active() && timeline_.mark_cycles()) timeline_.instant("CYCLE_START", last_cycle_start_);
-  pack(&message_);
-  control_->ring_if_late(number, kRingAfter);
+  const bool news = pack(&message_);
+  control_->ring_if_late(number, news ? kRingAfter : kRingAfterEarly);
   // The cycle that announces this rank's shutdown is its last: it waits for its peers a short while, not
   // the whole timeout, so that an exiting process leaves at once even when a peer is hung.
   const Deadline until = shutdown_sent_ ? std::min(deadline(), Clock::now() + kShutdownGrace) : deadline();
@@ -440,7 +456,9 @@ bool Engine::cached(const NameRecord& r, const OpRequest& request) const {
   return m >= 0 && m < static_cast<int>(r.cache_requests.size()) && r.cache_requests[m]->same_as(request);
 }
 
-void Engine::pack(ByteWriter* message) {
+// Packs this rank's control message; true when it brings news its peers should not wait for (see
+// kRingAfterEarly): control flags, nothing at all (a heartbeat), or a submission that completes a round.
+bool Engine::pack(ByteWriter* message) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     widest_pack_ = std::max<int64_t>(widest_pack_, static_cast<int64_t>(queue_.size()));
@@ -510,6 +528,13 @@ void Engine::pack(ByteWriter* message) {
     for (int r : ask) w.put(static_cast<int32_t>(r));
   }
   if (flags & kFlagReport) w.put_string(rank_report());
+  if (flags != 0 || packed_.empty()) return true;
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& op : packed_) {
+    const NameRecord& r = *op->record;
+    if (r.negotiating && r.arrived.size() + 1 >= r.members.size()) return true;
+  }
+  return false;
 }
 
 // All-gathers every rank's control message: one exchange of fixed-size slots (a single step on shared

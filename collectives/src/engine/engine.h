@@ -71,6 +71,7 @@ struct EngineOp {
   Clock::time_point submitted;
   // When the job agreed to run it, when its collective started and ended (steady clock ns, 0: not yet).
   std::atomic<int64_t> negotiated_ns{0}, started_ns{0}, done_ns{0};
+  std::atomic<bool> direct{false};  // its caller's thread ran it (the direct path), not the engine thread
   std::atomic<int> status{HPCDL_PENDING};
   // Written by the cycle runner before `status` leaves PENDING; read-only afterwards.
   std::string error;
@@ -225,6 +226,7 @@ class Engine {
   void keep_to_own_core(bool own);
   Want idle_wait(std::unique_lock<std::timed_mutex>& token);
   Want cycle_wanted(bool rung);  // cycle runner, under mutex_
+  void yield_to_caller();
   void settle();
   void wait_for_batch();
   std::pair<Clock::duration, int64_t> batching_knobs() const;
@@ -233,7 +235,7 @@ class Engine {
   // ---- cycles (cycle runner) ----
   bool cycle();  // one cycle and what follows it; false when the engine failed or the job ended
   Status run_cycle(CycleResult* result);
-  void pack(ByteWriter* message);
+  bool pack(ByteWriter* message);
   Status exchange(const ByteWriter& mine, Deadline deadline);
   std::string pending_summary() const;
   bool decode(int rank, const uint8_t* message, size_t size, bool* shutdown, std::vector<Abort>* aborts,

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <new>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/detail.h"
@@ -65,8 +66,12 @@ void Engine::run_batch(const std::vector<NameRecord*>& batch, bool fused) {
   const auto start = Clock::now();
   const int64_t start_ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(start.time_since_epoch()).count();
-  for (NameRecord* r : batch)
-    if (r->local) r->local->started_ns.store(start_ns, std::memory_order_relaxed);
+  const bool direct = std::this_thread::get_id() != thread_.get_id();
+  for (NameRecord* r : batch) {
+    if (!r->local) continue;
+    r->local->started_ns.store(start_ns, std::memory_order_relaxed);
+    r->local->direct.store(direct, std::memory_order_relaxed);
+  }
   if (timeline_.active()) {
     for (const NameRecord* r : batch) {
       const OpRequest& q = *r->any();

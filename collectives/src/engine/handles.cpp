@@ -141,10 +141,11 @@ Status Engine::enqueue(const hpcdl_request& r, int64_t* handle) {
   last_enqueue_ = op->submitted;
   const bool alone = queue_.empty();
   queue_.push_back(std::move(op));
-  // The engine sleeps and this is a lone, small submission of a name the response cache knows: its caller
-  // will most likely wait for it next and run its cycle itself (see try_direct), so the engine thread is
-  // left asleep. Anything else wakes it.
-  if (waiting_ && alone && record->cache_id >= 0 && q.placement == HPCDL_PLACEMENT_HOST && bytes <= kDeferMaxBytes)
+  // A lone, small submission of a name the response cache knows: its caller will most likely wait for it
+  // next and run its cycle itself (see try_direct), so the engine thread is not woken for it (an engine
+  // thread in the middle of a cycle packs it with the rest, and one about to sleep leaves it). Anything
+  // else wakes it.
+  if (alone && record->cache_id >= 0 && q.placement == HPCDL_PLACEMENT_HOST && bytes <= kDeferMaxBytes)
     deferred_ = true;
   else
     wake_engine();

@@ -308,7 +308,8 @@ Status ShmComm::wait_until(Missing missing, Deadline deadline, const std::string
       if (now - start > policy_.spin) break;
     }
   }
-  for (auto until = start + policy_.spin + policy_.yield; Clock::now() < until;) {
+  for (auto until = start + policy_.spin + policy_.yield, now = Clock::now(); now < until; now = Clock::now()) {
+    ring_now_if_due(now);
     sched_yield();
     if ((m = missing()) < 0) {
       ring_armed_ = false;
