@@ -35,10 +35,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-try:
-    from ._launch import NO_PROGRESS_HELP, OPENMPI, report_progress, run_ranks
-except ImportError:  # run as a script: python benchmarks/latency.py
-    from _launch import NO_PROGRESS_HELP, OPENMPI, report_progress, run_ranks  # type: ignore[no-redef]
+OPENMPI = "/usr/bin/mpirun.openmpi"
 
 DEFAULT_SIZES = [4 * 4**k for k in range(14)]  # 4 B .. 256 MiB
 IMPLS = ("mpi4py", "runtime", "engine", "hvd.allreduce", "hvd.allreduce_")
@@ -145,7 +142,7 @@ def worker(sizes: list[int], rounds: int, budget: float, busy: bool) -> None:
                 times[name].append(float(worst[0]))
         report["sizes"][nbytes] = times
         if rank == 0:
-            report_progress(done + 1, len(sizes))
+            print(f"PROGRESS {done + 1} {len(sizes)}", flush=True)  # as _launch.report_progress does
     stop.set()
     if rank == 0:
         print("REPORT " + json.dumps(report), flush=True)
@@ -204,6 +201,12 @@ def _commit() -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
+    # The ranks import only hpcdl (see --pythonpath); the launcher's helpers are imported here.
+    try:
+        from ._launch import NO_PROGRESS_HELP, run_ranks
+    except ImportError:  # run as a script: python benchmarks/latency.py
+        from _launch import NO_PROGRESS_HELP, run_ranks  # type: ignore[no-redef]
+
     parser = argparse.ArgumentParser(prog="hpcdl bench latency", description=__doc__.split("\n\n")[0])
     parser.add_argument("-np", "--num-proc", type=int, default=2, help="number of ranks (default 2)")
     parser.add_argument("--sizes", help="comma list of message sizes in bytes (default 4 B .. 256 MiB, x4)")
@@ -212,6 +215,11 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--block-seconds", type=float, default=0.05, help="length of one timed block")
     parser.add_argument("--busy", action="store_true", help="a busy thread beside every rank (contention)")
     parser.add_argument("--no-mpi", action="store_true", help="launch with hpcdl run only (no mpi4py)")
+    parser.add_argument(
+        "--pythonpath",
+        help="the ranks import hpcdl from this directory (another build, installed with pip --target), to "
+        "measure it beside this one",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -223,6 +231,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         worker(sizes, args.rounds, args.block_seconds, args.busy)
         return
     use_mpi = not args.no_mpi and shutil.which(OPENMPI) is not None and _has_mpi4py()
+    if args.pythonpath:
+        os.environ["PYTHONPATH"] = args.pythonpath  # the launcher and its ranks, not this process
     load_before = os.getloadavg()[0]
     worker_args = ["--worker", "--sizes", ",".join(map(str, sizes)), "--rounds", str(args.rounds)]
     worker_args += ["--block-seconds", str(args.block_seconds)] + (["--busy"] if args.busy else [])
@@ -231,7 +241,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     load_after = os.getloadavg()[0]
     busy = ", a busy thread beside each rank" if args.busy else ""
     header = (
-        f"allreduce latency, float32, {args.num_proc} ranks{busy}; commit {_commit()}; "
+        f"allreduce latency, float32, {args.num_proc} ranks{busy}; "
+        f"{'hpcdl from ' + args.pythonpath if args.pythonpath else 'commit ' + _commit()}; "
         f"load average {load_before:.2f} before, {load_after:.2f} after"
     )
     if args.json:

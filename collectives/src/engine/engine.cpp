@@ -395,12 +395,9 @@ Status Engine::run_cycle(CycleResult* result) {
   std::vector<NameRecord*> work;
   std::set<int> join_changed;
   std::vector<Abort> aborts;
-  bool knobs_changed = false;
   size_t extra_at = 0;
   for (int r = 0; r < size_; ++r) {
     bool shutdown = false;
-    size_t before = work.size() + aborts.size();
-    Knobs before_knobs = knobs_;
     std::string problem;
     // A message that did not fit its slot continues in extra_ (see exchange).
     const size_t size = message_size_[r];
@@ -418,14 +415,8 @@ Status Engine::run_cycle(CycleResult* result) {
                                                    std::to_string(r) + (problem.empty() ? "" : " (" + problem + ")") +
                                                    "; every rank of a job must run the same build of hpcdl");
     if (shutdown) result->shut_down.push_back(r);
-    if (work.size() + aborts.size() != before) result->activity = true;
-    if (r == 0 && (before_knobs.fusion_threshold != knobs_.fusion_threshold ||
-                   before_knobs.cycle_time_ms != knobs_.cycle_time_ms ||
-                   before_knobs.small_message_bytes != knobs_.small_message_bytes))
-      knobs_changed = true;
   }
   packed_.clear();
-  if (knobs_changed) result->activity = true;
   for (const Abort& a : aborts) {
     NameRecord* r = nullptr;
     {

@@ -190,7 +190,6 @@ class Engine {
     std::string name, message;
   };
   struct CycleResult {
-    bool activity = false;
     std::vector<int> shut_down;  // ranks that announced their shutdown in this cycle: the job is over
   };
   // A handle: the operation it refers to, and the generation that tells a live handle from a released one
