@@ -10,7 +10,9 @@ import typer
 from hpcdl._version import __version__
 
 # Each module registers its commands on the root app through ``register(app)``.
-COMMAND_MODULES = ("check_build", "run", "submit", "jobs", "stack", "module", "bench", "timeline", "scaling")
+COMMAND_MODULES = (
+    "check_build", "run", "submit", "jobs", "stack", "module", "bench", "timeline", "scaling", "debug",
+)  # fmt: skip
 
 app = typer.Typer(
     name="hpcdl",

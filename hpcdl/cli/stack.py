@@ -13,6 +13,7 @@ from rich.filesize import decimal
 
 from hpcdl.cli import progress
 from hpcdl.common.exceptions import HpcdlError
+from hpcdl.common.output_file import write_output_file
 from hpcdl.modules.render import FORMATS
 from hpcdl.modules.stack_modules import parse_compiler, write_stack_modules
 from hpcdl.stack.builder import Builder, BuildOptions, BuildProgress, PackageStep
@@ -41,9 +42,7 @@ def _write_output(text: str, output: Optional[Path], force: bool) -> None:
     if output is None:
         typer.echo(text, nl=False)
         return
-    if output.exists() and not force:
-        raise HpcdlError(f"{output} exists; pass --force to overwrite it")
-    output.write_text(text)
+    write_output_file(output, "output", text, replace=force, mode=0o666)
     typer.echo(f"wrote {output}", err=True)
 
 

@@ -9,7 +9,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Optional, Union
 
-from hpcdl.common import config, discovery, elastic, library, stacks
+from hpcdl.common import config, discovery, elastic, last_words, library, stacks
 from hpcdl.common.exceptions import HpcdlConfigError, HpcdlError, HpcdlNotInitializedError
 
 _lock = threading.Lock()
@@ -59,6 +59,7 @@ def init(
             _start(lib, resolved, None, static_sets, extra)
         else:
             _start_elastic(lib, resolved, static_sets, extra)
+        last_words.install(lib.hpcdl_rank())
         if not _atexit_registered:
             atexit.register(shutdown)
             _atexit_registered = True

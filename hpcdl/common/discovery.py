@@ -153,6 +153,21 @@ def _first_slurm_host(nodelist: str) -> str:
     return prefix + first
 
 
+# The variables naming the job a rank belongs to, by launcher or scheduler, the most specific first: the
+# batch job (Slurm, PBS, LSF, Cobalt, Flux), then an mpirun's job (PMIx namespace: Open MPI, and Slurm's
+# PMIx plugin), then torchrun's run id.
+JOB_ID_VARIABLES = (
+    "SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "COBALT_JOBID", "FLUX_JOB_ID", "PMIX_NAMESPACE",
+    "TORCHELASTIC_RUN_ID",
+)  # fmt: skip
+
+
+def job_id(env: Mapping[str, str] | None = None) -> str:
+    """The launcher's or scheduler's id of this job ('' when none of them names one)."""
+    env = os.environ if env is None else env
+    return next((env[name] for name in JOB_ID_VARIABLES if env.get(name)), "")
+
+
 def _job_tag(env: Mapping[str, str], *parts: str) -> str:
     """What every rank of this job (and no other job) shares: the rendezvous and the launcher's job ids."""
     ids = [env.get(name, "") for name in ("SLURM_JOB_ID", "SLURM_STEP_ID", "TORCHELASTIC_RUN_ID",

@@ -10,6 +10,7 @@ import jinja2
 
 from hpcdl._version import __version__
 from hpcdl.common.exceptions import HpcdlError
+from hpcdl.common.output_file import OutputFileError, write_output_file
 from hpcdl.modules.quote import CONTROL, ENV_NAME, lua, module_name_problem, tcl
 
 FORMATS = ("lua", "tcl")
@@ -93,6 +94,8 @@ def write_file(path: Path, text: str, force: bool) -> Written:
             return Written(path, False)
         if not force:
             raise ModuleWriteError(f"{path} exists with other content; pass --force to overwrite it")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    try:  # modulefiles are for others to read: the umask decides, as for any file
+        write_output_file(path, "modulefile", text, replace=force, parents=True, mode=0o666)
+    except OutputFileError as exc:
+        raise ModuleWriteError(str(exc)) from None
     return Written(path, True)

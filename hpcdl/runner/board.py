@@ -57,7 +57,9 @@ class BoardServer:
 
     def __init__(self, secret: str, host: str, ranks: int) -> None:
         self.board = Board()
-        self._server = ServiceServer(secret, self.board.respond, host, capacity_for(ranks))
+        self._server = ServiceServer(
+            secret, self.board.respond, host, capacity_for(ranks), "the launcher's board"
+        )
         self._server.start()
 
     @property

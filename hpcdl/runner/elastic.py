@@ -28,9 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from hpcdl.diagnosis.consequences import judge
 from hpcdl.runner.errors import LaunchError
+from hpcdl.runner.first_failure import account, detail_lines
 from hpcdl.runner.hosts import HostSlots, RankSlot, merge_duplicates, parse_hosts_arg
-from hpcdl.runner.procs import Outcome
+from hpcdl.runner.procs import Outcome, RankEnd
 from hpcdl.runner.supervisor import FORWARDED_SIGNALS, GRACE_SECONDS, POLL_SECONDS, JobProcess
 
 DISCOVERY_INTERVAL = 1.0  # seconds between runs of the discovery script
@@ -96,12 +98,14 @@ def discover_hosts(script: Path, default_slots: int = 1) -> list[HostSlots]:
 
 @dataclass
 class Worker:
-    """One started worker process and where it runs."""
+    """One started worker process and where it runs; `members`: the workers of its round, in rank order,
+    when it ended (whom its errors mean by ``rank N``)."""
 
     number: int
     host: str
     process: JobProcess
     outcome: Outcome | None = None
+    members: tuple[int, ...] = ()
 
 
 @dataclass
@@ -284,6 +288,8 @@ class ElasticJob:
             if outcome is None:
                 continue
             worker.outcome = outcome
+            if self._round is not None:
+                worker.members = tuple(self._round.members)
             if worker.number in self._retiring:
                 self.board.remove(worker.number)
             elif outcome.ok:
@@ -292,8 +298,8 @@ class ElasticJob:
                 cooldown = self._blacklist.add(worker.host, time.monotonic())
                 until = "" if cooldown is None else f" for {cooldown:g} s (--blacklist-cooldown-range)"
                 print(
-                    f"hpcdl run: worker {worker.number} on {worker.host} {outcome.describe()}; "
-                    f"no new worker will start on {worker.host}{until}",
+                    f"hpcdl run: worker {worker.number} on {worker.host} {outcome.describe()}"
+                    f"{self._error_words(worker)}; no new worker will start on {worker.host}{until}",
                     file=sys.stderr,
                 )
                 self.board.remove(worker.number)
@@ -342,6 +348,23 @@ class ElasticJob:
                 return
             self._resets += 1
             self._form_round()
+
+    def _error_words(self, worker: Worker) -> str:
+        """The worker's last error, and whether it failed by it or because of another worker."""
+        (end,) = worker.process.ends()
+        if end.error is None:
+            return ""
+        verdict = judge(end.error)
+        if not verdict.consequence:
+            return f" after its own error, {end.error.headline()}"
+        blamed = [self._blamed_worker(end, rank) for rank in verdict.blamed]
+        whose = ", ".join(f"worker {number}" for number in blamed if number is not None) or "another worker"
+        return f", a consequence of {whose} ({end.error.headline()})"
+
+    def _blamed_worker(self, end: RankEnd, rank: int) -> int | None:
+        """The worker that was ``rank N`` in the round of the worker `end` describes."""
+        members = self.workers[end.rank].members
+        return members[rank] if 0 <= rank < len(members) else None
 
     def _done(self) -> bool:
         if self._failure:
@@ -436,6 +459,18 @@ class ElasticJob:
     def _report(self) -> int:
         if self._failure:
             print(f"hpcdl run: elastic job stopped: {self._failure}", file=sys.stderr)
+            ends = [  # workers told to stop (their host left) did not fail
+                end
+                for worker in self.workers.values()
+                if worker.number not in self._retiring
+                for end in worker.process.ends()
+            ]
+            found = account(ends, blamed_key=self._blamed_worker)
+            if found is not None:
+                label = f"worker {found.first.rank} on {found.first.host}"
+                print(f"hpcdl run: the first failure: {label} {found.what}", file=sys.stderr)
+                for line in detail_lines(found, lambda end: f"worker {end.rank} on {end.host}"):
+                    print(line if line.startswith(" ") else f"hpcdl run: {line}", file=sys.stderr)
             return self._exit_code
         assert self._round is not None
         for number in self._round.members:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from hpcdl.common import handshake
+from hpcdl.common import debug_dir, handshake, stacks
 from hpcdl.runner.allocation import Allocation, detect_allocation
 from hpcdl.runner.board import BoardServer
 from hpcdl.runner.elastic import (
@@ -142,6 +142,11 @@ def rank_settings_env(spec: LaunchSpec) -> dict[str, str]:
     return {**tunable_environment(settings), **tcp_only, **spec.extra_env}
 
 
+def debug_env(spec: LaunchSpec, environ: Mapping[str, str]) -> dict[str, str]:
+    """HPCDL_DEBUG_DIR for every rank: the user's (-x, the environment), else the job's own directory."""
+    return {debug_dir.DEBUG_DIR_ENV: str(debug_dir.launcher_dir({**environ, **spec.extra_env}))}
+
+
 def _rendezvous_address(spec: LaunchSpec, remote_hosts: list[str]) -> str:
     iface = spec.settings.get("network_interface")
     if iface:
@@ -258,7 +263,7 @@ def launch(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> int:
     remote_hosts = [host for host in placed_hosts if host not in local_hosts]
     if launcher == "local" and remote_hosts:
         raise LaunchError(f"--launcher local runs every rank here, but {remote_hosts[0]} is another host")
-    common_env = rank_settings_env(spec)
+    common_env = {**rank_settings_env(spec), **debug_env(spec, environ)}
     rendezvous_addr = _rendezvous_address(spec, remote_hosts)
     router = OutputRouter(spec.output, num_proc)
     if spec.verbose:
@@ -278,14 +283,15 @@ def launch(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> int:
     job_secret = rendezvous.secret if rendezvous is not None else secrets.token_hex(32)
     master = torch_master(slots, local_hosts, user, rendezvous_addr, job_secret)
     common_env.update(master.env)
-    if rendezvous is None and master.board is not None:
+    if rendezvous is None:  # rank 0 hosts one at MASTER_ADDR, or says why it cannot (not: no secret)
         common_env["HPCDL_SECRET"] = job_secret
     job = _Job(
         spec, slots, local_hosts, environ, common_env, rendezvous, _ssh_options(spec, start_timeout),
         start_timeout, master,
     )  # fmt: skip
     processes: list[JobProcess] = []
-    supervisor = Supervisor(processes, slots, server, start_timeout)
+    job_debug_dir = Path(common_env[debug_dir.DEBUG_DIR_ENV])
+    supervisor = Supervisor(processes, slots, server, start_timeout, job_debug_dir)
     try:
         processes.extend(_start_processes(job, launcher, router))
     except BaseException:
@@ -352,7 +358,10 @@ def _start_rank(job: _Job, slot: RankSlot, router: OutputRouter, remote: RemoteS
     torch_env = {k: v for k, v in torch_variables(slot).items() if k not in job.keep()}
     env = {**job.common_env, **torch_env, **rank_variables(slot, job.rendezvous)}
     where = None if slot.host in job.local_hosts and isinstance(remote, SshOptions) else remote
-    return _start_agent(job.spec, slot, job.environ, env, router.for_rank(slot.rank), where, job.agent_spec())
+    directory = Path(job.common_env[debug_dir.DEBUG_DIR_ENV])
+    dumps = {"signal": int(stacks.STACK_SIGNAL), "file": str(directory / stacks.stack_path(slot.rank).name)}
+    extra = {**job.agent_spec(), "stacks": dumps}
+    return _start_agent(job.spec, slot, job.environ, env, router.for_rank(slot.rank), where, extra)
 
 
 def _rendezvous_env(rendezvous: Rendezvous | None) -> dict[str, str]:
@@ -447,11 +456,16 @@ def _launch_elastic(spec: LaunchSpec, options: ElasticOptions, environ: dict[str
     board = RoundBoard()
     start_timeout = resolve_start_timeout(spec.start_timeout, environ)
     driver = ServiceServer(
-        secret, driver_requests(board, options.timeout), addr, capacity_for(options.max_np)
+        secret,
+        driver_requests(board, options.timeout),
+        addr,
+        capacity_for(options.max_np),
+        "the elastic driver",
     )
     driver.start()
     common_env = {
         **rank_settings_env(spec),
+        **debug_env(spec, environ),
         "HPCDL_ELASTIC_DRIVER": f"{addr}:{driver.port}",
         "HPCDL_ELASTIC_TIMEOUT": str(options.timeout),
         "HPCDL_SECRET": secret,

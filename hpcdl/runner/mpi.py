@@ -120,8 +120,9 @@ def build_mpi_command(
 
 def mpi_reader(flavor: str, token: str) -> TagReader:
     """Lines of mpirun ``--tag-output`` (Open MPI) or ``-l`` (MPICH), whose rank wrapper
-    (``hpcdl.runner.mpi_rank``) ends with ``TOKEN exit CODE``."""
+    (``hpcdl.runner.mpi_rank``) ends with ``TOKEN exit CODE``, after ``TOKEN oom TEXT`` for an OOM kill."""
     exit_head = token.encode() + b" exit "
+    oom_head = token.encode() + b" oom "
 
     def read(stream: str, line: bytes) -> Tagged | None:
         if flavor == OPENMPI:
@@ -136,6 +137,8 @@ def mpi_reader(flavor: str, token: str) -> TagReader:
             rank, text = int(match.group(1)), match.group(2)
         if text.startswith(exit_head):
             return Tagged(rank, exit_code=int(text[len(exit_head) :]))
+        if text.startswith(oom_head):
+            return Tagged(rank, oom=text[len(oom_head) :].decode(errors="replace").strip())
         return Tagged(rank, stream, text)
 
     return read

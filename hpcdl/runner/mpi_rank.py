@@ -4,10 +4,11 @@ mpirun runs this on every rank. It starts COMMAND (inheriting the MPI launcher's
 descriptors, so MPI_Init and PMI work as without it), forwards signals to it, and passes its output
 on one whole line per write: MPI launchers tag each chunk they read, so a program writing a line in
 pieces (unbuffered Python) would otherwise come out split. When COMMAND ends it writes
-``TOKEN exit RETURNCODE`` on stderr; the launcher reads that line to learn which rank failed first
-and how (MPICH's mpiexec does not stop the job when a rank exits non-zero, and neither MPI names the
-rank in its own exit status). With HPCDL_MASTER_BOARD set (rank 0 runs on another host than ``hpcdl run``),
-rank 0 holds a MASTER_PORT on its host and posts it there, and the other ranks learn it before they start.
+``TOKEN exit RETURNCODE`` on stderr (after ``TOKEN oom TEXT`` when the kernel's OOM killer ended it); the
+launcher reads that line to learn how and when each rank ended (MPICH's mpiexec does not stop the job when
+a rank exits non-zero, and neither MPI names the rank in its own exit status). With HPCDL_MASTER_BOARD set
+(rank 0 runs on another host than ``hpcdl run``), rank 0 holds a MASTER_PORT on its host and posts it there,
+and the other ranks learn it before they start.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import sys
 import threading
 from typing import BinaryIO
 
-from hpcdl.runner.rank_agent import learn_master_port
+from hpcdl.runner.rank_agent import learn_master_port, oom_kill_count, oom_report
 
 # The variables naming an MPI rank's world rank, by MPI (Open MPI, then MPICH/Hydra and Intel MPI).
 _RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK")
@@ -52,6 +53,7 @@ def main(argv: list[str]) -> int:
         except OSError as exc:
             os.write(2, f"hpcdl run: {exc}\n{token} exit 1\n".encode())
             return 1
+    oom_before = oom_kill_count()
     try:
         child = subprocess.Popen(
             command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, close_fds=False
@@ -71,6 +73,9 @@ def main(argv: list[str]) -> int:
         returncode = child.wait()
         for relay in relays:
             relay.join(timeout=2.0)  # bounded: a grandchild may still hold the pipe
+        oom = oom_report(oom_before, child.pid) if returncode == -signal.SIGKILL else ""
+        if oom:
+            os.write(2, f"{token} oom {oom}\n".encode())
     if holder is not None:
         holder.close()
     os.write(2, f"{token} exit {returncode}\n".encode())

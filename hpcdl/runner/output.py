@@ -1,6 +1,6 @@
 """Rank output: every line to the terminal prefixed ``[rank]<stdout>:``, optionally time-stamped and
 copied to per-rank log files (``DIR/rank.N/stdout``, ``.../stderr``); the last stderr lines of each
-rank are kept for the failure summary."""
+rank, and the last Python traceback in them, are kept for the failure summary."""
 
 from __future__ import annotations
 
@@ -9,10 +9,13 @@ import contextlib
 import datetime
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable
 
+from hpcdl.common.output_file import OutputFileError, make_directories, open_output_file
+from hpcdl.diagnosis.tracebacks import RaisedError, TracebackReader
 from hpcdl.runner.errors import LaunchError
 
 TAIL_LINES = 20
@@ -34,13 +37,25 @@ class RankOutput:
         self._lock = lock
         self._files = files
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self._tracebacks = TracebackReader()
+        self.error_at: float | None = None  # when the last traceback's exception line came (monotonic)
+
+    @property
+    def error(self) -> RaisedError | None:
+        """The exception of the last complete Python traceback on this rank's stderr."""
+        return self._tracebacks.last
 
     def write_line(self, stream: str, line: bytes) -> None:
         """Write one line (with or without its newline) of `stream` ('stdout' or 'stderr')."""
         if not line.endswith(b"\n"):
             line += b"\n"
         if stream == "stderr":
-            self.stderr_tail.append(line.decode(errors="replace").rstrip("\n"))
+            text = line.decode(errors="replace").rstrip("\n")
+            self.stderr_tail.append(text)
+            before = self._tracebacks.count
+            self._tracebacks.feed(text)
+            if self._tracebacks.count != before:
+                self.error_at = time.monotonic()
         prefix = f"[{self.rank}]<{stream}>:"
         if self._options.prefix_timestamp:
             stamp = datetime.datetime.now().isoformat(sep=" ", timespec="milliseconds")
@@ -90,11 +105,9 @@ class OutputRouter:
             )
         try:
             for rank in range(size):
-                self._rank_dir(rank).mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise LaunchError(
-                f"cannot create --output-filename directory {directory}: {exc.strerror}"
-            ) from None
+                make_directories(self._rank_dir(rank), "--output-filename directory")
+        except OutputFileError as exc:
+            raise LaunchError(str(exc)) from None
 
     def write_untagged(self, stream: str, line: bytes) -> None:
         """A line that belongs to no rank (mpirun's own messages), passed through as it is."""
@@ -106,11 +119,20 @@ class OutputRouter:
     def for_rank(self, rank: int) -> RankOutput:
         files: dict[str, BinaryIO] = {}
         if self._options.output_dir is not None:
-            self._rank_dir(rank).mkdir(parents=True, exist_ok=True)  # elastic workers beyond the first size
-            files = {  # closed by RankOutput.close
-                stream: open(self._rank_dir(rank) / stream, "wb")  # noqa: SIM115
-                for stream in ("stdout", "stderr")
-            }
+            try:  # closed by RankOutput.close; parents: elastic workers beyond the first size
+                files = {
+                    stream: open_output_file(
+                        self._rank_dir(rank) / stream,
+                        f"{stream} of rank {rank}",
+                        binary=True,
+                        replace=True,
+                        parents=True,
+                        mode=0o666,
+                    )
+                    for stream in ("stdout", "stderr")
+                }
+            except OutputFileError as exc:
+                raise LaunchError(str(exc)) from None
         return RankOutput(rank, self._options, self._lock, files)
 
 

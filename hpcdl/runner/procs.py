@@ -13,13 +13,16 @@ import signal
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
+from hpcdl.diagnosis.tracebacks import RaisedError
 from hpcdl.runner.errors import LaunchError
 from hpcdl.runner.hosts import RankSlot
 from hpcdl.runner.output import RankOutput, pump_lines
+from hpcdl.runner.stack_dumps import decode
 
 DRAIN_SECONDS = 2.0
 _AGENT_SOURCE = (Path(__file__).parent / "rank_agent.py").read_text()
@@ -27,11 +30,13 @@ _AGENT_SOURCE = (Path(__file__).parent / "rank_agent.py").read_text()
 
 @dataclass(frozen=True)
 class Outcome:
-    """How a rank ended: an exit code, or the signal that killed it; `note` explains odd endings."""
+    """How a rank ended: an exit code, or the signal that killed it; `note` explains odd endings, `oom` what
+    the kernel said when its OOM killer ended the rank."""
 
     exit_code: int | None = None
     signal: int | None = None
     note: str = ""
+    oom: str = ""
 
     @staticmethod
     def from_returncode(returncode: int) -> Outcome:
@@ -49,7 +54,8 @@ class Outcome:
 
     def describe(self) -> str:
         if self.signal is not None:
-            return f"was killed by signal {signal.Signals(self.signal).name} ({self.signal})"
+            text = f"was killed by signal {signal.Signals(self.signal).name} ({self.signal})"
+            return f"{text}: the kernel's OOM killer ended it ({self.oom})" if self.oom else text
         text = f"exited with code {self.exit_code}"
         return f"{text} ({self.note})" if self.note else text
 
@@ -70,13 +76,37 @@ class LauncherStart:
 
 @dataclass(frozen=True)
 class Failure:
-    """The first sign of trouble in a job: which rank (and host), how it ended, its last stderr; or
-    (`launcher`) the launcher that ran every rank, mpirun or srun, when no rank reported failing first."""
+    """The first sign of trouble in a job: which rank (and host) or the launcher that ran every rank
+    (mpirun, srun), how it ended, its last stderr."""
 
     where: str
     outcome: Outcome
     stderr_tail: list[str]
-    launcher: bool = False
+
+
+@dataclass(frozen=True)
+class RankEnd:
+    """What the launcher learned of one rank: how it ended (None: no status came, e.g. its launcher killed
+    it), when (monotonic seconds), the last Python error on its stderr and when that came, its last stderr
+    lines."""
+
+    rank: int
+    host: str
+    outcome: Outcome | None
+    ended_at: float | None
+    error: RaisedError | None
+    error_at: float | None
+    stderr_tail: list[str]
+
+    @property
+    def where(self) -> str:
+        return f"rank {self.rank} on host {self.host}"
+
+
+def rank_end(slot: RankSlot, output: RankOutput, outcome: Outcome | None, ended_at: float | None) -> RankEnd:
+    return RankEnd(
+        slot.rank, slot.host, outcome, ended_at, output.error, output.error_at, list(output.stderr_tail)
+    )
 
 
 class RemoteStart(Protocol):
@@ -169,6 +199,9 @@ class AgentRank:
         self._remote = remote
         self._token = "hpcdl-agent-" + secrets.token_hex(8)
         self._status: int | None = None
+        self._oom = ""
+        self._stacks: str | None = None  # the rank's Python stacks, as its agent last sent them
+        self._ended_at: float | None = None
         self._rank_group: int | None = None  # the rank's process group, for SIGKILL on this host
         self._outcome: Outcome | None = None
         if remote is None:
@@ -215,11 +248,16 @@ class AgentRank:
             return
         if at > 0:  # the rank's last stderr line had no newline
             self.output.write_line("stderr", line[:at])
-        words = line[at:].split()
+        words = line[at:].split(maxsplit=2)
         if len(words) == 3 and words[1] == b"exit":
             self._status = int(words[2])
+            self._ended_at = time.monotonic()
         elif len(words) == 3 and words[1] == b"pid":
             self._rank_group = int(words[2])
+        elif len(words) == 3 and words[1] == b"oom":
+            self._oom = words[2].decode(errors="replace").strip()
+        elif len(words) == 3 and words[1] == b"stacks":
+            self._stacks = decode(words[2].strip())
 
     def poll(self) -> Outcome | None:
         returncode = self._popen.poll()
@@ -227,20 +265,33 @@ class AgentRank:
             return self._outcome
         self.threads[1].join(timeout=DRAIN_SECONDS)  # the status line comes on stderr
         if self._status is not None:
-            self._outcome = Outcome.from_returncode(self._status)
+            self._outcome = replace(Outcome.from_returncode(self._status), oom=self._oom)
         elif self._remote is not None and self._remote.lost(self.slot.host, returncode):
             self._outcome = Outcome(exit_code=returncode, note=self._remote.lost(self.slot.host, returncode))
         else:
             self._outcome = Outcome(
                 exit_code=returncode, note="the rank agent did not report the rank's status"
             )
+        self._ended_at = self._ended_at or time.monotonic()
         return self._outcome
+
+    def ends(self) -> list[RankEnd]:
+        return [rank_end(self.slot, self.output, self._outcome, self._ended_at)]
 
     def failure(self) -> Failure | None:
         if self._outcome is None or self._outcome.ok:
             return None
         where = f"rank {self.slot.rank} on host {self.slot.host}"
         return Failure(where, self._outcome, list(self.output.stderr_tail))
+
+    def ask_stacks(self) -> bool:
+        """Ask the agent for the rank's Python stacks (the answer comes in `stacks()`)."""
+        self._stacks = None
+        self._control("stacks")
+        return True
+
+    def stacks(self) -> dict[int, str]:
+        return {} if self._stacks is None else {self.slot.rank: self._stacks}
 
     def send_signal(self, signum: int) -> None:
         self._control(f"signal {int(signum)}")

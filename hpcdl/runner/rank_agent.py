@@ -5,17 +5,20 @@ first line is JSON ``{"argv", "env", "cwd", "token"}`` (so the job secret never 
 optionally with ``interfaces`` (the first of these network interfaces this host has becomes the rank's
 HPCDL_IFACE) and ``master_board`` (``host:port`` of the launcher's board, through which rank 0 publishes the
 MASTER_PORT it holds and the other ranks learn it, with ``board_client``: the source of
-``hpcdl.common.handshake``, which proves the job's secret to the board without sending it); later lines
-``signal N`` forward a signal to the rank's process group. EOF on stdin means the launcher is gone (even
-killed with SIGKILL, or its ssh connection lost): the rank's process group gets SIGTERM, then SIGKILL, so no
-rank outlives its launcher. When the rank ends, the agent writes ``<token> exit <returncode>`` on stderr and
-exits; ``<token> pid <pid>`` after the start names the rank's process group. The launcher strips these lines
-from the rank's output. ``hpcdl.runner.step_agent`` reuses these pieces for ranks started by a scheduler's
-launcher.
+``hpcdl.common.handshake``, which proves the job's secret to the board without sending it) and ``stacks``
+(``{"signal", "file"}``: how ``hpcdl.common.stacks`` has the rank dump its Python stacks); later lines
+``signal N`` forward a signal to the rank's process group, and ``stacks`` asks the rank for its Python stacks,
+answered ``<token> stacks <base64>``. EOF on stdin means the launcher is gone (even killed with SIGKILL, or
+its ssh connection lost): the rank's process group gets SIGTERM, then SIGKILL, so no rank outlives its
+launcher. When the rank ends, the agent writes ``<token> exit <returncode>`` on stderr and exits, after
+``<token> oom <what the kernel said>`` when its OOM killer ended the rank; ``<token> pid <pid>`` after the
+start names the rank's process group. The launcher strips these lines from the rank's output.
+``hpcdl.runner.step_agent`` reuses these pieces for ranks started by a scheduler's launcher.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
 import json
@@ -28,9 +31,11 @@ import sys
 import threading
 import time
 from types import ModuleType
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Callable
 
 GRACE_SECONDS = 3.0
+STACKS_SECONDS = 3.0  # how long a rank gets to write its Python stacks
+DMESG_TIMEOUT_SECONDS = 5.0
 _SIOCGIFADDR = 0x8915  # Linux ioctl: IPv4 address of an interface
 
 
@@ -47,13 +52,80 @@ def _stop_group(child: subprocess.Popen) -> None:
     signal_group(child.pid, signal.SIGKILL)
 
 
-def follow_control(stdin: BinaryIO, child: subprocess.Popen) -> None:
-    """Forward ``signal N`` lines to the rank's group; stop the rank when stdin ends (thread target)."""
+def follow_control(
+    stdin: BinaryIO, child: subprocess.Popen, on_stacks: Callable[[], None] | None = None
+) -> None:
+    """Forward ``signal N`` lines to the rank's group, answer ``stacks`` lines with `on_stacks` (in a thread
+    of its own, so that a slow dump delays no signal); stop the rank when stdin ends (thread target)."""
     for line in stdin:
         words = line.split()
         if len(words) == 2 and words[0] == b"signal":
             signal_group(child.pid, int(words[1]))
+        elif words == [b"stacks"] and on_stacks is not None:
+            threading.Thread(target=on_stacks, daemon=True).start()
     _stop_group(child)
+
+
+def _group(pgid: int) -> dict[int, int]:
+    """The processes of process group `pgid`: pid -> parent pid (from /proc)."""
+    members = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid:
+            members[int(entry)] = int(fields[1])
+    return members
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process `pid` has a handler for `signum` (its SigCgt mask in /proc): an unhandled real-time
+    signal would kill it."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def dump_stacks(pgid: int, signum: int, path: str, timeout: float = STACKS_SECONDS) -> str:
+    """The Python stacks of the rank whose process group is `pgid`: its topmost processes that catch `signum`
+    (``hpcdl.common.stacks``' handler, installed by ``init()``) write them into `path` when signalled. Their
+    text, or a line in parentheses saying why there is none."""
+    members = _group(pgid)
+    catchers = {pid for pid in members if _catches(pid, signum)}
+    topmost = sorted(pid for pid in catchers if members[pid] not in catchers)
+    if not topmost:
+        return "(no Python stacks: the rank has not called hpcdl's init(), or does not run Python)"
+    try:
+        os.truncate(path, 0)
+    except OSError as exc:
+        return f"(no Python stacks: cannot reach {path}: {exc.strerror})"
+    for pid in topmost:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+    deadline, size = time.monotonic() + timeout, -1
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+        now = os.stat(path).st_size
+        if now > 0 and now == size:  # written and no longer growing
+            break
+        size = now
+    with open(path, errors="replace") as dump:
+        text = dump.read()
+    return text or f"(no Python stacks: the rank wrote none within {timeout:g} s)"
+
+
+def encode_stacks(text: str) -> str:
+    """`text` as one word of an agent's status line."""
+    return base64.b64encode(text.encode()).decode()
 
 
 def _has_ipv4(iface: str) -> bool:
@@ -132,6 +204,55 @@ def learn_master_port(
         raise OSError(f"the launcher's board at {board} answered no port: {answer}") from None
 
 
+def oom_kill_count() -> tuple[str, int] | None:
+    """This process's memory cgroup file and how many processes the kernel's OOM killer ended in that cgroup
+    (``oom_kill`` of cgroup v2's memory.events, v1's memory.oom_control); None where it cannot be read."""
+    try:
+        with open("/proc/self/cgroup") as lines:
+            entries = [line.rstrip("\n").split(":", 2) for line in lines]
+    except OSError:
+        return None
+    for entry in entries:
+        if len(entry) != 3:
+            continue
+        _, controllers, path = entry
+        if controllers == "":
+            candidates = [f"/sys/fs/cgroup{root}{path}/memory.events" for root in ("", "/unified")]
+        elif "memory" in controllers.split(","):
+            candidates = [f"/sys/fs/cgroup/memory{path}/memory.oom_control"]
+        else:
+            continue
+        for candidate in candidates:
+            try:
+                with open(candidate) as counters:
+                    for counter in counters:
+                        key, _, value = counter.partition(" ")
+                        if key == "oom_kill" and value.strip().isdigit():
+                            return candidate, int(value)
+            except OSError:
+                continue
+    return None
+
+
+def oom_report(before: tuple[str, int] | None, pid: int) -> str:
+    """What shows that the kernel's OOM killer ended process `pid` (killed by SIGKILL): the kernel log naming
+    it, where this user may read it, else its memory cgroup's ``oom_kill`` count having grown since `before`
+    (``oom_kill_count()`` when the process started); '' when neither does."""
+    try:
+        log = subprocess.run(
+            ["dmesg"], capture_output=True, text=True, timeout=DMESG_TIMEOUT_SECONDS, check=False
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        log = ""
+    for line in reversed(log.splitlines()):
+        if f"Killed process {pid} " in line:
+            return "the kernel log says: " + line.split("] ", 1)[-1].strip()
+    after = oom_kill_count()
+    if before is not None and after is not None and after[0] == before[0] and after[1] > before[1]:
+        return f"oom_kill in {after[0]} went from {before[1]} to {after[1]}"
+    return ""
+
+
 def interrupts_by_default() -> None:
     """In the rank's process, before exec: SIGINT back at its default. A launcher started with it ignored
     (a non-interactive shell starts background commands so) passes that on to its agents, and the rank
@@ -168,6 +289,7 @@ def main() -> None:
         sys.stderr.write(
             f"hpcdl run: cannot enter {spec['cwd']} here ({exc.strerror}); staying in {os.getcwd()}\n"
         )
+    oom_before = oom_kill_count()
     try:
         child = subprocess.Popen(
             spec["argv"],
@@ -185,12 +307,23 @@ def main() -> None:
     sys.stderr.flush()
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(signum, lambda received, _frame: signal_group(child.pid, received))
-    threading.Thread(target=follow_control, args=(stdin, child), daemon=True).start()
+
+    def answer_stacks() -> None:
+        where = spec["stacks"]
+        text = dump_stacks(child.pid, where["signal"], where["file"])
+        sys.stderr.write(f"{spec['token']} stacks {encode_stacks(text)}\n")
+        sys.stderr.flush()
+
+    on_stacks = answer_stacks if spec.get("stacks") else None
+    threading.Thread(target=follow_control, args=(stdin, child, on_stacks), daemon=True).start()
     returncode = child.wait()
     signal_group(child.pid, signal.SIGKILL)  # nothing the rank started outlives it
     if holder is not None:
         holder.close()
     sys.stdout.flush()
+    oom = oom_report(oom_before, child.pid) if returncode == -signal.SIGKILL else ""
+    if oom:
+        sys.stderr.write(f"{spec['token']} oom {oom}\n")
     sys.stderr.write(f"{spec['token']} exit {returncode}\n")
     sys.stderr.flush()
     # os._exit: the control thread may sit in a read of stdin, which blocks interpreter shutdown.

@@ -17,8 +17,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import errno
 import json
+import resource
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -33,6 +36,8 @@ HANDSHAKE_SECONDS = 10.0
 SHED_GRACE_SECONDS = 2.0
 REPLY_SECONDS = 10.0  # to hand the answer to a client that has stopped reading
 _ROOM_POLL_SECONDS = 0.05
+ACCEPT_BACKOFF_SECONDS = (0.01, 0.5)  # the first and the longest pause after a failed accept
+_OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 def capacity_for(ranks: int) -> int:
@@ -42,9 +47,21 @@ def capacity_for(ranks: int) -> int:
     return 256 + 2 * ranks
 
 
+def descriptor_reserve(limit: int) -> int:
+    """Descriptors of a process allowed `limit` open files that a listener leaves to the job's own ranks:
+    an eighth, at least 32 (the runtime's listeners keep the same: ``collectives/src/net/auth.cpp``)."""
+    return max(32, limit // 8)
+
+
+def _descriptor_limit() -> int:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 30
+
+
 @dataclass(eq=False)
 class _Client:
     writer: asyncio.StreamWriter
+    accepted: float
     challenged: float = 0.0  # when the challenge was sent (0: not yet)
     authenticated: bool = False
     task: asyncio.Task | None = None
@@ -55,14 +72,23 @@ class _Client:
 
 class ServiceServer:
     """Answers each authenticated request with ``respond(request)``; listens on ``host`` (the address the
-    ranks are given, not every interface), port 0."""
+    ranks are given, not every interface), port 0; ``name`` says which service it is in warnings."""
 
-    def __init__(self, secret: str, respond: Respond, host: str, capacity: int = capacity_for(1)) -> None:
+    def __init__(
+        self,
+        secret: str,
+        respond: Respond,
+        host: str,
+        capacity: int = capacity_for(1),
+        name: str = "the launcher's service for its ranks",
+    ) -> None:
         if not secret:
             raise ValueError("a service for the job's ranks needs the job's secret")
         self._secret = secret.encode()
         self._respond = respond
         self._capacity = capacity
+        self._name = name
+        self._warned: set[str] = set()
         self._listener = socket.create_server((host, 0), backlog=1024)
         self._listener.setblocking(False)
         self._clients: set[_Client] = set()
@@ -113,14 +139,57 @@ class ServiceServer:
 
     async def _accept(self) -> None:
         loop = asyncio.get_running_loop()
+        backoff = ACCEPT_BACKOFF_SECONDS[0]
         while True:
             while not self._room(time.monotonic()):
                 await asyncio.sleep(_ROOM_POLL_SECONDS)
-            conn, _ = await loop.sock_accept(self._listener)
+            try:
+                conn, _ = await loop.sock_accept(self._listener)
+            except OSError as exc:
+                self._accept_failed(exc)
+                await asyncio.sleep(backoff)
+                backoff = min(2 * backoff, ACCEPT_BACKOFF_SECONDS[1])
+                continue
+            backoff = ACCEPT_BACKOFF_SECONDS[0]
+            limit = _descriptor_limit()
+            if conn.fileno() >= limit - descriptor_reserve(limit):  # no lower descriptor was free
+                self._warn_once(
+                    "reserve",
+                    f"fewer than {descriptor_reserve(limit)} of the {limit} files this process may open are "
+                    "left: connections that have not proven the job's secret are dropped to keep them for "
+                    "the job's ranks (many connections to this port: another user's, or a stuck client's?)",
+                )
+                self._shed_unauthenticated()
             reader, writer = await asyncio.open_connection(sock=conn)
-            client = _Client(writer)
+            client = _Client(writer, time.monotonic())
             self._clients.add(client)
             client.task = loop.create_task(self._serve(client, reader))
+
+    def _accept_failed(self, exc: OSError) -> None:
+        """Report a failed accept once per cause; out of descriptors, free one for the next try."""
+        if exc.errno in _OUT_OF_DESCRIPTORS:
+            self._warn_once(
+                f"errno {exc.errno}",
+                f"cannot accept a connection ({exc.strerror}; this process may open {_descriptor_limit()} "
+                "files): it drops connections that have not proven the job's secret and tries again; if "
+                "the job's ranks need more, raise the limit where 'hpcdl run' starts (ulimit -n)",
+            )
+            self._shed_unauthenticated()
+        else:
+            self._warn_once(f"errno {exc.errno}", f"cannot accept a connection ({exc}); it tries again")
+
+    def _shed_unauthenticated(self) -> None:
+        """Drop the oldest connection that has not proven the secret (the job's ranks answer at once)."""
+        waiting = [c for c in self._clients if not c.authenticated]
+        if waiting:
+            oldest = min(waiting, key=lambda c: c.accepted)
+            oldest.writer.transport.abort()
+            self._clients.discard(oldest)
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            print(f"hpcdl: warning: {self._name} on port {self.port}: {message}", file=sys.stderr, flush=True)
 
     async def _serve(self, client: _Client, reader: asyncio.StreamReader) -> None:
         writer = client.writer

@@ -6,9 +6,11 @@ and its index among the tasks there (the launcher's variables, e.g. SLURMD_NODEN
 looked up in the placement ``hpcdl run`` decided, so every rank gets the identity, the torch.distributed
 variables and the network interface ``hpcdl run`` would give it. It runs the rank as its own process group
 and writes everything the rank prints as whole lines ``TOKEN RANK out|err TEXT`` on its stdout, then
-``TOKEN RANK exit CODE``: the launcher merges the tasks' output, and these tags route every line to its
-rank. Signals to the agent reach the rank's group; with ``--control-stdin`` (launchers that copy their stdin
-to every task) lines ``signal N`` do too, and the end of stdin stops the rank, as under the rank agent.
+``TOKEN RANK exit CODE`` (after ``TOKEN RANK oom TEXT`` when the kernel's OOM killer ended the rank): the
+launcher merges the tasks' output, and these tags route every line to its rank. Signals to the agent reach
+the rank's group; with ``--control-stdin`` (launchers that copy their stdin to every task) lines ``signal N``
+do too, a line ``stacks`` asks the rank for its Python stacks (answered ``TOKEN RANK stacks BASE64``), and
+the end of stdin stops the rank, as under the rank agent.
 """
 
 from __future__ import annotations
@@ -25,9 +27,13 @@ from typing import BinaryIO
 from hpcdl.runner.hosts import HostSlots, RankSlot, assign_ranks, parse_hosts_arg
 from hpcdl.runner.rank_agent import (
     choose_interface,
+    dump_stacks,
+    encode_stacks,
     follow_control,
     interrupts_by_default,
     learn_master_port,
+    oom_kill_count,
+    oom_report,
     signal_group,
 )
 from hpcdl.runner.rank_env import rank_variables, torch_variables
@@ -132,6 +138,7 @@ def main(argv: list[str]) -> int:
             out.line("exit", b"1")
             return 1
         env["MASTER_PORT"] = str(port)
+    oom_before = oom_kill_count()
     try:
         child = subprocess.Popen(
             command,
@@ -152,7 +159,15 @@ def main(argv: list[str]) -> int:
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(signum, lambda received, _frame: signal_group(child.pid, received))
     if args.control_stdin:
-        threading.Thread(target=follow_control, args=(sys.stdin.buffer, child), daemon=True).start()
+
+        def answer_stacks() -> None:
+            from hpcdl.common import stacks  # the rank's stack dumps go where its environment says
+
+            text = dump_stacks(child.pid, int(stacks.STACK_SIGNAL), str(stacks.stack_path(slot.rank)))
+            out.line("stacks", encode_stacks(text).encode())
+
+        control = (sys.stdin.buffer, child, answer_stacks)
+        threading.Thread(target=follow_control, args=control, daemon=True).start()
     assert child.stdout is not None and child.stderr is not None
     relays = [
         threading.Thread(target=out.relay, args=(pipe, kind), daemon=True)
@@ -164,6 +179,9 @@ def main(argv: list[str]) -> int:
     signal_group(child.pid, signal.SIGKILL)  # nothing the rank started outlives it
     for relay in relays:
         relay.join(timeout=RELAY_JOIN_SECONDS)  # bounded: a grandchild may still hold a pipe
+    oom = oom_report(oom_before, child.pid) if returncode == -signal.SIGKILL else ""
+    if oom:
+        out.line("oom", oom.encode())
     out.line("exit", str(returncode).encode())
     if holder is not None:
         holder.close()

@@ -1,22 +1,28 @@
 """Watch a job's processes: stop everything when a rank fails or the launcher is signalled, enforce the
-start timeout, then report the root cause. Every wait here has a deadline."""
+start timeout, show every rank's Python stacks on SIGQUIT, then report the first failure. Every wait here
+has a deadline."""
 
 from __future__ import annotations
 
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
+from hpcdl.common.debug_dir import write_private
+from hpcdl.common.output_file import OutputFileError
+from hpcdl.runner.first_failure import STDERR_LINES_SHOWN, account, detail_lines
 from hpcdl.runner.hosts import RankSlot
-from hpcdl.runner.procs import Failure, Outcome
+from hpcdl.runner.procs import Failure, Outcome, RankEnd
 from hpcdl.runner.rendezvous_host import RendezvousHandle
+from hpcdl.runner.stack_dumps import ANSWER_SECONDS, STACKS_FILE, forget_launcher, record_launcher, render
 
 POLL_SECONDS = 0.05
 GRACE_SECONDS = 3.0  # between the polite signal and SIGKILL
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-STDERR_LINES_SHOWN = 10
 
 
 class JobProcess(Protocol):
@@ -24,7 +30,21 @@ class JobProcess(Protocol):
 
     def poll(self) -> Outcome | None: ...
 
-    def failure(self) -> Failure | None: ...
+    def failure(self) -> Failure | None:
+        """The first sign of trouble: a rank (or the launcher of all ranks) that failed; None while none."""
+        ...
+
+    def ends(self) -> list[RankEnd]:
+        """What is known of each of its ranks (how it ended, its last error)."""
+        ...
+
+    def ask_stacks(self) -> bool:
+        """Ask its ranks for their Python stacks; False where it cannot reach them."""
+        ...
+
+    def stacks(self) -> dict[int, str]:
+        """The stacks its ranks answered since the last `ask_stacks`, by rank."""
+        ...
 
     def send_signal(self, signum: int) -> None: ...
 
@@ -39,6 +59,7 @@ class Supervisor:
     slots: list[RankSlot]
     rendezvous: RendezvousHandle | None = None
     start_timeout: float = 30.0
+    debug_dir: Path | None = None  # where SIGQUIT's stacks are written too
     _ended: dict[int, Outcome] = field(default_factory=dict)
     _root_cause: Failure | None = None
     _stop_reason: str = ""
@@ -47,13 +68,20 @@ class Supervisor:
     _signal_received: int | None = None
     _pending_signals: list[int] = field(default_factory=list)
     _first_arrival: float | None = None
+    _stacks_asked: bool = False
+    _stacks_thread: threading.Thread | None = None
 
     def _on_signal(self, signum: int, _frame: object) -> None:
-        self._pending_signals.append(signum)
+        if signum == signal.SIGQUIT:
+            self._stacks_asked = True
+        else:
+            self._pending_signals.append(signum)
 
     def run(self) -> int:
         """Watch until every process has ended; return the launcher's exit code."""
-        previous = {sig: signal.signal(sig, self._on_signal) for sig in FORWARDED_SIGNALS}
+        handled = (*FORWARDED_SIGNALS, signal.SIGQUIT)
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in handled}
+        self._record_launcher()  # once SIGQUIT is handled: 'hpcdl debug stacks' may send it at once
         try:  # the handlers stay until teardown is over: a Ctrl-C then only hastens the end
             try:
                 while len(self._ended) < len(self.processes):
@@ -62,6 +90,8 @@ class Supervisor:
             finally:
                 self._teardown()
         finally:
+            if self.debug_dir is not None:
+                forget_launcher(self.debug_dir)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         return self._report()
@@ -81,6 +111,10 @@ class Supervisor:
             if failure is not None and self._stop_started is None:
                 self._root_cause = failure
                 self._begin_stop(signal.SIGTERM, f"{failure.where} {failure.outcome.describe()}")
+        if self._stacks_asked and not (self._stacks_thread and self._stacks_thread.is_alive()):
+            self._stacks_asked = False
+            self._stacks_thread = threading.Thread(target=self._show_stacks, daemon=True)
+            self._stacks_thread.start()
         while self._pending_signals:
             signum = self._pending_signals.pop(0)
             if self._signal_received is not None:  # a second Ctrl-C: no more patience
@@ -92,6 +126,35 @@ class Supervisor:
         stopping = self._stop_started is not None and not self._killed
         if stopping and time.monotonic() - self._stop_started > GRACE_SECONDS:
             self._kill_remaining()
+
+    def _record_launcher(self) -> None:
+        if self.debug_dir is None:
+            return
+        try:
+            record_launcher(self.debug_dir, len(self.slots))
+        except (OSError, OutputFileError) as exc:
+            print(f"hpcdl run: warning: 'hpcdl debug stacks' will not find this job: {exc}", file=sys.stderr)
+
+    def _show_stacks(self) -> None:
+        """Every rank's Python stacks, on stderr and in the debug directory (thread target: the watch goes
+        on while the ranks answer)."""
+        asked = [process for process in self._running() if process.ask_stacks()]
+        deadline = time.monotonic() + ANSWER_SECONDS
+        answers: dict[int, str] = {}
+        while asked and time.monotonic() < deadline and len(answers) < len(self.slots):
+            time.sleep(POLL_SECONDS)
+            answers = {rank: text for process in asked for rank, text in process.stacks().items()}
+        if not asked:  # mpirun, aprun, jsrun: they pass no stdin to every task
+            answers = {slot.rank: "(hpcdl run cannot reach it through its launcher)" for slot in self.slots}
+        text = render([(f"rank {s.rank} on host {s.host}", answers.get(s.rank)) for s in self.slots])
+        where = ""
+        if self.debug_dir is not None:
+            try:
+                write_private(self.debug_dir / STACKS_FILE, text.encode(), "ranks' stacks")
+                where = f" (also in {self.debug_dir / STACKS_FILE})"
+            except (OSError, OutputFileError) as exc:
+                where = f" (not written to {self.debug_dir}: {exc})"
+        print(f"hpcdl run: Python stacks of every rank, on SIGQUIT{where}:\n{text}", end="", file=sys.stderr)
 
     def _running(self) -> list[JobProcess]:
         return [p for index, p in enumerate(self.processes) if index not in self._ended]
@@ -140,18 +203,15 @@ class Supervisor:
 
     def _report(self) -> int:
         if self._root_cause is not None:
-            failure = self._root_cause
-            others = len(self.slots) - (0 if failure.launcher else 1)
-            stopped = (
-                f"; stopped {'all' if failure.launcher else 'the other'} {others} rank(s)" if others else ""
-            )
-            print(f"hpcdl run: {failure.where} {failure.outcome.describe()}{stopped}", file=sys.stderr)
-            tail = failure.stderr_tail[-STDERR_LINES_SHOWN:]
-            if tail:
-                print(f"hpcdl run: last lines of its stderr ({failure.where}):", file=sys.stderr)
-                for line in tail:
-                    print(f"    {line}", file=sys.stderr)
-            return failure.outcome.launcher_exit_code or 1
+            found = account([end for process in self.processes for end in process.ends()])
+            if found is None:  # the launcher of all ranks failed (mpirun, srun), no rank did
+                return self._report_launcher(self._root_cause)
+            others = len(self.slots) - 1
+            stopped = f"; stopped the other {others} rank(s)" if others else ""
+            print(f"hpcdl run: {found.first.where} {found.what}{stopped}", file=sys.stderr)
+            for line in detail_lines(found, lambda end: end.where):
+                print(line if line.startswith(" ") else f"hpcdl run: {line}", file=sys.stderr)
+            return found.exit_code
         if self._signal_received is not None:
             print(f"hpcdl run: {self._stop_reason}; stopped all ranks", file=sys.stderr)
             return 128 + self._signal_received
@@ -160,3 +220,15 @@ class Supervisor:
             return 1
         failed = [outcome for outcome in self._ended.values() if not outcome.ok]
         return failed[0].launcher_exit_code if failed else 0
+
+    def _report_launcher(self, failure: Failure) -> int:
+        print(
+            f"hpcdl run: {failure.where} {failure.outcome.describe()}; stopped all {len(self.slots)} rank(s)",
+            file=sys.stderr,
+        )
+        tail = failure.stderr_tail[-STDERR_LINES_SHOWN:]
+        if tail:
+            print(f"hpcdl run: last lines of its stderr ({failure.where}):", file=sys.stderr)
+            for line in tail:
+                print(f"    {line}", file=sys.stderr)
+        return failure.outcome.launcher_exit_code or 1

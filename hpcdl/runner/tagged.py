@@ -1,6 +1,7 @@
 """One launcher process that runs all of a job's ranks (``mpirun``, ``srun``, ``flux run``, ...): its output
 lines carry rank tags, which route every line to its rank's output, and each rank's wrapper ends with an
-exit line, which names the first rank that failed and how."""
+exit line (after an ``oom`` line when the kernel's OOM killer ended the rank), which says how and when that
+rank ended."""
 
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ import signal
 import subprocess
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from hpcdl.runner.errors import LaunchError
 from hpcdl.runner.hosts import RankSlot
 from hpcdl.runner.output import TAIL_LINES, OutputRouter, RankOutput, pump_lines
-from hpcdl.runner.procs import DRAIN_SECONDS, Failure, Outcome
+from hpcdl.runner.procs import DRAIN_SECONDS, Failure, Outcome, RankEnd, rank_end
+from hpcdl.runner.stack_dumps import decode
 
 STDIN_END_SECONDS = 5.0  # after stdin closes, how long the agents get to stop their ranks
 TERM_SECONDS = 3.0
@@ -25,12 +27,15 @@ TERM_SECONDS = 3.0
 
 @dataclass(frozen=True)
 class Tagged:
-    """A line of one rank: its text for `stream`, or (`exit_code` set) the rank's exit line."""
+    """A line of one rank: its text for `stream`, or (`exit_code` set) the rank's exit line, or (`oom` set)
+    what the kernel said when its OOM killer ended the rank, or (`stacks` set) its Python stacks."""
 
     rank: int
     stream: str = "stdout"
     text: bytes = b""
     exit_code: int | None = None
+    oom: str = ""
+    stacks: str | None = None
 
 
 # Reads one line of the launcher's `stream` ('stdout' or 'stderr'); None: the launcher's own line.
@@ -38,7 +43,8 @@ TagReader = Callable[[str, bytes], "Tagged | None"]
 
 
 def step_agent_reader(token: str) -> TagReader:
-    """Lines of ``hpcdl.runner.step_agent``: ``TOKEN RANK out|err TEXT`` and ``TOKEN RANK exit CODE``."""
+    """Lines of ``hpcdl.runner.step_agent``: ``TOKEN RANK out|err TEXT``, ``TOKEN RANK oom TEXT``,
+    ``TOKEN RANK stacks BASE64`` and ``TOKEN RANK exit CODE``."""
     head = token.encode() + b" "
 
     def read(_stream: str, line: bytes) -> Tagged | None:
@@ -51,6 +57,10 @@ def step_agent_reader(token: str) -> TagReader:
         text = parts[2] if len(parts) == 3 else b""
         if kind == b"exit":
             return Tagged(rank, exit_code=int(text))
+        if kind == b"oom":
+            return Tagged(rank, oom=text.decode(errors="replace").strip())
+        if kind == b"stacks":
+            return Tagged(rank, stacks=decode(text.strip()))
         if kind in (b"out", b"err"):
             return Tagged(rank, "stdout" if kind == b"out" else "stderr", text)
         return None
@@ -82,6 +92,9 @@ class TaggedRun:
         self._outputs: dict[int, RankOutput] = {slot.rank: router.for_rank(slot.rank) for slot in slots}
         self._launcher_tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self._first_failure: tuple[int, Outcome] | None = None
+        self._exits: dict[int, tuple[Outcome, float]] = {}  # rank -> how and when (monotonic) it ended
+        self._ooms: dict[int, str] = {}
+        self._stacks: dict[int, str] = {}
         self._outcome: Outcome | None = None
         self._lock = threading.Lock()
         self.name = os.path.basename(argv[0])
@@ -111,9 +124,20 @@ class TaggedRun:
                 self._launcher_tail.append(line.decode(errors="replace").rstrip("\n"))
                 self._router.write_untagged(pipe_stream, line)
                 return
-            if tagged.exit_code is not None:
-                outcome = Outcome.from_returncode(tagged.exit_code)
+            if tagged.oom:
                 with self._lock:
+                    self._ooms[tagged.rank] = tagged.oom
+                return
+            if tagged.stacks is not None:
+                with self._lock:
+                    self._stacks[tagged.rank] = tagged.stacks
+                return
+            if tagged.exit_code is not None:
+                with self._lock:
+                    outcome = replace(
+                        Outcome.from_returncode(tagged.exit_code), oom=self._ooms.get(tagged.rank, "")
+                    )
+                    self._exits[tagged.rank] = (outcome, time.monotonic())
                     if not outcome.ok and self._first_failure is None:
                         self._first_failure = (tagged.rank, outcome)
                 return
@@ -137,8 +161,28 @@ class TaggedRun:
             where = f"rank {rank} on host {self._slots[rank].host}"
             return Failure(where, outcome, list(self._outputs[rank].stderr_tail))
         if self._outcome is not None and not self._outcome.ok:
-            return Failure(self.name, self._outcome, list(self._launcher_tail), launcher=True)
+            return Failure(self.name, self._outcome, list(self._launcher_tail))
         return None
+
+    def ends(self) -> list[RankEnd]:
+        with self._lock:
+            exits = dict(self._exits)
+        return [
+            rank_end(slot, self._outputs[rank], *exits.get(rank, (None, None)))
+            for rank, slot in self._slots.items()
+        ]
+
+    def ask_stacks(self) -> bool:
+        """Ask every rank's agent for its Python stacks, where the launcher copies its stdin to every task
+        (no other way reaches them: False otherwise); the answers come in `stacks()`."""
+        with self._lock:
+            self._stacks.clear()
+        self._control("stacks")
+        return self._control_stdin
+
+    def stacks(self) -> dict[int, str]:
+        with self._lock:
+            return dict(self._stacks)
 
     def _control(self, line: str) -> None:
         stdin = self._popen.stdin

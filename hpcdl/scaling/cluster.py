@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from hpcdl.common.output_file import write_output_file
 from hpcdl.scaling import watch
 from hpcdl.scaling.steps import REPEAT_VARIABLE
 from hpcdl.scaling.study import JOBS_FILE, StudyError, StudySpec, point_dir
@@ -70,9 +71,8 @@ def geometry(workers: int, ranks_per_node: int, gpus_per_node: int) -> tuple[int
 
 
 def save_jobs(directory: Path, jobs: list[StudyJob]) -> None:
-    (directory / JOBS_FILE).write_text(
-        json.dumps([asdict(j) for j in jobs], indent=2) + "\n", encoding="utf-8"
-    )
+    text = json.dumps([asdict(j) for j in jobs], indent=2) + "\n"
+    write_output_file(directory / JOBS_FILE, "study's job list", text, replace=True, mode=0o666)
 
 
 def load_jobs(directory: Path) -> list[StudyJob]:

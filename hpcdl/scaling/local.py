@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from hpcdl.common.output_file import open_output_file, write_output_file
 from hpcdl.scaling.results import RunResult, read_run
 from hpcdl.scaling.study import ALLREDUCE_FILE, Run, StudyError, StudySpec, plan, repeat_dir
 
@@ -65,7 +66,7 @@ def hpcdl_run(
     StudyError when it fails or passes ``timeout``."""
     argv = [sys.executable, "-m", "hpcdl", "run", "-np", str(ranks), *command]
     started = time.monotonic()
-    with open(log, "wb") as out:
+    with open_output_file(log, "log", binary=True, replace=True, parents=True, mode=0o666) as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
         try:
             code = process.wait(timeout)
@@ -143,7 +144,8 @@ def measure_allreduce(
             f"hpcdl bench allreduce -np {ranks} failed (exit {done.returncode}):\n{done.stderr[-2000:]}"
         )
     path = directory / ALLREDUCE_FILE
-    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    text = "".join(json.dumps(r) + "\n" for r in records)
+    write_output_file(path, "allreduce measurements", text, replace=True, mode=0o666)
     return path
 
 

@@ -11,6 +11,7 @@ import hashlib
 import json
 from pathlib import Path
 
+from hpcdl.common.output_file import write_output_file
 from hpcdl.scaling.study import StudyError
 
 MANIFEST = ".hpcdl-outputs.json"
@@ -48,10 +49,8 @@ class OutputDirectory:
     def write(self, name: str, data: bytes | str) -> Path:
         payload = data.encode() if isinstance(data, str) else data
         path = self.directory / name
-        self.directory.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(payload)
+        write_output_file(path, name, payload, replace=True, parents=True, mode=0o666)
         self._written[name] = _digest(payload)
-        self._manifest_path.write_text(
-            json.dumps(self._written, indent=1, sort_keys=True) + "\n", encoding="utf-8"
-        )
+        manifest = json.dumps(self._written, indent=1, sort_keys=True) + "\n"
+        write_output_file(self._manifest_path, "list of written files", manifest, replace=True, mode=0o666)
         return path

@@ -18,6 +18,7 @@ import time
 from typing import Optional
 
 from hpcdl.common.discovery import discover
+from hpcdl.common.output_file import write_output_file
 from hpcdl.scaling.steps import run_directory, run_file
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -60,7 +61,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             "seconds": seconds,
             "exit": code,
         }
-        run_file(directory, info.rank).write_text(json.dumps(record) + "\n", encoding="utf-8")
+        text = json.dumps(record) + "\n"
+        write_output_file(run_file(directory, info.rank), "run record", text, replace=True, mode=0o666)
     return code if code >= 0 else 128 - code
 
 

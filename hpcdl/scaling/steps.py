@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hpcdl.common.exceptions import HpcdlError
+from hpcdl.common.output_file import open_output_file
 
 FORMAT = 1
 DIR_VARIABLE = "HPCDL_SCALING_DIR"  # the study point's directory
@@ -227,8 +228,8 @@ class StepTimer:
         if self.directory is None:
             return
         if self._file is None:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            self._file = open(steps_file(self.directory, self.rank), "w", encoding="utf-8")  # noqa: SIM115
+            path = steps_file(self.directory, self.rank)
+            self._file = open_output_file(path, "step records", replace=True, parents=True, mode=0o666)
             self._file.write(json.dumps(self._header()) + "\n")
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()

@@ -27,6 +27,7 @@ from typing import Any, Optional
 
 from hpcdl._version import __version__
 from hpcdl.common.exceptions import HpcdlError
+from hpcdl.common.output_file import write_output_file
 from hpcdl.scaling import steps
 
 FORMAT = 1
@@ -271,8 +272,8 @@ def create(directory: Path, spec: StudySpec, force: bool) -> None:
             shutil.rmtree(directory / "points")
         for name in (JOBS_FILE, ALLREDUCE_FILE):
             (directory / name).unlink(missing_ok=True)
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / STUDY_FILE).write_text(json.dumps(spec.to_json(), indent=2) + "\n", encoding="utf-8")
+    text = json.dumps(spec.to_json(), indent=2) + "\n"
+    write_output_file(directory / STUDY_FILE, "study", text, replace=True, parents=True, mode=0o666)
 
 
 def load(directory: Path) -> StudySpec:

@@ -41,6 +41,7 @@ class ScriptParts:
     modules: list[str]
     setup: list[str]
     secret_command: str
+    debug_dir_command: str
     rendezvous_command: str
     rendezvous_timeout_s: int
     master_probe_command: Optional[str]
@@ -223,6 +224,7 @@ class Scheduler(ABC):
             modules=[shell_word(m, "module") for m in job.modules],
             setup=list(job.setup),
             secret_command=quote([job.python, "-c", "import secrets; print(secrets.token_hex(32))"]),
+            debug_dir_command=quote([job.python, "-m", "hpcdl.common.debug_dir"]),
             rendezvous_command=self.rendezvous_command(job),
             rendezvous_timeout_s=RENDEZVOUS_START_TIMEOUT_S,
             master_probe_command=self.master_probe_command(job),

@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
+from hpcdl.common.output_file import write_output_file
+
 
 def records_dir() -> Path:
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
@@ -32,11 +34,9 @@ class JobRecord:
     log_globs: list[str]
 
     def save(self) -> Path:
-        directory = records_dir()
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / _file_name(self.job_id)
-        path.write_text(json.dumps(asdict(self), indent=2) + "\n")
-        return path
+        path = records_dir() / _file_name(self.job_id)
+        text = json.dumps(asdict(self), indent=2) + "\n"
+        return write_output_file(path, "job record", text, replace=True, parents=True)
 
     def log_files(self) -> list[Path]:
         """Existing files matching the job's output globs, relative globs taken from its workdir."""

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from hpcdl.common.output_file import OutputFileError, open_output_fd
 from hpcdl.schedulers.base import Scheduler
 from hpcdl.schedulers.errors import SchedulerError
 from hpcdl.schedulers.job import JobSpec
@@ -21,36 +20,17 @@ SCRIPT_MODE = 0o700
 
 def write_script(script: str, path: Path, force: bool) -> Path:
     """Write a rendered script, readable and executable by its owner only (it holds the job's ``--env``
-    values), never through a symbolic link: a new file is created exclusively (``O_EXCL|O_NOFOLLOW``), and
-    with ``force`` an existing path is replaced by renaming a file made beside it, which replaces a link
-    planted there instead of writing where it points. Refuses to replace anything without ``force``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    values), through :func:`hpcdl.common.output_file.open_output_fd`: created exclusively, never through a
+    link nor into another user's file, and with ``force`` replacing an existing file or link of the user's
+    atomically. Refuses to replace anything without ``force``."""
     try:
-        if not force:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-            _write_private(os.open(path, flags, SCRIPT_MODE), script)
-            return path
-        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        try:
-            _write_private(fd, script)
-            os.replace(temporary, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
-            raise
-    except FileExistsError:
-        raise SchedulerError(
-            f"{path} already exists; pass --force to overwrite it, or choose another -o path"
-        ) from None
-    except OSError as exc:
-        raise SchedulerError(f"cannot write the script to {path}: {exc.strerror}") from None
-    return path
-
-
-def _write_private(fd: int, text: str) -> None:
+        fd = open_output_fd(path, "script", replace=force, parents=True, mode=SCRIPT_MODE)
+    except OutputFileError as exc:
+        raise SchedulerError(str(exc)) from None
     with os.fdopen(fd, "w") as out:
         os.fchmod(fd, SCRIPT_MODE)
-        out.write(text)
+        out.write(script)
+    return path
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,13 @@ that broke off). An install directory this builder did not start is never touche
 A lockfile may come from someone else: its names, versions and hashes are checked, and every directory the
 builder writes or deletes must resolve inside the prefix, so that no field (``hash: x/../../..``) and no
 link planted under the prefix can make it write, or with ``force`` delete, anything outside.
+
+A prefix may be shared with other users: ``.hpcdl/`` is kept private (mode 0700, the user's, not a link),
+so nobody else can change a verified download or the unpacked sources. Each build gets a new stage
+directory; archives are unpacked into fresh private directories renamed into place
+(:func:`hpcdl.stack.archive.unpack`), and before the build commands run the stage is checked again (the
+user's, private, no link, the very directory made for this build) and the commands run in the directory so
+checked (by descriptor, not by name).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import json
 import os
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -27,6 +35,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from hpcdl.common.exceptions import HpcdlError
+from hpcdl.common.output_file import OutputFileError, open_output_file, private_directory, write_output_file
 from hpcdl.stack.archive import unpack
 from hpcdl.stack.fetch import DEFAULT_MAX_DOWNLOAD_BYTES, Transfer, fetch
 from hpcdl.stack.lockfile import Lock, LockedPackage
@@ -289,7 +298,8 @@ class Builder:
         source = self._pinned_source(plan)
         if source is not None:
             archive = (self._cache / source.filename).as_uri()
-            (plan.stage / "requirements.txt").write_text(f"{archive} --hash=sha256:{source.sha256}\n")
+            text = f"{archive} --hash=sha256:{source.sha256}\n"
+            write_output_file(plan.stage / "requirements.txt", "pip requirements", text, replace=True)
 
     def _closure(self, package: LockedPackage) -> list[str]:
         seen: list[str] = []
@@ -306,8 +316,9 @@ class Builder:
         plans = self.plan()
         if self.options.dry_run:
             return self._walk(plans)
-        (self.prefix / MARKER_DIR).mkdir(parents=True, exist_ok=True)
-        with (self.prefix / MARKER_DIR / "build.lock").open("w") as lock:
+        self._private(self.prefix / MARKER_DIR, "build directory")
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC  # one file: not replaced, not truncated
+        with os.fdopen(os.open(self.prefix / MARKER_DIR / "build.lock", flags, 0o600), "w") as lock:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
@@ -352,28 +363,36 @@ class Builder:
     def _build(self, head: str, plan: PackagePlan, step: Callable[[str], None]) -> None:
         if plan.install_dir.exists():  # our own unfinished attempt, or --force
             shutil.rmtree(plan.install_dir)
-        shutil.rmtree(plan.stage, ignore_errors=True)
+        made = self._fresh_stage(plan)
         (plan.install_dir / MARKER_DIR).mkdir(parents=True)
-        (plan.install_dir / MARKER_DIR / BUILDING).write_text(plan.package.label() + "\n")
-        plan.log.parent.mkdir(parents=True, exist_ok=True)
-        with plan.log.open("w") as log:
+        write_output_file(
+            plan.install_dir / MARKER_DIR / BUILDING, "build marker", plan.package.label() + "\n"
+        )
+        with open_output_file(plan.log, "build log", replace=True, parents=True, mode=0o666) as log:
             log.write(f"# {plan.package.label()} ({plan.package.hash}) into {plan.install_dir}\n")
             roots = self._fetch_and_unpack(head, plan, log, step)
             source_root = roots[0] if roots else plan.stage
-            source_root.mkdir(parents=True, exist_ok=True)
             plan.commands = self._commands(plan, source_root)
             step("building")
-            if plan.recipe.build.system == "binary":
-                self.progress.message(f"{head}: installing")
-                for root in roots:
-                    shutil.copytree(root, plan.install_dir, dirs_exist_ok=True, symlinks=True)
-            else:
-                if plan.recipe.build.system == "pip":
-                    self._write_pip_requirements(plan)
-                env = self._environment(plan)
-                for command in plan.commands:
-                    self.progress.message(f"{head}: {shlex.join(command[:3])} ...")
-                    self._run(command, source_root, env, log, plan)
+            stage = self._checked_stage(plan, made)
+            opened = [self._open_under(stage, plan, root) for root in roots or [plan.stage]]
+            try:
+                if plan.recipe.build.system == "binary":
+                    self.progress.message(f"{head}: installing")
+                    for fd in opened:
+                        shutil.copytree(
+                            f"/proc/self/fd/{fd}", plan.install_dir, dirs_exist_ok=True, symlinks=True
+                        )
+                else:
+                    if plan.recipe.build.system == "pip":
+                        self._write_pip_requirements(plan)
+                    env = self._environment(plan)
+                    for command in plan.commands:
+                        self.progress.message(f"{head}: {shlex.join(command[:3])} ...")
+                        self._run(command, f"/proc/self/fd/{opened[0]}", env, log, plan)
+            finally:
+                for fd in [stage, *opened]:
+                    os.close(fd)
         for path, target in plan.recipe.build.links:
             link = plan.install_dir / path
             if not link.exists() and not link.is_symlink():
@@ -387,9 +406,67 @@ class Builder:
             "variants": plan.package.variants,
             "depends_on": plan.package.depends_on,
         }
-        (plan.install_dir / MARKER_DIR / INSTALLED).write_text(json.dumps(record, indent=2) + "\n")
+        text = json.dumps(record, indent=2) + "\n"
+        write_output_file(plan.install_dir / MARKER_DIR / INSTALLED, "install record", text, mode=0o666)
         shutil.rmtree(plan.stage, ignore_errors=True)
         self.progress.message(f"{head}: installed in {plan.install_dir} (log {plan.log})")
+
+    def _private(self, path: Path, what: str) -> os.stat_result:
+        try:
+            return private_directory(path, what)
+        except OutputFileError as exc:
+            raise BuildError(str(exc)) from None
+
+    def _fresh_stage(self, plan: PackagePlan) -> os.stat_result:
+        """A new, empty, private stage directory for this build (what was there before is removed)."""
+        self._private(plan.stage.parent, "stage directory")
+        if plan.stage.is_symlink() or (os.path.lexists(plan.stage) and not plan.stage.is_dir()):
+            plan.stage.unlink()
+        elif plan.stage.exists():
+            shutil.rmtree(plan.stage)
+        os.mkdir(plan.stage, 0o700)
+        return os.lstat(plan.stage)
+
+    def _checked_stage(self, plan: PackagePlan, made: os.stat_result) -> int:
+        """A descriptor of the stage, checked again before its sources are built: the prefix's private
+        directories and the stage are still the user's, private and no links, and the stage is the very
+        directory made for this build."""
+        for path in (self.prefix / MARKER_DIR, plan.stage.parent, plan.stage):
+            there = os.lstat(path)
+            problem = ""
+            if stat.S_ISLNK(there.st_mode) or not stat.S_ISDIR(there.st_mode):
+                problem = "it is no longer a directory"
+            elif there.st_uid != os.geteuid():
+                problem = f"it belongs to uid {there.st_uid}"
+            elif stat.S_IMODE(there.st_mode) & 0o077:
+                problem = f"others may use it (mode {stat.S_IMODE(there.st_mode):o})"
+            if problem:
+                raise BuildError(
+                    f"{plan.package.label()}: {path} changed after the sources were unpacked ({problem}): "
+                    "another user may have replaced them, so they are not built; build into a prefix only "
+                    "you may write"
+                )
+        fd = os.open(plan.stage, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        now = os.fstat(fd)
+        if (now.st_dev, now.st_ino) != (made.st_dev, made.st_ino):
+            os.close(fd)
+            raise BuildError(
+                f"{plan.package.label()}: {plan.stage} was replaced after the sources were unpacked: another "
+                "user may have swapped them, so they are not built; build into a prefix only you may write"
+            )
+        return fd
+
+    @staticmethod
+    def _open_under(stage: int, plan: PackagePlan, root: Path) -> int:
+        """A descriptor of `root`, opened from the checked stage without following links."""
+        fd = os.dup(stage)
+        for part in root.relative_to(plan.stage).parts:
+            try:
+                inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            finally:
+                os.close(fd)
+            fd = inner
+        return fd
 
     def _fetch_and_unpack(self, head: str, plan: PackagePlan, log, step: Callable[[str], None]) -> list[Path]:
         roots = []
@@ -433,7 +510,7 @@ class Builder:
             env[name] = self._format(value, plan)
         return env
 
-    def _run(self, command: list[str], cwd: Path, env: dict[str, str], log, plan: PackagePlan) -> None:
+    def _run(self, command: list[str], cwd: str, env: dict[str, str], log, plan: PackagePlan) -> None:
         log.write(f"\n$ {shlex.join(command)}\n")
         log.flush()
         try:

@@ -1,6 +1,8 @@
 """Fetch a source archive (from a mirror first, then its URL), verify its sha256, resume broken downloads.
 
-A download goes to ``<file>.part`` beside the cache entry. When it breaks off (a dropped connection, a
+The cache is a directory only the user may use (made mode 0700, refused if it is a link or another
+user's), so a file verified there is the file that is unpacked. A download goes to ``<file>.part`` beside
+the cache entry. When it breaks off (a dropped connection, a
 timeout, Ctrl-C), the part stays, and the next fetch of a file whose sha256 the recipe names asks the server
 for the rest only (an HTTP Range request; a server without ranges sends the whole file again). The completed
 file is verified either way; a resumed file that fails verification is downloaded once more from its start.
@@ -23,6 +25,7 @@ from typing import Optional
 from urllib.parse import urlparse
 
 from hpcdl.common.exceptions import HpcdlError
+from hpcdl.common.output_file import OutputFileError, private_directory
 from hpcdl.stack.names import file_name_problem
 from hpcdl.stack.recipe import UNKNOWN_CHECKSUM, Source
 
@@ -240,7 +243,10 @@ def fetch(
         )
     if file_name_problem(source.filename):
         raise FetchError(f"{package}: {file_name_problem(source.filename)} (from {source.url})")
-    cache.mkdir(parents=True, exist_ok=True)
+    try:  # what is verified there stays so: nobody else may replace it before it is used
+        private_directory(cache, "download cache")
+    except OutputFileError as exc:
+        raise FetchError(f"{package}: {exc}") from None
     target = cache / source.filename
     if target.is_file() and (not verify or sha256_of(target) == source.sha256):
         return target

@@ -223,3 +223,77 @@ def test_elastic_workers_start_and_are_replaced_as_srun_steps(cluster: SlurmClus
             results[result["worker"]] = result
     assert set(results) == {0, 2, 3}
     assert len({json.dumps(r["weight"]) for r in results.values()}) == 1
+
+
+FIRST_FAILURE = PARALLEL / "first_failure_ranks.py"
+
+
+def test_the_raising_rank_is_named_every_time_through_the_srun_step(
+    cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """Four jobs of four ranks on two nodes, a different culprit each time, then one whose culprit exits
+    only after the others failed (srun, which ends the step at the first non-zero exit, sees it last)."""
+    for run in range(5):
+        culprit = (run + 1) % 4
+        env = {"CULPRIT": str(culprit), **({"SLOW_EXIT": "1.0"} if run == 4 else {})}
+        salloc = _salloc_hpcdl_run("-N2 --ntasks-per-node=2", f"{sys.executable} {FIRST_FAILURE} raise")
+        done = cluster.run(salloc, env=env, cwd=tmp_path, timeout=180)
+        ours = [line for line in done.stderr.splitlines() if line.startswith("hpcdl run: ")]
+        assert done.returncode == 1, done.stderr
+        host = f"node{1 + culprit // 2}"
+        head = (
+            f"hpcdl run: rank {culprit} on host {host} failed first, with ValueError: boom on rank {culprit}"
+        )
+        assert ours[0].startswith(f"{head} ("), f"run {run}: {done.stderr}"
+        assert ours[1] == f"hpcdl run: its error (rank {culprit} on host {host}):"
+        assert all("HpcdlShutdownError" in line for line in ours[2:]), ours
+
+
+def test_bare_srun_ranks_point_at_the_raising_rank(cluster: SlurmCluster, tmp_path: Path) -> None:
+    """Under srun alone (no hpcdl run), srun names each task that exited non-zero; the ranks that failed
+    because of the culprit say so and quote its error, read from its last words in the job's debug
+    directory (a file system the nodes share)."""
+    secret = "0123456789abcdef" * 4
+    for run in range(3):
+        culprit = (run + 1) % 3
+        workdir = tmp_path / f"job{run}"
+        workdir.mkdir()
+        done = cluster.run(
+            ["salloc", "-N2", "-n3", "srun", sys.executable, str(FIRST_FAILURE), "raise"],
+            env={"CULPRIT": str(culprit), "HPCDL_SECRET": secret}, cwd=workdir, timeout=120,
+        )  # fmt: skip
+        output = done.stdout + done.stderr
+        assert done.returncode != 0, output
+        pointers = [line for line in output.splitlines() if line.startswith("hpcdl: rank ")]
+        assert len(pointers) == 2, f"run {run}:\n{output}"
+        host = "node1" if culprit < 2 else "node2"  # srun's block distribution: two tasks on node1
+        for line in pointers:
+            assert (
+                f"Rank {culprit} failed first, on host {host}: ValueError: boom on rank {culprit} (" in line
+            )
+        (job,) = (workdir / "hpcdl-debug").iterdir()
+        assert json.loads((job / f"exit.rank{culprit}.json").read_text())["host"] == host
+
+
+def test_every_ranks_stack_through_the_srun_step(cluster: SlurmCluster, tmp_path: Path) -> None:
+    """hpcdl debug stacks reaches the ranks through srun (whose stdin reaches every task's agent): rank 3,
+    on node2, sleeps in the user's function while the others wait in a collective."""
+    job = cluster.popen(
+        _salloc_hpcdl_run("-N2 --ntasks-per-node=2", f"{sys.executable} {FIRST_FAILURE} stuck"),
+        cwd=tmp_path, env={"CULPRIT": "3"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline, shown = time.monotonic() + 90, ""
+        while "in stuck_in_dataloader" not in shown:
+            assert time.monotonic() < deadline, f"no stacks showed where rank 3 is:\n{shown}"
+            asked = cluster.run([sys.executable, "-m", "hpcdl", "debug", "stacks"], cwd=tmp_path, timeout=60)
+            shown = asked.stdout + asked.stderr
+    finally:
+        job.terminate()
+        job.communicate(timeout=60)
+    parts = shown.split("=== rank ")
+    assert [part.split(" ===")[0] for part in parts[1:]] == [
+        f"{r} on host node{1 + r // 2}" for r in range(4)
+    ]
+    assert all("in synchronize" in part for part in parts[1:4]), shown
+    assert "in stuck_in_dataloader" in parts[4]

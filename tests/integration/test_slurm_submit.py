@@ -435,3 +435,30 @@ def _wait_for_text(path: Path, needles: list[str], timeout: float = 60) -> None:
             return
         time.sleep(0.2)
     raise AssertionError(f"{path} did not show {needles} within {timeout:.0f}s; it holds:\n{text}")
+
+
+def test_ranks_of_a_generated_script_leave_their_last_words_in_the_jobs_debug_directory(
+    cluster: SlurmCluster, workdir: Path
+) -> None:
+    """The script sets HPCDL_DEBUG_DIR (./hpcdl-debug/<job id>): rank 1's error is kept there, the other rank
+    says its own failure came from rank 1's, and hpcdl debug analyze names rank 1 as the first failure."""
+    reason = _runtime_unavailable()
+    if reason:
+        pytest.skip(reason)
+    ranks = PARALLEL / "first_failure_ranks.py"
+    job_id = submit(
+        cluster, workdir, "--nodes", "2", "-t", "5", "-e", "CULPRIT=1", "python3", str(ranks), "raise"
+    )
+    state = cluster.wait_done(job_id, timeout=120)
+    output = (workdir / f"hpcdl-{job_id}.out").read_text()
+    assert state == "FAILED", output
+    directory = workdir / "hpcdl-debug" / job_id
+    assert json.loads((directory / "exit.rank1.json").read_text())["error"] == "ValueError: boom on rank 1"
+    pointer = (
+        "hpcdl: rank 0's error above is a consequence of rank 1's end, not its cause. Rank 1 failed first, "
+        "on host node2: ValueError: boom on rank 1"
+    )
+    assert pointer in output
+    code, out, err = hpcdl(cluster, workdir, "debug", "analyze", str(directory))
+    assert code == 0, err
+    assert "- rank 1 failed first, on host node2: ValueError: boom on rank 1" in out.splitlines()

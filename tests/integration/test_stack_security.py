@@ -1,5 +1,6 @@
 """`hpcdl stack build` given a hostile lockfile, a prefix with planted links, a tampered download or an
-oversized one: it refuses with a message, and writes (or with --force deletes) nothing outside the prefix."""
+oversized one, or a prefix another user may write while the build runs: it refuses with a message, and
+writes (or with --force deletes) nothing outside the prefix, and builds nothing another user put there."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from stack_fixtures import MiniStack, build, new_test_stack, resolve_lock, write_pylib
+from other_user import OtherUser
+from stack_fixtures import MiniStack, build, new_test_stack, resolve_lock, write_binary, write_pylib
 
+from hpcdl.common.exceptions import HpcdlError
 from hpcdl.stack.builder import Builder, BuildError, BuildOptions, BuildProgress, PackageStep
 from hpcdl.stack.lockfile import load_lock
 from hpcdl.stack.recipe import load_recipes
@@ -144,3 +147,64 @@ def test_the_download_cap_refuses_a_larger_file(stack: MiniStack, tmp_path: Path
 def test_a_bad_size_is_a_message(stack: MiniStack, tmp_path: Path) -> None:
     done = build(lock_for(stack, tmp_path), tmp_path / "prefix", stack, "--max-download", "lots")
     assert done.returncode == 2 and "'lots' is not a size; write e.g. 8G" in done.stderr
+
+
+# What another user who may write the prefix does while the build downloads (`stage`: the build's stage).
+STAGE_ATTACKS = {
+    "a link planted as the stage": "mkdir -p {prefix}/.hpcdl/stage && ln -s {victim} {stage}",
+    "the build directory replaced": (
+        "mv {prefix}/.hpcdl {prefix}/.old && mkdir -p {prefix}/.hpcdl/stage && ln -s {victim} {stage}"
+    ),
+}
+
+
+@pytest.mark.parametrize("attack", STAGE_ATTACKS)
+@pytest.mark.parametrize("kind", ["tar", "zip"])
+def test_another_user_who_may_write_the_prefix_cannot_redirect_the_stage(
+    stack: MiniStack,
+    tmp_path: Path,
+    victim: Path,
+    shared_dir: Path,
+    other_user: OtherUser,
+    kind: str,
+    attack: str,
+) -> None:
+    """A prefix others may write (mode 0777, and a umask that lets them write what the build makes, as in a
+    project directory shared too widely): while the archive downloads, another user plants a link where
+    the sources are unpacked. Nothing is unpacked through it: the build's own directories are private, and
+    one replaced meanwhile is refused."""
+    name = "greet" if kind == "tar" else "tool"
+    if kind == "zip":
+        write_binary(stack)
+    lock = load_lock(resolve_lock(stack, tmp_path, name))
+    prefix = shared_dir.parent / "prefix"
+    prefix.mkdir()
+    prefix.chmod(0o777)
+    stage = prefix / ".hpcdl" / "stage" / f"{name}-{lock.package(name).install_name}"
+    script = STAGE_ATTACKS[attack].format(victim=victim, stage=stage, prefix=prefix)
+    attempts: list[str] = []
+
+    def meanwhile(step: PackageStep) -> None:
+        if step.phase == "fetching" and not attempts:
+            attempts.append(other_user.run(script, check=False).stderr)
+
+    builder = Builder(
+        lock,
+        load_recipes([stack.recipes]),
+        BuildOptions(prefix, mirror=str(stack.mirror)),
+        BuildProgress(step=meanwhile),
+    )
+    old_mask = os.umask(0)
+    try:
+        builder.run()
+        refusal = ""
+    except HpcdlError as exc:
+        refusal = str(exc)
+    finally:
+        os.umask(old_mask)
+    assert attempts and untouched(victim)
+    if attack == "a link planted as the stage":  # the build's directories are private: no link is made
+        assert "Permission denied" in attempts[0] and not refusal
+        assert (prefix / name / lock.package(name).install_name / ".hpcdl" / "install.json").is_file()
+    else:
+        assert f"{stage} is a link or not a directory" in refusal

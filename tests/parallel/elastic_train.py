@@ -3,8 +3,9 @@
 Every step reduces the same gradient on every rank, so the weights after EPOCHS committed steps do not
 depend on how many workers there were or how often they regrouped: a run that loses or gains workers must
 end with the weights of an undisturbed run. FAIL_WORKER exits at epoch 2 (in round 1 only: a worker never
-runs again once it failed); PAUSE slows the steps so that a new host can join before the end; MARK_FILE is
-created by rank 0 once MARK_EPOCH epochs are committed (so a test changes the hosts after real progress).
+runs again once it failed), with FAIL_HOW=raise by raising an error of its own; PAUSE slows the steps so
+that a new host can join before the end; MARK_FILE is created by rank 0 once MARK_EPOCH epochs are
+committed (so a test changes the hosts after real progress).
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ def train(state: hvd.elastic.TorchState) -> None:
         if counted != hvd.size():
             raise AssertionError(f"{counted} ranks answered in a round of {hvd.size()}")
         if worker == fail and state.epoch == 2:
+            if os.environ.get("FAIL_HOW") == "raise":
+                raise ValueError(f"worker {worker} gives up")
             os._exit(3)
         sizes_seen.append(hvd.size())
         state.epoch += 1

@@ -130,6 +130,25 @@ def test_fewer_workers_than_min_np_stop_the_job_with_the_reason() -> None:
     assert seconds < 60
 
 
+def test_the_worker_that_failed_first_is_named_with_its_error() -> None:
+    done, _ = hpcdl_run(
+        "-np", "2", "--min-np", "2", "--max-np", "2", "python", TRAIN, timeout=120,
+        FAIL_WORKER="1", FAIL_HOW="raise",
+    )  # fmt: skip
+    assert done.returncode == 1
+    lines = [line for line in done.stderr.splitlines() if line.startswith("hpcdl run: ")]
+    assert any(
+        line.startswith("hpcdl run: worker 1 on ")
+        and " after its own error, ValueError: worker 1 gives up; " in line
+        for line in lines
+    ), lines
+    first = lines.index("hpcdl run: elastic job stopped: only 1 worker(s) left, fewer than --min-np 2") + 1
+    assert lines[first].startswith("hpcdl run: the first failure: worker 1 on "), lines
+    assert lines[first].endswith(" failed first, with ValueError: worker 1 gives up (exited with code 1)")
+    assert lines[first + 1].startswith("hpcdl run: its error (worker 1 on ")
+    assert '    raise ValueError(f"worker {worker} gives up")' in done.stderr
+
+
 def test_discovery_that_finds_too_few_hosts_fails_after_the_elastic_timeout(tmp_path: Path) -> None:
     script = tmp_path / "discover.sh"
     script.write_text("#!/bin/sh\necho localhost:1\n")

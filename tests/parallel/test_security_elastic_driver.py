@@ -11,6 +11,7 @@ import hashlib
 import hmac
 import json
 import os
+import resource
 import secrets
 import socket
 import struct
@@ -20,6 +21,8 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from hpcdl.common import handshake
 
 WORKER = """
 import json, os, sys, time
@@ -54,25 +57,35 @@ class _Job:
     def __init__(self, launcher: subprocess.Popen, driver: tuple[str, int], files: Path) -> None:
         self.launcher, self.driver = launcher, driver
         self.gate, self.proxy_file, self.secret_file = files / "gate", files / "proxy", files / "secret"
-        self.stdout = ""
+        self.stdout = self.stderr = ""
+        self._result = threading.Event()
+        self._readers = [
+            threading.Thread(target=self._read, args=(name,), daemon=True) for name in ("stdout", "stderr")
+        ]
+        for reader in self._readers:
+            reader.start()
 
-    def joined(self) -> list:
-        """Opens the gate and waits for the worker's RESULT: its rank, the round's size and an allreduce."""
-        assert self.launcher.stdout is not None
+    def _read(self, name: str) -> None:
+        for line in getattr(self.launcher, name):
+            setattr(self, name, getattr(self, name) + line)
+            if "RESULT " in line:
+                self._result.set()
+
+    def joined(self, within: float = 120) -> list:
+        """Opens the gate and waits (up to `within` s) for the worker's RESULT: its rank, the round's size
+        and an allreduce."""
         self.gate.touch()
-        while "RESULT " not in self.stdout:
-            line = self.launcher.stdout.readline()
-            assert line, f"the worker ended without a result: {self.stdout}"
-            self.stdout += line
+        assert self._result.wait(within), f"no result from the worker within {within} s: {self.stdout}"
         return _result(self.stdout)
 
     def finish(self) -> str:
         """Lets the job end; its stderr (it must succeed)."""
         (self.gate.parent / "gate.done").touch()
-        stdout, stderr = self.launcher.communicate(timeout=120)
-        self.stdout += stdout
-        assert self.launcher.returncode == 0, self.stdout + stderr
-        return stderr
+        self.launcher.wait(timeout=120)
+        for reader in self._readers:
+            reader.join(timeout=10)
+        assert self.launcher.returncode == 0, self.stdout + self.stderr
+        return self.stderr
 
 
 @contextlib.contextmanager
@@ -244,3 +257,75 @@ def test_the_secret_never_travels_and_a_replayed_request_is_refused(tmp_path: Pa
             assert sock.recv(64) == b""
         relay.listener.close()
         job.finish()
+
+
+def _listening_ports(pid: int) -> set[int]:
+    """The TCP ports process `pid` listens on (its socket descriptors matched in /proc/net/tcp)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:[") : -1])
+    ports = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "0A" and fields[9] in inodes:
+            ports.add(int(fields[1].rpartition(":")[2], 16))
+    return ports
+
+
+def _cpu_seconds(pid: int) -> float:
+    """CPU time (user and system, every thread) process `pid` has used."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_share_over(pid: int, seconds: float) -> float:
+    """The share of one core process `pid` uses over the next `seconds` (a measurement, not a wait)."""
+    before, started = _cpu_seconds(pid), time.monotonic()
+    time.sleep(seconds)
+    return (_cpu_seconds(pid) - before) / (time.monotonic() - started)
+
+
+def _open_descriptors(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _flood(ports: set[int], each: int) -> list[socket.socket]:
+    """`each` idle connections to every port (the kernel queues them even when nobody accepts)."""
+    return [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(each) for port in ports]
+
+
+def test_a_flood_with_few_descriptors_left_neither_stops_the_job_nor_spins(tmp_path: Path) -> None:
+    """The launcher's descriptor limit lowered to what it has open plus 64, then to what it has open: idle
+    connections at the elastic driver and at the round's rendezvous (both in the launcher) make neither stop
+    accepting for good nor spin on a listen socket it cannot accept from; the job's worker joins its round
+    while the flood lasts, both answer once it is over, and each reports running short once."""
+    flood: list[socket.socket] = []
+    with _elastic_job(tmp_path) as job:
+        pid = job.launcher.pid
+        ports = _listening_ports(pid)  # the driver's and the round's rendezvous
+        assert job.driver[1] in ports and len(ports) == 2, ports
+        _, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+        try:
+            resource.prlimit(pid, resource.RLIMIT_NOFILE, (_open_descriptors(pid) + 64, hard))
+            flood += _flood(ports, 150)
+            assert _cpu_share_over(pid, 1.5) < 0.25
+            assert job.joined(within=30) == [0, 1, 1.0]  # through the driver and the rendezvous
+            resource.prlimit(pid, resource.RLIMIT_NOFILE, (_open_descriptors(pid), hard))
+            flood += _flood(ports, 50)  # no descriptor left for any of them
+            assert _cpu_share_over(pid, 1.5) < 0.25
+        finally:
+            resource.prlimit(pid, resource.RLIMIT_NOFILE, (4096, hard))
+            for sock in flood:
+                sock.close()
+        secret = job.secret_file.read_text()
+        assert handshake.request(job.driver, secret, {"op": "round"}, 10, "the driver") == {"round": 1}
+        rendezvous_port = (ports - {job.driver[1]}).pop()
+        with socket.create_connection(("127.0.0.1", rendezvous_port), timeout=5) as sock:
+            assert sock.recv(40, socket.MSG_WAITALL).startswith(b"HPCDLAU1")  # its challenge: it accepts
+        stderr = job.finish()
+    assert stderr.count("the elastic driver on port") == 2, stderr  # short of descriptors, then out of them
+    assert stderr.count(f"the listener on port {rendezvous_port}") == 2, stderr
+    assert "cannot accept a connection (Too many open files" in stderr

@@ -1,5 +1,6 @@
 """Files the engine writes for the user (the timeline, the autotune log) in a directory others may write:
-created 0600 and never written through a symbolic link planted at the path."""
+created 0600, never written through a symbolic link planted at the path or in a directory on the way,
+never into another user's file; a rerun replaces the user's own file."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import stat
 from pathlib import Path
 
 import pytest
+from other_user import OtherUser
 
 import hpcdl.common as hc
 
@@ -53,3 +55,42 @@ def test_written_only_for_the_user(what: str, tmp_path: Path) -> None:
 def test_an_unwritable_autotune_log_is_an_error_not_silence(tmp_path: Path) -> None:
     with pytest.raises(hc.HpcdlConfigError, match=r"cannot write the autotune log to .*No such file"):
         hc.init(timeout=5, autotune=True, autotune_log=str(tmp_path / "missing" / "log.csv"))
+
+
+@pytest.mark.parametrize("what", SETTINGS)
+def test_a_file_another_user_made_there_is_not_written_into(
+    what: str, shared_dir: Path, other_user: OtherUser
+) -> None:
+    path = shared_dir / "output"
+    other_user.run(f"touch {path} && chmod 666 {path}")
+    with pytest.raises(hc.HpcdlConfigError, match=f"a file of user {other_user.name} .* is there") as err:
+        hc.init(timeout=5, **SETTINGS[what](path))
+    assert f"the {what} to {path}" in str(err.value)
+    assert path.stat().st_size == 0 and path.stat().st_uid == other_user.uid
+
+
+@pytest.mark.parametrize("what", SETTINGS)
+def test_a_directory_link_another_user_planted_is_not_followed(
+    what: str, shared_dir: Path, other_user: OtherUser, tmp_path: Path
+) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "output").write_text("the user's data\n")
+    other_user.run(f"ln -s {victim} {shared_dir}/sub")
+    with pytest.raises(hc.HpcdlConfigError, match="another user could have planted") as err:
+        hc.init(timeout=5, **SETTINGS[what](shared_dir / "sub" / "output"))
+    assert f"{shared_dir}/sub is a symbolic link (to {victim})" in str(err.value)
+    assert f"belongs to user {other_user.name}" in str(err.value)
+    assert sorted(p.name for p in victim.iterdir()) == ["output"]
+    assert (victim / "output").read_text() == "the user's data\n"
+
+
+def test_the_users_own_links_are_followed_and_a_rerun_replaces_its_file(tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "runs").symlink_to("real")  # a link of the user's, in a directory only the user may write
+    path = tmp_path / "runs" / "timeline.json"
+    for _ in range(2):
+        hc.init(timeout=5, timeline=str(path))
+        hc.shutdown()
+    assert (tmp_path / "real" / "timeline.json").read_text().startswith("[")
+    assert sorted(p.name for p in (tmp_path / "real").iterdir()) == ["timeline.json"]  # no file left beside

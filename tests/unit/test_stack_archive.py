@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import os
+import stat
 import tarfile
 import time
 import zipfile
@@ -138,3 +139,45 @@ def test_a_binary_root_may_not_link_out_of_itself(tmp_path: Path) -> None:
     )
     with pytest.raises(ArchiveError, match="leads outside tool"):
         unpack(archive, tmp_path / "stage", strip="vendor/tool")
+
+
+def test_a_zip_is_unpacked_member_by_member_with_modes_and_times(tmp_path: Path) -> None:
+    archive = tmp_path / "tool.zip"
+    with zipfile.ZipFile(archive, "w") as zipped:
+        script = zipfile.ZipInfo("tool-1/bin/run", date_time=(2001, 9, 9, 1, 46, 40))
+        script.external_attr = 0o755 << 16
+        zipped.writestr(script, "#!/bin/sh\n")
+        link = zipfile.ZipInfo("tool-1/lib/link")
+        link.external_attr = (stat.S_IFLNK | 0o777) << 16
+        zipped.writestr(link, "/etc/passwd")  # a link entry: written as a plain file, as zipfile does
+    root = unpack(archive, tmp_path / "stage")
+    assert root == tmp_path / "stage" / "tool-1"
+    assert os.access(root / "bin" / "run", os.X_OK)
+    assert (root / "bin" / "run").stat().st_mtime == time.mktime((2001, 9, 9, 1, 46, 40, 0, 0, -1))
+    assert not (root / "lib" / "link").is_symlink() and (root / "lib" / "link").read_text() == "/etc/passwd"
+
+
+def test_a_zip_member_through_a_file_it_holds_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    archive = tmp_path / "evil.zip"
+    with zipfile.ZipFile(archive, "w") as zipped:
+        zipped.writestr("pkg/dir", "a file")
+        zipped.writestr("pkg/dir/evil.txt", "x")
+    with pytest.raises(ArchiveError, match=r"'pkg/dir/evil\.txt' would be written through a link or a file"):
+        unpack(archive, tmp_path / "stage")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["evil.zip"]  # nothing left, not even a temporary
+
+
+def test_sources_are_unpacked_afresh_under_a_directory_only_the_user_may_write(tmp_path: Path) -> None:
+    archive = tar_of(tmp_path / "good.tar.gz", ("file", "pkg/README", "hello"))
+    (tmp_path / "stage").mkdir()
+    (tmp_path / "stage" / "old").write_text("left by someone")
+    with pytest.raises(ArchiveError, match="it exists; remove it first"):
+        unpack(archive, tmp_path / "stage")
+    assert (tmp_path / "stage" / "old").read_text() == "left by someone"
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(ArchiveError, match=r"shared may be written by others \(mode 777\)"):
+        unpack(archive, shared / "stage")
+    root = unpack(archive, tmp_path / "private")
+    assert stat.S_IMODE((tmp_path / "private").stat().st_mode) == 0o700 and (root / "README").is_file()

@@ -2,11 +2,14 @@
 
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -38,7 +41,18 @@ Digest session_key(const std::string& secret, const uint8_t* nonce_s, const uint
   return hmac_sha256(secret, "session" + bytes(nonce_s, 32) + bytes(nonce_c, 32));
 }
 
+size_t descriptor_limit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY || limit.rlim_cur > INT_MAX)
+    return size_t(INT_MAX);
+  return size_t(limit.rlim_cur);
+}
+
+bool out_of_descriptors(int err) { return err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM; }
+
 }  // namespace
+
+size_t descriptor_reserve(size_t limit) { return std::max<size_t>(32, limit / 8); }
 
 Status check_job_secret(const std::string& secret) {
   const std::string how = "'hpcdl run' and the scripts of 'hpcdl submit' make one; otherwise export the same random "
@@ -139,6 +153,13 @@ struct AuthServer::Pending {
   }
 };
 
+std::vector<AuthServer::Pending>::iterator AuthServer::oldest_unverified(std::vector<Pending>& pending) {
+  auto oldest = pending.end();
+  for (auto it = pending.begin(); it != pending.end(); ++it)
+    if (!it->verified && (oldest == pending.end() || it->accepted < oldest->accepted)) oldest = it;
+  return oldest;
+}
+
 AuthServer::~AuthServer() { stop(); }
 
 Status AuthServer::start(const std::string& host, int port, const std::string& secret, Handler handler, Tick tick,
@@ -175,7 +196,20 @@ void AuthServer::accept_clients(std::vector<Pending>& pending, Clock::time_point
       if (shed == pending.end()) return;  // every open handshake is within its grace: the rest stay queued
     }
     int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) return;
+    if (fd < 0) {
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) accept_failed(errno, pending, now);
+      return;
+    }
+    accept_backoff_ = kAcceptBackoffFirst;
+    // accept() returns the lowest free descriptor: one this high means no lower one was free.
+    const size_t limit = descriptor_limit();
+    if (shed == pending.end() && size_t(fd) >= limit - std::min(limit, descriptor_reserve(limit))) {
+      warn_once("reserve", "fewer than " + std::to_string(descriptor_reserve(limit)) + " of the " +
+                               std::to_string(limit) + " files this process may open are left: connections "
+                               "that have not proven the job's secret are dropped to keep them for the job's "
+                               "ranks (many connections to this port: another user's, or a stuck client's?)");
+      shed = oldest_unverified(pending);
+    }
     if (shed != pending.end()) {
       close(shed->fd);
       pending.erase(shed);
@@ -191,6 +225,33 @@ void AuthServer::accept_clients(std::vector<Pending>& pending, Clock::time_point
     p.out.insert(p.out.end(), p.nonce_s, p.nonce_s + 32);
     pending.push_back(std::move(p));
   }
+}
+
+void AuthServer::accept_failed(int err, std::vector<Pending>& pending, Clock::time_point now) {
+  if (out_of_descriptors(err)) {
+    warn_once("errno " + std::to_string(err),
+              "cannot accept a connection (" + std::string(std::strerror(err)) + "; this process may open " +
+                  std::to_string(descriptor_limit()) + " files): it drops connections that have not proven "
+                  "the job's secret and tries again; if the job needs more, raise the limit where it starts "
+                  "(ulimit -n)");
+    auto oldest = oldest_unverified(pending);
+    if (oldest != pending.end()) {
+      close(oldest->fd);
+      pending.erase(oldest);
+    }
+  } else {
+    warn_once("errno " + std::to_string(err),
+              "cannot accept a connection (" + std::string(std::strerror(err)) + "); it tries again");
+  }
+  // The listen socket stays readable while nothing can be accepted from it: stop polling it for a while.
+  accept_paused_until_ = now + accept_backoff_;
+  accept_backoff_ = std::min<Clock::duration>(2 * accept_backoff_, kAcceptBackoffLongest);
+}
+
+void AuthServer::warn_once(const std::string& key, const std::string& message) {
+  if (!warned_.insert(key).second) return;
+  std::fprintf(stderr, "hpcdl WARNING: the listener on port %d: %s\n", port_, message.c_str());
+  std::fflush(stderr);
 }
 
 // Moves one handshake as far as its socket allows without blocking.
@@ -254,7 +315,8 @@ void AuthServer::loop() {
     auto now = Clock::now();
     bool room = pending.size() < kMaxPendingHandshakes ||
                 std::any_of(pending.begin(), pending.end(), [now](const Pending& p) { return p.stalled(now); });
-    fds.push_back({listen_fd_, short(room ? POLLIN : 0), 0});
+    const bool paused = now < accept_paused_until_;  // after a failed accept
+    fds.push_back({listen_fd_, short(room && !paused ? POLLIN : 0), 0});
     for (auto& p : pending) fds.push_back({p.fd, short(p.out_sent < p.out.size() ? POLLIN | POLLOUT : POLLIN), 0});
     int rc = poll(fds.data(), nfds_t(fds.size()), 50);
     if (stopping_) break;

@@ -18,11 +18,19 @@
 // many are open it stops accepting (later clients wait in the kernel's listen queue) and sheds only a
 // handshake whose client has held its challenge for kShedGrace without answering; a handshake is never
 // evicted before its client had that chance. A handshake open for kHandshakeLimit is dropped.
+//
+// Out of descriptors: the process's open files are shared with the rest of the runtime (or of the launcher,
+// whose Python services keep the same reserve: hpcdl/runner/service.py). The server leaves the last
+// descriptor_reserve() of them to the job's own connections: a connection accepted into that reserve makes
+// it drop its oldest unauthenticated handshake. A failed accept (EMFILE, or any other error) drops one too,
+// is reported once per cause on stderr, and pauses accepting with back-off (kAcceptBackoff...) instead of
+// polling a listen socket that stays readable while nothing can be accepted from it.
 #pragma once
 
 #include <atomic>
 #include <functional>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -40,6 +48,11 @@ Status check_job_secret(const std::string& secret);
 constexpr size_t kMaxPendingHandshakes = 1024;
 constexpr auto kShedGrace = std::chrono::seconds(2);
 constexpr auto kHandshakeLimit = std::chrono::seconds(20);
+constexpr auto kAcceptBackoffFirst = std::chrono::milliseconds(10);
+constexpr auto kAcceptBackoffLongest = std::chrono::milliseconds(500);
+
+// Descriptors a process allowed `limit` open files keeps for the job's own connections: an eighth, at least 32.
+size_t descriptor_reserve(size_t limit);
 
 // Client side: authenticates on a connected socket and sends `header` to the server. Fails with
 // HPCDL_ERR_AUTH when the other side is not an hpcdl server of this job (wrong protocol, wrong secret) and
@@ -80,6 +93,11 @@ class AuthServer {
   Step advance(Pending& p, Clock::time_point now);
   // Accepts what the handshake table has room for; sheds one stalled handshake per client beyond that.
   void accept_clients(std::vector<Pending>& pending, Clock::time_point now);
+  // After accept() failed with `err`: report it once, shed a handshake when out of descriptors, back off.
+  void accept_failed(int err, std::vector<Pending>& pending, Clock::time_point now);
+  void warn_once(const std::string& key, const std::string& message);
+  // The handshake open longest whose client has not proven the secret (end(): none).
+  static std::vector<Pending>::iterator oldest_unverified(std::vector<Pending>& pending);
 
   int listen_fd_ = -1;
   int wake_fd_ = -1;  // eventfd that interrupts poll() on stop()
@@ -89,6 +107,10 @@ class AuthServer {
   Tick tick_;
   std::thread thread_;
   std::atomic<bool> stopping_{false};
+  // Server-thread state: accepting paused until this time after a failed accept, and the next pause.
+  Clock::time_point accept_paused_until_{};
+  Clock::duration accept_backoff_ = kAcceptBackoffFirst;
+  std::set<std::string> warned_;  // causes already reported
 };
 
 }  // namespace hpcdl

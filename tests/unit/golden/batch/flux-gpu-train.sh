@@ -12,6 +12,10 @@ export NCCL_DEBUG=WARN
 module load cuda/12.4 || { printf 'hpcdl: module load %s failed\n' cuda/12.4 >&2; exit 1; }
 source $HOME/venv/bin/activate
 
+# where the ranks leave their diagnostic files (last words, stacks, flight recorder): hpcdl debug analyze DIR
+HPCDL_DEBUG_DIR="${HPCDL_DEBUG_DIR:-$(python3 -m hpcdl.common.debug_dir)}" || { echo "hpcdl: no debug directory" >&2; exit 1; }
+export HPCDL_DEBUG_DIR
+
 # rendezvous of the hpcdl ranks: a fresh secret per job, and a server this script hosts for the whole job on
 # a port it binds itself, so nothing can take the port between choosing and binding it
 HPCDL_SECRET="$(python3 -c 'import secrets; print(secrets.token_hex(32))')" || { echo "hpcdl: could not make the job secret" >&2; exit 1; }

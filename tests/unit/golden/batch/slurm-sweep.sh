@@ -22,6 +22,10 @@ case "$SLURM_ARRAY_TASK_ID" in
   *) echo "hpcdl: array task '$SLURM_ARRAY_TASK_ID' has no sweep point (submit this script as an array job)" >&2; exit 1 ;;
 esac
 
+# where the ranks leave their diagnostic files (last words, stacks, flight recorder): hpcdl debug analyze DIR
+HPCDL_DEBUG_DIR="${HPCDL_DEBUG_DIR:-$(python3 -m hpcdl.common.debug_dir)}" || { echo "hpcdl: no debug directory" >&2; exit 1; }
+export HPCDL_DEBUG_DIR
+
 # rendezvous of the hpcdl ranks: a fresh secret per job, and a server this script hosts for the whole job on
 # a port it binds itself, so nothing can take the port between choosing and binding it
 HPCDL_SECRET="$(python3 -c 'import secrets; print(secrets.token_hex(32))')" || { echo "hpcdl: could not make the job secret" >&2; exit 1; }
