@@ -175,6 +175,7 @@ class Supervisor:
             return
         arrived = set(self.rendezvous.arrived())
         if not arrived or len(arrived) == len(self.slots):
+            self._first_arrival = None  # the next round (ranks that shut down and init again) counts anew
             return  # nobody uses the rendezvous (a plain program) or everybody met
         now = time.monotonic()
         self._first_arrival = self._first_arrival or now
