@@ -14,9 +14,9 @@ Each size runs ``--rounds`` rounds; a round times one block of calls of every im
 shuffled anew each round (the same on every rank), each block after a barrier. A block's time per call is
 the slowest rank's. The table gives each implementation's median over the rounds; each ratio is the median
 of the two implementations' paired per-round ratios, so that a machine whose speed changes from one second
-to the next penalises both alike. ``--busy`` runs a thread beside every rank that keeps a core busy in C
-code without holding the GIL (what a data loader's decoding thread or another library's background thread
-does), to measure how the waits behave under contention. ``--json`` prints the report as JSON.
+to the next penalises both alike. ``--busy`` starts a process beside every rank that keeps a core busy
+(what a data loader's worker or another library's background thread does), to measure how the waits behave
+when the ranks share their cores. ``--json`` prints the report as JSON.
 Benchmarks measure; they do not assert.
 """
 
@@ -29,7 +29,7 @@ import random
 import shutil
 import statistics
 import subprocess
-import threading
+import sys
 import time
 from typing import Callable, Optional
 
@@ -53,18 +53,11 @@ def calls_per_block(probe_seconds: float, budget_seconds: float) -> int:
     return int(max(3, min(20000, budget_seconds / max(probe_seconds, 1e-7))))
 
 
-def busy_thread(stop: threading.Event) -> threading.Thread:
-    """A thread that keeps one core busy in NumPy's C loops (the GIL released, as a decoding thread does)."""
-
-    def spin() -> None:
-        a, b = np.ones(1 << 18, np.float32), np.ones(1 << 18, np.float32)
-        while not stop.is_set():
-            np.add(a, b, out=a)
-            np.subtract(a, b, out=a)
-
-    thread = threading.Thread(target=spin, daemon=True)
-    thread.start()
-    return thread
+def busy_process() -> subprocess.Popen:
+    """A process that keeps one core busy beside this rank, as a data loader's worker or another library's
+    background thread does; it holds no lock of this process (a thread of this process would also compete
+    for the GIL, which measures Python, not the waits)."""
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
 
 
 # ---- worker: runs on every rank --------------------------------------------------------------------
@@ -112,9 +105,7 @@ def worker(sizes: list[int], rounds: int, budget: float, busy: bool) -> None:
     except ImportError:
         hc.init()
     rank = hc.rank()
-    stop = threading.Event()
-    if busy:
-        busy_thread(stop)
+    spinner = busy_process() if busy else None
     report: dict = {"sizes": {}}
     for done, nbytes in enumerate(sizes):
         impls = _impls(nbytes)
@@ -143,7 +134,9 @@ def worker(sizes: list[int], rounds: int, budget: float, busy: bool) -> None:
         report["sizes"][nbytes] = times
         if rank == 0:
             print(f"PROGRESS {done + 1} {len(sizes)}", flush=True)  # as _launch.report_progress does
-    stop.set()
+    if spinner is not None:
+        spinner.kill()
+        spinner.wait()
     if rank == 0:
         print("REPORT " + json.dumps(report), flush=True)
     hc.shutdown()
@@ -213,7 +206,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--max-bytes", type=int, help="drop sizes above this many bytes")
     parser.add_argument("--rounds", type=int, default=7, help="rounds per size (default 7)")
     parser.add_argument("--block-seconds", type=float, default=0.05, help="length of one timed block")
-    parser.add_argument("--busy", action="store_true", help="a busy thread beside every rank (contention)")
+    parser.add_argument("--busy", action="store_true", help="a busy process beside every rank (contention)")
     parser.add_argument("--no-mpi", action="store_true", help="launch with hpcdl run only (no mpi4py)")
     parser.add_argument(
         "--pythonpath",
@@ -239,7 +232,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     (text,) = run_ranks(__file__, args.num_proc, worker_args, "REPORT", use_mpi, args.no_progress)[:1]
     summary = summarize(json.loads(text))
     load_after = os.getloadavg()[0]
-    busy = ", a busy thread beside each rank" if args.busy else ""
+    busy = ", a busy process beside each rank" if args.busy else ""
     header = (
         f"allreduce latency, float32, {args.num_proc} ranks{busy}; "
         f"{'hpcdl from ' + args.pythonpath if args.pythonpath else 'commit ' + _commit()}; "
