@@ -226,6 +226,7 @@ bool Engine::try_direct(const std::shared_ptr<EngineOp>& op) {
 
 Status Engine::wait(int64_t handle, double timeout_s) {
   std::shared_ptr<EngineOp> op;
+  bool unpacked;
   {
     // One look under the lock for an operation that already finished (most of a step's waits).
     std::lock_guard<std::mutex> lock(mutex_);
@@ -235,8 +236,9 @@ Status Engine::wait(int64_t handle, double timeout_s) {
       collected(*op);
       return op_status(*op);
     }
+    unpacked = !op->packed;
   }
-  if (!op->packed && try_direct(op) && op->status.load(std::memory_order_acquire) != HPCDL_PENDING) {
+  if (unpacked && try_direct(op) && op->status.load(std::memory_order_acquire) != HPCDL_PENDING) {
     std::lock_guard<std::mutex> lock(mutex_);
     collected(*op);
     return op_status(*op);
