@@ -272,6 +272,7 @@ std::shared_ptr<EngineOp> Engine::mark_finished(std::shared_ptr<EngineOp> op, in
     op->owned_output = {};  // the flight recorder keeps the operation, not its result
     NameRecord* r = op->record;
     if (r != nullptr && r->op == op) {
+      op->record = nullptr;
       r->op.reset();
       free_if_idle(*r);
     }

@@ -73,6 +73,10 @@ constexpr std::chrono::milliseconds kHeartbeat{250};
 // just before its process becomes a zombie; see Engine::device_failure).
 constexpr std::chrono::milliseconds kDeathGrace{50};
 
+// True on the engine thread (set as it starts): it alone may move itself between cores, and operations it
+// runs are not the direct path's.
+extern thread_local bool t_engine_thread;
+
 // Bytes of data an allreduce carries inside its control message (0: none). Never for device data: the
 // engine cannot read it.
 inline int64_t inline_bytes(const OpRequest& r) {

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdio>
 #include <sstream>
+#include <thread>
 
 #include "engine/detail.h"
 #include "engine/engine.h"
@@ -186,8 +187,10 @@ std::string Engine::timeout_diagnosis(const std::shared_ptr<EngineOp>& op) {
   std::string text;
   std::vector<int> missing;
   {
-    std::unique_lock<std::timed_mutex> token(cycle_mutex_, std::defer_lock);
-    const bool runner = token.try_lock_for(std::chrono::milliseconds(200));
+    std::unique_lock<std::mutex> token(cycle_mutex_, std::defer_lock);
+    for (const auto until = Clock::now() + std::chrono::milliseconds(200); !token.try_lock() && Clock::now() < until;)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const bool runner = token.owns_lock();
     NameRecord* r = nullptr;
     {
       std::lock_guard<std::mutex> lock(mutex_);

@@ -18,6 +18,10 @@ namespace hpcdl {
 
 using namespace engine_detail;
 
+namespace engine_detail {
+thread_local bool t_engine_thread = false;
+}  // namespace engine_detail
+
 bool NameRecord::all_inline() const {
   for (size_t m = 0; m < by_member.size(); ++m)
     if (!by_member[m] || payload[m].empty()) return false;
@@ -158,16 +162,17 @@ void Engine::follow_caller() {
 
 // Only ever moves the engine thread: a caller that runs a cycle itself stays where it is.
 void Engine::keep_to_own_core(bool own) {
-  if (!pinned_ || own == on_own_core_ || std::this_thread::get_id() != thread_.get_id()) return;
+  if (!pinned_ || own == on_own_core_ || !t_engine_thread) return;
   const cpu_set_t& set = own ? own_core_ : all_cores_;
   if (pthread_setaffinity_np(pthread_self(), sizeof set, &set) == 0) on_own_core_ = own;
 }
 
 void Engine::loop() {
+  t_engine_thread = true;
   place_thread();
   // Its sleeps are tens of microseconds (settle); the default 50 us of timer slack would triple them.
   prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
-  std::unique_lock<std::timed_mutex> token(cycle_mutex_);
+  std::unique_lock<std::mutex> token(cycle_mutex_);
   while (true) {
     const Want want = idle_wait(token);
     if (want == Want::kStop) break;
@@ -220,7 +225,7 @@ Engine::Want Engine::cycle_wanted(bool rung) {
 // so that a caller may run a cycle itself meanwhile, until this rank has work, a peer rang for the next
 // cycle, a heartbeat is due (this rank waits for an operation: see kHeartbeat) or a timer (stall check,
 // timeline flush) is.
-Engine::Want Engine::idle_wait(std::unique_lock<std::timed_mutex>& token) {
+Engine::Want Engine::idle_wait(std::unique_lock<std::mutex>& token) {
   bool rung = control_->wait_notify(next_cycle_, past()) == Comm::Bell::kRung;
   while (true) {
     const auto now = Clock::now();

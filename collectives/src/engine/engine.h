@@ -67,7 +67,9 @@ struct EngineOp {
   OpRequest request;
   const void* input = nullptr;
   void* output = nullptr;
-  NameRecord* record = nullptr;  // its name's record; used only while the operation is pending
+  // Its name's record while the operation holds the name (under Engine::mutex_; nullptr once it gave the
+  // name back, after which the record may be gone).
+  NameRecord* record = nullptr;
   Clock::time_point submitted;
   // When the job agreed to run it, when its collective started and ended (steady clock ns, 0: not yet).
   std::atomic<int64_t> negotiated_ns{0}, started_ns{0}, done_ns{0};
@@ -223,7 +225,7 @@ class Engine {
   void place_thread();
   void follow_caller();
   void keep_to_own_core(bool own);
-  Want idle_wait(std::unique_lock<std::timed_mutex>& token);
+  Want idle_wait(std::unique_lock<std::mutex>& token);
   Want cycle_wanted(bool rung);  // cycle runner, under mutex_
   void yield_to_caller();
   void settle();
@@ -304,7 +306,7 @@ class Engine {
   Knobs knobs_next_;
 
   // The cycle token: whoever holds it runs cycles (the engine thread, or a caller on the direct path).
-  std::timed_mutex cycle_mutex_;
+  std::mutex cycle_mutex_;
 
   // Shared with callers, under mutex_.
   mutable std::mutex mutex_;

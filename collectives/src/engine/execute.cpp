@@ -66,7 +66,7 @@ void Engine::run_batch(const std::vector<NameRecord*>& batch, bool fused) {
   const auto start = Clock::now();
   const int64_t start_ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(start.time_since_epoch()).count();
-  const bool direct = std::this_thread::get_id() != thread_.get_id();
+  const bool direct = !t_engine_thread;
   for (NameRecord* r : batch) {
     if (!r->local) continue;
     r->local->started_ns.store(start_ns, std::memory_order_relaxed);

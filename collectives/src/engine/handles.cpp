@@ -191,6 +191,7 @@ void Engine::collected(EngineOp& op) {
   op.collected = true;
   NameRecord* r = op.record;
   if (r != nullptr && r->op.get() == &op) {
+    op.record = nullptr;  // the record may go now: nothing refers to it through this operation any more
     r->op.reset();
     free_if_idle(*r);
   }
@@ -201,7 +202,7 @@ void Engine::collected(EngineOp& op) {
 // engine thread and back. Every rank runs the same cycles as ever, so ordering, validation, the stall
 // inspector and shutdown work as on the engine thread. True when it ran a cycle.
 bool Engine::try_direct(const std::shared_ptr<EngineOp>& op) {
-  std::unique_lock<std::timed_mutex> token(cycle_mutex_, std::try_to_lock);
+  std::unique_lock<std::mutex> token(cycle_mutex_, std::try_to_lock);
   if (!token.owns_lock()) return false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -359,6 +360,7 @@ Status Engine::release(int64_t handle) {
     op->owned_output = {};  // the flight recorder keeps the operation, not its result
     NameRecord* r = op->record;
     if (r != nullptr && r->op == op) {
+      op->record = nullptr;
       r->op.reset();
       free_if_idle(*r);
     }
