@@ -194,12 +194,6 @@ def _commit() -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    # The ranks import only hpcdl (see --pythonpath); the launcher's helpers are imported here.
-    try:
-        from ._launch import NO_PROGRESS_HELP, run_ranks
-    except ImportError:  # run as a script: python benchmarks/latency.py
-        from _launch import NO_PROGRESS_HELP, run_ranks  # type: ignore[no-redef]
-
     parser = argparse.ArgumentParser(prog="hpcdl bench latency", description=__doc__.split("\n\n")[0])
     parser.add_argument("-np", "--num-proc", type=int, default=2, help="number of ranks (default 2)")
     parser.add_argument("--sizes", help="comma list of message sizes in bytes (default 4 B .. 256 MiB, x4)")
@@ -214,7 +208,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         "measure it beside this one",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on a terminal")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else DEFAULT_SIZES
@@ -223,6 +217,11 @@ def main(argv: Optional[list[str]] = None) -> None:
     if args.worker:
         worker(sizes, args.rounds, args.block_seconds, args.busy)
         return
+    # The ranks import only hpcdl (another build's, with --pythonpath); the launcher's helpers only here.
+    try:
+        from ._launch import run_ranks
+    except ImportError:  # run as a script: python benchmarks/latency.py
+        from _launch import run_ranks  # type: ignore[no-redef]
     use_mpi = not args.no_mpi and shutil.which(OPENMPI) is not None and _has_mpi4py()
     if args.pythonpath:
         os.environ["PYTHONPATH"] = args.pythonpath  # the launcher and its ranks, not this process
