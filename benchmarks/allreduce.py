@@ -23,6 +23,9 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from hpcdl.common.exceptions import HpcdlError
+from hpcdl.common.sizes import parse_size
+
 try:
     from ._launch import NO_PROGRESS_HELP, OPENMPI, free_port, report_progress, run_ranks
 except ImportError:  # run as a script: python benchmarks/allreduce.py
@@ -200,8 +203,12 @@ def launch(
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(prog="hpcdl bench allreduce", description=__doc__.split("\n\n")[0])
     parser.add_argument("-np", "--num-proc", type=int, default=2, help="number of ranks (default 2)")
-    parser.add_argument("--sizes", help="comma list of message sizes in bytes (default 4 B .. 256 MiB, x4)")
-    parser.add_argument("--max-bytes", type=int, help="drop sizes above this many bytes")
+    parser.add_argument(
+        "--sizes",
+        type=_sizes,
+        help="comma list of message sizes, e.g. 4,64KiB,1M (default 4 B .. 256 MiB, x4)",
+    )
+    parser.add_argument("--max-bytes", type=_size, help="drop sizes above this, e.g. 1G")
     parser.add_argument(
         "--repeats", type=int, default=3, help="timed blocks per size and implementation; the best is kept"
     )
@@ -210,7 +217,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else DEFAULT_SIZES
+    sizes = args.sizes or DEFAULT_SIZES
     if args.max_bytes:
         sizes = [s for s in sizes if s <= args.max_bytes]
     if args.worker:
@@ -227,8 +234,22 @@ def main(argv: Optional[list[str]] = None) -> None:
             print(json.dumps(asdict(r)))
     else:
         print(table(records, ceiling))
-        if not use_mpi:
+        if args.no_mpi:
+            print("(mpi4py not measured: --no-mpi)")
+        elif not use_mpi:
             print("(mpi4py not measured: needs mpirun.openmpi and mpi4py built against Open MPI)")
+
+
+def _size(text: str) -> int:
+    """An argparse type: bytes of a size such as 64KiB or 1M (argparse says what is allowed otherwise)."""
+    try:
+        return parse_size(text)
+    except HpcdlError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _sizes(text: str) -> list[int]:
+    return [_size(item) for item in text.split(",")]
 
 
 def _has_mpi4py() -> bool:

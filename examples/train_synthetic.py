@@ -116,9 +116,18 @@ def main() -> None:
     resume_epoch = latest_checkpoint(args.checkpoint_dir) if hvd.rank() == 0 else 0
     resume_epoch = hvd.broadcast_object(resume_epoch, root_rank=0, name="resume_epoch")
     if resume_epoch > 0 and hvd.rank() == 0:
-        state = torch.load(args.checkpoint_dir / f"checkpoint-{resume_epoch}.pt", map_location=device)
+        checkpoint = args.checkpoint_dir / f"checkpoint-{resume_epoch}.pt"
+        state = torch.load(checkpoint, map_location=device)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
+        if resume_epoch >= args.epochs:
+            print(
+                f"{checkpoint} holds epoch {resume_epoch} of {args.epochs}: nothing left to train (train "
+                "further with a larger --epochs, or start afresh with another --checkpoint-dir)",
+                flush=True,
+            )
+        else:
+            print(f"resuming from {checkpoint} (epoch {resume_epoch} of {args.epochs})", flush=True)
 
     # (5) Start every rank from rank 0's weights and optimizer state (fresh or resumed).
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)

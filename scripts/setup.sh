@@ -40,8 +40,14 @@ VPY="$VENV/bin/python"
 echo "==> $VPY -m pip install torch==2.13.0 tensorflow-cpu==2.21.0"
 "$VPY" -m pip install -q "torch==2.13.0"
 "$VPY" -m pip install -q "tensorflow-cpu==2.21.0"
+# Legacy Keras 2 (TF_USE_LEGACY_KERAS=1), made for TensorFlow 2.21. --no-deps: it requires the `tensorflow`
+# distribution, which would be installed over tensorflow-cpu.
+echo "==> $VPY -m pip install --no-deps tf-keras==2.21.0"
+"$VPY" -m pip install -q --no-deps "tf-keras==2.21.0"
 # The build backend is installed into the environment itself: the wheel test builds without isolation.
 echo "==> $VPY -m pip install -e .[torch,tensorflow,mpi,dev]"
 "$VPY" -m pip install -q "scikit-build-core>=0.8"
 "$VPY" -m pip install -q -e ".[torch,tensorflow,mpi,dev]"
+# hpcdl.tensorflow's asynchronous graph kernel, compiled against this TensorFlow (else on first use).
+"$VPY" -m hpcdl.tensorflow._latch || echo "==> (graph kernel not built; hpcdl warns and builds on first use)"
 echo "==> done: run the tests with '$VPY -m pytest'; try '$VENV/bin/hpcdl check-build --verbose'"

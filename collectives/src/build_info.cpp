@@ -1,12 +1,10 @@
 // hpcdl_build_info / hpcdl_abi_version: what this build of the runtime can do, decided at compile time.
+// Which MPI a job uses is decided at run time (hpcdl.common); the build only says which MPI families it
+// has a shim for (see mpi/mpi_shim.h) and why any other is missing.
 #include <string>
 
 #include "hpcdl/c_api.h"
 #include "kernels/reduce.h"
-
-#ifdef HPCDL_HAVE_MPI
-#include <mpi.h>
-#endif
 
 namespace {
 
@@ -23,27 +21,14 @@ std::string json_escape(const std::string& in) {
 }
 
 std::string make_build_info() {
-  std::string mpi = "false", vendor, version, reason = HPCDL_MPI_REASON;
-#ifdef HPCDL_HAVE_MPI
-  mpi = "true";
-#if defined(OPEN_MPI)
-  vendor = "Open MPI";
-  version = HPCDL_STR(OMPI_MAJOR_VERSION) "." HPCDL_STR(OMPI_MINOR_VERSION) "." HPCDL_STR(OMPI_RELEASE_VERSION);
-#elif defined(MPICH_VERSION)
-  vendor = "MPICH";
-  version = MPICH_VERSION;
-#else
-  vendor = "MPI";
-  version = HPCDL_STR(MPI_VERSION) "." HPCDL_STR(MPI_SUBVERSION);
-#endif
-#endif
+  const std::string shims = HPCDL_MPI_SHIMS, missing = HPCDL_MPI_MISSING;
   // The kernels are compiled for baseline x86-64 and for AVX2/FMA/F16C; this is the set this CPU runs.
   std::string simd = hpcdl::kernel_isa();
   return std::string("{") + "\"version\":\"" + HPCDL_VERSION + "\"," + "\"abi\":" +
          std::to_string(HPCDL_ABI_VERSION) + "," + "\"compiler\":\"" + json_escape(HPCDL_COMPILER) + "\"," +
-         "\"shm\":true,\"tcp\":true," + "\"mpi\":" + mpi + "," + "\"mpi_vendor\":\"" + json_escape(vendor) +
-         "\"," + "\"mpi_version\":\"" + json_escape(version) + "\"," + "\"mpi_reason\":\"" +
-         json_escape(reason) + "\"," + "\"cuda\":false,\"nccl\":false," + "\"simd\":\"" + simd + "\"}";
+         "\"shm\":true,\"tcp\":true," + "\"mpi\":" + (shims.empty() ? "false" : "true") + "," +
+         "\"mpi_shims\":\"" + shims + "\"," + "\"mpi_missing\":\"" + json_escape(missing) + "\"," +
+         "\"cuda\":false,\"nccl\":false," + "\"simd\":\"" + simd + "\"}";
 }
 
 }  // namespace

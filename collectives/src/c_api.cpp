@@ -138,11 +138,7 @@ HPCDL_TOPOLOGY(hpcdl_mpi_threads_supported, rt->mpi_threads_supported() ? 1 : 0)
 int hpcdl_mpi_enabled(void) {
   Runtime* rt = current_runtime();
   if (rt) return rt->mpi_enabled() ? 1 : 0;
-#ifdef HPCDL_HAVE_MPI
-  return 1;
-#else
-  return 0;
-#endif
+  return HPCDL_MPI_SHIMS[0] != '\0' ? 1 : 0;  // before init: whether this build can use an MPI at all
 }
 
 const char* hpcdl_transport_name(int local) {

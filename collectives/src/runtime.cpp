@@ -18,10 +18,7 @@
 #include "transport/shm_comm.h"
 #include "transport/tcp_comm.h"
 #include "transport/hierarchical_comm.h"
-
-#ifdef HPCDL_HAVE_MPI
 #include "mpi/mpi_bootstrap.h"
-#endif
 
 namespace hpcdl {
 namespace {
@@ -70,7 +67,6 @@ std::vector<std::vector<int>> parse_process_sets(const std::string& text) {
   return sets;
 }
 
-#ifdef HPCDL_HAVE_MPI
 // MPI_Finalize is a fence over every process of the MPI job: a rank that leaves while the others still
 // compute waits in it until they finalize too, so mpirun saw a failed rank end only when the others did.
 // The MPI that hpcdl started itself (bootstrap under mpirun) is therefore finalized when the process exits,
@@ -85,7 +81,6 @@ void finalize_mpi_at_exit() {
     }, nullptr);
   });
 }
-#endif
 
 }  // namespace
 
@@ -103,9 +98,7 @@ Runtime::~Runtime() {
   world_boot_.reset();
   endpoint_.reset();
   rendezvous_.reset();
-#ifdef HPCDL_HAVE_MPI
   if (mpi_initialized_here_) finalize_mpi_at_exit();
-#endif
 }
 
 Deadline Runtime::deadline() const {
@@ -155,8 +148,11 @@ Status Runtime::start(const Options& options) {
 
   int mpi_rank = -1, mpi_size = -1;
   if (bootstrap == "mpi" || transport_ == "mpi") {
-#ifdef HPCDL_HAVE_MPI
-    Status st = mpi_bootstrap_init(&mpi_initialized_here_, &mpi_threads_supported_, &mpi_rank, &mpi_size);
+    // The job's MPI library, chosen and loaded at run time by hpcdl.common (the init option mpi_shim).
+    Status st = mpi_load(options.get("mpi_shim"));
+    if (!st.is_ok())
+      return Status::error(st.code, std::string(bootstrap == "mpi" ? "bootstrap" : "transport") + "=mpi: " + st.message);
+    st = mpi_bootstrap_init(&mpi_initialized_here_, &mpi_threads_supported_, &mpi_rank, &mpi_size);
     if (!st.is_ok()) return st;
     mpi_enabled_ = true;
     if (bootstrap == "mpi") {
@@ -167,11 +163,6 @@ Status Runtime::start(const Options& options) {
       options_.set("rank", std::to_string(mpi_rank));
       options_.set("size", std::to_string(mpi_size));
     }
-#else
-    return Status::error(HPCDL_ERR_UNSUPPORTED, std::string(bootstrap == "mpi" ? "bootstrap" : "transport") +
-                                                    "=mpi: this build of hpcdl has no MPI support (" +
-                                                    HPCDL_MPI_REASON + ")");
-#endif
   }
 
   rank_ = int(options_.get_int("rank", -1));
@@ -184,7 +175,7 @@ Status Runtime::start(const Options& options) {
                          "transport=mpi: MPI sees rank " + std::to_string(mpi_rank) + " of " +
                              std::to_string(mpi_size) + ", not rank " + std::to_string(rank_) + " of " +
                              std::to_string(size_) + "; the ranks must be started by the mpirun of the MPI hpcdl "
-                             "was built with (see hpcdl check-build), or use transport=auto or tcp");
+                             "loaded (see hpcdl check-build), or use transport=auto or tcp");
   std::string host = options_.get("host");
   if (host.empty()) return Status::error(HPCDL_ERR_INVALID, "the host identity (option 'host') is required");
   for (char c : host)
@@ -294,7 +285,6 @@ Status Runtime::meet(const std::string& host, const std::string& iface_addr, con
     target.ports = {rendezvous_->port()};  // rank 0 itself need not walk
     if (bootstrap == "mpi") target.addrs = iface_addr.empty() ? host_addresses() : std::vector<std::string>{iface_addr};
   }
-#ifdef HPCDL_HAVE_MPI
   if (bootstrap == "mpi") {
     // Rank 0 tells the others every address of its host; each takes the first that is rank 0's rendezvous.
     std::string addrs;
@@ -313,7 +303,6 @@ Status Runtime::meet(const std::string& host, const std::string& iface_addr, con
     for (std::string a; std::getline(addrs_in, a, ',');) target.addrs.push_back(a);
     target.origin = "rank 0's host, announced over MPI";
   }
-#endif
   if (target.addrs.empty() || target.ports.empty() || target.ports[0] <= 0)
     return Status::error(HPCDL_ERR_INVALID, "no rendezvous address: launch with 'hpcdl run', set MASTER_ADDR and "
                                             "MASTER_PORT, or use bootstrap=mpi under mpirun");
@@ -375,11 +364,7 @@ Status Runtime::make_comm(const std::vector<int>& ranks, int set_id, Channel cha
   int my = int(std::find(ranks.begin(), ranks.end(), rank_) - ranks.begin());
   const Deadline deadline = this->deadline();
   const std::string key = "set" + std::to_string(set_id) + "/ch" + std::to_string(int(channel));
-  if (transport_ == "mpi") {
-#ifdef HPCDL_HAVE_MPI
-    return make_mpi_comm(ranks, my, out);
-#endif
-  }
+  if (transport_ == "mpi") return make_mpi_comm(ranks, my, out);
   bool one_host = true;
   for (int r : ranks) one_host = one_host && peers_[size_t(r)].host == peers_[size_t(rank_)].host;
   if (ranks.size() == 1 || transport_ == "tcp" || !one_host) {

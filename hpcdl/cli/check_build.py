@@ -14,7 +14,6 @@ def _render(matrix: Matrix, verbose: bool) -> str:
     lines = [f"hpcdl v{matrix.version}:", ""]
     if verbose:
         lines[1:1] = [f"runtime: {matrix.library}"]
-        lines.append("")
     sections: list[tuple[str, list[Capability]]] = [
         ("Available Frameworks", matrix.frameworks),
         ("Available Controllers", matrix.controllers),
@@ -36,11 +35,16 @@ def _render(matrix: Matrix, verbose: bool) -> str:
 
 
 def check_build_command(
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Say why each missing item is missing."),
+    verbose: bool = typer.Option(
+        False,
+        "--verbose",
+        "-v",
+        help="Say why each missing item is missing; also import every framework with hpcdl's API for it.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the matrix as JSON."),
 ) -> None:
     """Show which frameworks, controllers and tensor operations this installation supports."""
-    matrix = check_build()
+    matrix = check_build(deep=verbose)
     if as_json:
         typer.echo(json.dumps(matrix.to_dict(), indent=2))
     else:

@@ -12,14 +12,18 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from hpcdl.checkpoint.report import job_progress
 from hpcdl.cli import progress
 from hpcdl.common.exceptions import HpcdlError
 from hpcdl.scaling import watch
 from hpcdl.scaling.cluster import load_jobs
 from hpcdl.schedulers import Scheduler, get_scheduler
+from hpcdl.schedulers.records import load_record
 from hpcdl.schedulers.submission import job_log_files, scheduler_of, tail
 
-jobs_app = typer.Typer(help="Follow batch jobs: status, watch, cancel, logs.", no_args_is_help=True)
+jobs_app = typer.Typer(
+    help="Follow batch jobs: status, watch, cancel, logs.", no_args_is_help=True, rich_markup_mode=None
+)
 
 _SCHEDULER_HELP = "auto|slurm|pbs|cobalt|lsf|flux (default: the one hpcdl submitted the job to, else auto)."
 
@@ -38,13 +42,18 @@ def status_command(
     job_id: str = typer.Argument(..., metavar="JOB"),
     scheduler: str = typer.Option("auto", "--scheduler", "-s", help=_SCHEDULER_HELP),
 ) -> None:
-    """Print the job's state (one line per array task)."""
+    """Print the job's state (one line per array task); for a --checkpoint job, its restarts too."""
     try:
         states = _backend(job_id, scheduler).status(job_id)
     except HpcdlError as exc:
         raise _fail("status", exc) from None
     for state in states:
         typer.echo(f"{state.job_id}\t{state.state}\t{state.native}")
+    record = load_record(job_id)
+    if record is not None and record.checkpoint:
+        typer.echo(
+            f"checkpoint {record.checkpoint}: {job_progress(Path(record.checkpoint), job_id).describe()}"
+        )
 
 
 @jobs_app.command("cancel")
@@ -105,7 +114,7 @@ def _table(statuses: list[watch.JobStatus], started: float) -> Table:
         table.add_column(column)
     for status in statuses:
         if status.error:
-            table.add_row(status.job.job_id, status.job.name, "UNKNOWN", status.error)
+            table.add_row(status.job.job_id, status.job.name, status.summary(), status.error)
         for state in status.states:
             table.add_row(state.job_id, status.job.name, state.state, state.native)
     return table
@@ -117,7 +126,7 @@ def _changes(statuses: list[watch.JobStatus], seen: dict[str, str]) -> list[str]
     stamp = time.strftime("%H:%M:%S")
     for status in statuses:
         rows = [(s.job_id, s.state, s.native) for s in status.states] or [
-            (status.job.job_id, "UNKNOWN", status.error)
+            (status.job.job_id, status.summary(), status.error)
         ]
         for job_id, state, native in rows:
             if seen.get(job_id) != state:

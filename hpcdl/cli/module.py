@@ -14,7 +14,9 @@ from hpcdl.modules.stack_modules import parse_compiler, write_stack_modules
 from hpcdl.stack.lockfile import load_lock
 from hpcdl.stack.recipe import load_recipes
 
-module_app = typer.Typer(help="Lmod (Lua) and Environment Modules (Tcl) modulefiles.", no_args_is_help=True)
+module_app = typer.Typer(
+    help="Lmod (Lua) and Environment Modules (Tcl) modulefiles.", no_args_is_help=True, rich_markup_mode=None
+)
 
 
 def _formats(value: str) -> tuple[str, ...]:

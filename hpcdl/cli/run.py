@@ -11,6 +11,7 @@ from typing import Any, Optional
 import typer
 
 from hpcdl._version import __version__
+from hpcdl.cli.helpformat import PanelledCommand
 from hpcdl.common.exceptions import HpcdlError
 from hpcdl.runner.elastic import ElasticOptions
 from hpcdl.runner.errors import LaunchError
@@ -25,9 +26,9 @@ from hpcdl.runner.tunables import TUNABLES, check_value, load_config_file, merge
 
 _TUNING = "Runtime tunables (set the HPCDL_* variable of each rank)"
 _ELASTIC = "Elastic training (workers may fail or join; see hvd.elastic.run)"
-_HOROVODRUN = "horovodrun flags without effect here (accepted so Horovod command lines run; each says why)"
+_HOROVODRUN = "horovodrun flags that change nothing here (each says why)"
 _HELP = {
-    t.key: f"{t.help}{' (' + '|'.join(t.choices) + ')' if t.choices else ''} [{t.env}]" for t in TUNABLES
+    t.key: f"{t.help}{' (' + ', '.join(t.choices) + ')' if t.choices else ''} [{t.env}]" for t in TUNABLES
 }
 
 
@@ -70,7 +71,7 @@ def run_command(
     launcher: str = typer.Option(
         "auto",
         "--launcher",
-        help=f"What starts the ranks: {'|'.join(LAUNCHER_CHOICES)}. auto: the allocation's own launcher "
+        help=f"What starts the ranks: {', '.join(LAUNCHER_CHOICES)}. auto: the allocation's own launcher "
         "(srun, flux run, PALS mpiexec, aprun, jsrun/blaunch) inside one, else ssh for other hosts.",
     ),
     launcher_args: str = typer.Option(
@@ -190,6 +191,7 @@ def run_command(
     log_level: Optional[str] = _tunable("log_level", "--log-level"),
     timeout: Optional[float] = _tunable("timeout", "--timeout", "--gloo-timeout-seconds"),
     transport: Optional[str] = _tunable("transport", "--transport"),
+    mpi_library: Optional[str] = _tunable("mpi_library", "--mpi-library"),
     network_interfaces: list[str] = typer.Option(
         [],
         "--network-interface",
@@ -346,5 +348,6 @@ def register(app: typer.Typer) -> None:
     """Add ``hpcdl run`` to the root app."""
     app.command(
         "run",
+        cls=PanelledCommand,
         context_settings={"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]},
     )(run_command)

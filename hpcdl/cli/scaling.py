@@ -19,10 +19,12 @@ from hpcdl.scaling import report as report_module
 from hpcdl.scaling import study as study_module
 from hpcdl.scaling.study import StudyError, StudySpec, Workload
 from hpcdl.scaling.watch import JobStatus
+from hpcdl.schedulers.submission import GroupSubmissionError
 
 scaling_app = typer.Typer(
     help="Scaling studies: run a workload at several worker counts, fit T = G·f(W) + C(W), report and plot.",
     no_args_is_help=True,
+    rich_markup_mode=None,
 )
 
 _THRESHOLD_HELP = "Efficiency under which adding workers no longer pays."
@@ -146,6 +148,9 @@ def run_command(
     env: list[str] = typer.Option([], "--env", "-e", help="--submit: NAME=VALUE for every rank."),
     modules: list[str] = typer.Option([], "--module", "-m", help="--submit: module to load first."),
     setup: list[str] = typer.Option([], "--setup", help="--submit: shell line run before the launch."),
+    python: Optional[str] = typer.Option(
+        None, "--python", help="--submit: the jobs' Python (default: the site's python:, else this one)."
+    ),
     no_progress: bool = typer.Option(False, "--no-progress", help=progress.NO_PROGRESS_HELP),
 ) -> None:
     """Measure a scaling study: every worker count, --repeats times, here or as batch jobs."""
@@ -199,14 +204,23 @@ def run_command(
                 env=env_pairs(env),
                 modules=modules,
                 setup=setup,
+                python=python,
             )
             batch_plan = cluster.plan_jobs(spec, directory, options)  # everything checked, nothing written
         study_module.stamp(spec, "hpcdl scaling " + shlex.join(sys.argv[2:]))
         study_module.create(directory, spec, force)
-        if batch_plan is not None:
-            _submit(spec, directory, batch_plan, force, no_progress)
-            return
-        _run_here(spec, directory, run_timeout, measure_allreduce, no_progress)
+        try:
+            if batch_plan is not None:
+                _submit(spec, directory, batch_plan, force, no_progress)
+                return
+            _run_here(spec, directory, run_timeout, measure_allreduce, no_progress)
+        except GroupSubmissionError as exc:
+            if not exc.left:  # jobs it could not cancel may run: the directory stays theirs
+                study_module.mark_failed(directory, str(exc))
+            raise
+        except HpcdlError as exc:
+            study_module.mark_failed(directory, str(exc))
+            raise
         _publish_and_show(directory, threshold, None, False, None, force)
     except HpcdlError as exc:
         raise _fail("run", exc) from None

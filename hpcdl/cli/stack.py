@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 from typing import Optional
 
@@ -14,6 +13,7 @@ from rich.filesize import decimal
 from hpcdl.cli import progress
 from hpcdl.common.exceptions import HpcdlError
 from hpcdl.common.output_file import write_output_file
+from hpcdl.common.sizes import parse_size
 from hpcdl.modules.render import FORMATS
 from hpcdl.modules.stack_modules import parse_compiler, write_stack_modules
 from hpcdl.stack.builder import Builder, BuildOptions, BuildProgress, PackageStep
@@ -27,7 +27,9 @@ from hpcdl.stack.spec import parse_request
 from hpcdl.stack.tables import builtin_tables
 
 stack_app = typer.Typer(
-    help="Consistent MPI/CUDA/cuDNN/NCCL/PyTorch stacks: resolve, detect, check, build.", no_args_is_help=True
+    help="Consistent MPI/CUDA/cuDNN/NCCL/PyTorch stacks: resolve, detect, check, build.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
 )
 
 _RECIPES_HELP = "Extra recipe directory (repeatable; also HPCDL_RECIPES=DIR:DIR); overrides built-in recipes."
@@ -172,18 +174,6 @@ def check_command(as_json: bool = typer.Option(False, "--json", help="Print JSON
     else:
         typer.echo(_render_findings(findings), nl=False)
     raise typer.Exit(1 if has_errors(findings) else 0)
-
-
-_SIZE = re.compile(r"^(\d+)\s*([kmgt]?)(?:i?b)?$", re.IGNORECASE)
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-def parse_size(text: str) -> int:
-    """Bytes from a size such as 8G, 500M, 4GiB or 1048576 (units are powers of 1024)."""
-    match = _SIZE.match(text.strip())
-    if not match:
-        raise HpcdlError(f"'{text}' is not a size; write e.g. 8G, 500M or 1048576")
-    return int(match.group(1)) * _UNITS[match.group(2).lower()]
 
 
 class _BuildDisplay:

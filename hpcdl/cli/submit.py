@@ -24,7 +24,7 @@ def _pairs(items: list[str]) -> dict[str, str]:
 
 def submit_command(
     command: list[str] = typer.Argument(
-        ..., metavar="COMMAND...", help="What each rank runs (a *.py file runs with python)."
+        ..., metavar="COMMAND...", help="What each rank runs (a *.py file runs with --python)."
     ),
     scheduler: Optional[str] = typer.Option(
         None, "--scheduler", "-s", help="auto|slurm|pbs|cobalt|lsf|flux (default: the site's, else auto)."
@@ -69,6 +69,12 @@ def submit_command(
     requeue: bool = typer.Option(
         False, "--requeue", help="Requeue the job after the signal (needs --signal)."
     ),
+    checkpoint: Optional[Path] = typer.Option(
+        None,
+        "--checkpoint",
+        help="Checkpoint directory of a training using hpcdl.checkpoint.run: the scheduler's warning signal "
+        "(unless --signal), requeue where the scheduler can, the path passed to the ranks.",
+    ),
     array: Optional[str] = typer.Option(
         None, "--array", help="Job array indices: 0-9, 0-9:2, 1,3,5, with %LIMIT."
     ),
@@ -77,6 +83,12 @@ def submit_command(
     ),
     launcher_args: list[str] = typer.Option(
         [], "--launcher-arg", help="Extra argument for srun/mpiexec/aprun/jsrun/flux run."
+    ),
+    python: Optional[str] = typer.Option(
+        None,
+        "--python",
+        help="Interpreter of hpcdl's helpers and of a *.py COMMAND on the nodes (default: the site's "
+        "python:, else the one hpcdl runs in).",
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the script instead of submitting it."),
     script_out: Optional[Path] = typer.Option(
@@ -113,6 +125,8 @@ def submit_command(
             array=ArraySpec.parse(array) if array else None,
             sweep=Sweep.parse(sweep) if sweep else None,
             launcher_args=launcher_args,
+            python=python,
+            checkpoint=str(checkpoint.expanduser().absolute()) if checkpoint else None,
         )
         backend = get_scheduler(scheduler or site.scheduler)
         if dry_run:

@@ -12,7 +12,9 @@ import typer
 from hpcdl.common.exceptions import HpcdlError
 from hpcdl.common.timeline import TimelineError, render, summarize_file
 
-timeline_app = typer.Typer(help="Inspect engine timelines (Chrome trace JSON written with HPCDL_TIMELINE).")
+timeline_app = typer.Typer(
+    help="Inspect engine timelines (Chrome trace JSON written with HPCDL_TIMELINE).", rich_markup_mode=None
+)
 
 
 @timeline_app.command("summary")

@@ -9,7 +9,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Optional, Union
 
-from hpcdl.common import config, discovery, elastic, last_words, library, stacks
+from hpcdl.common import config, discovery, elastic, last_words, library, mpi_library, stacks
 from hpcdl.common.exceptions import HpcdlConfigError, HpcdlError, HpcdlNotInitializedError
 
 _lock = threading.Lock()
@@ -81,9 +81,12 @@ def _start_elastic(lib: Any, resolved: config.Resolved, static_sets: str, extra:
 
 def _start(lib: Any, resolved: config.Resolved, env: Any, static_sets: str, extra: dict[str, Any]) -> None:
     info = discovery.discover(env)
-    vendor = library.build_info().get("mpi_vendor", "") if library.build_info().get("mpi") else ""
+    vendor = mpi_library.job_family(resolved.values["mpi"], info.launcher)
     meet = discovery.meeting(info, env, mpi_vendor=vendor)
     options: dict[str, Any] = dict(resolved.values)
+    if meet.bootstrap == "mpi" or resolved.values["transport"] == "mpi":
+        _, shim = mpi_library.activate(resolved.values["mpi"], info.launcher, env)
+        options["mpi_shim"] = str(shim)
     options.update(
         rank=info.rank,
         size=info.size,

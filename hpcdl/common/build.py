@@ -1,11 +1,12 @@
-"""What the compiled runtime of this installation can do, read from the library itself."""
+"""What the compiled runtime of this installation can do, read from the library itself; and which MPI
+library this process finds now (MPI is chosen at run time, see ``mpi_library``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hpcdl.common import library
-from hpcdl.common.exceptions import LibraryNotFoundError
+from hpcdl.common import config, discovery, library, mpi_library
+from hpcdl.common.exceptions import HpcdlError, LibraryNotFoundError
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,6 @@ def built() -> RuntimeBuild:
             mpi=Capability("MPI", False, reason),
             raw={},
         )
-    mpi_detail = " ".join(x for x in (info.get("mpi_vendor", ""), info.get("mpi_version", "")) if x)
     return RuntimeBuild(
         version=info.get("version", ""),
         library=path,
@@ -59,11 +59,22 @@ def built() -> RuntimeBuild:
         load_error="",
         shm=Capability("shared memory", bool(info.get("shm"))),
         tcp=Capability("TCP", bool(info.get("tcp"))),
-        mpi=Capability(
-            "MPI",
-            bool(info.get("mpi")),
-            "" if info.get("mpi") else info.get("mpi_reason", "not compiled in"),
-            mpi_detail,
-        ),
+        mpi=_mpi(info),
         raw=info,
     )
+
+
+def _mpi(info: dict) -> Capability:
+    """MPI as this process finds it now: the library a job here would load, and why not the others."""
+    if not info.get("mpi"):
+        return Capability("MPI", False, info.get("mpi_missing", "").strip() or "this hpcdl has no MPI shim")
+    try:
+        requested = config.resolve().values["mpi"]
+        report = mpi_library.report(requested, discovery.discover().launcher)
+    except HpcdlError as exc:
+        return Capability("MPI", False, str(exc))
+    if report.used is None:
+        return Capability("MPI", False, report.missing)
+    others = "".join(f"; {family.name}: {why}" for family, why in report.others)
+    used = report.used.describe()
+    return Capability("MPI", True, detail=f"{used}, found at run time ({report.why_used}){others}")

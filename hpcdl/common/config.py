@@ -32,6 +32,8 @@ class Setting:
 SETTINGS: tuple[Setting, ...] = (
     Setting("timeout", "timeout_s", "HPCDL_TIMEOUT", "HOROVOD_GLOO_TIMEOUT_SECONDS", 60.0, float),
     Setting("transport", "transport", "HPCDL_TRANSPORT", None, "auto", str),
+    # Which MPI library (see mpi_library): auto (the launcher's), openmpi, mpich, or a libmpi path.
+    Setting("mpi", "mpi", "HPCDL_MPI", None, "auto", str),
     Setting("iface", "iface", "HPCDL_IFACE", "HOROVOD_GLOO_IFACE", "", str),
     Setting(
         "small_message_bytes",

@@ -9,8 +9,8 @@ The files may tell others what a job does, so they are private: the directory is
 and no file is written through a symbolic link (another user's link could point anywhere). Nothing here
 creates anything until a file is written.
 
-``python -m hpcdl.common.debug_dir`` prints the directory a launcher gives its ranks (batch scripts export it
-before the ranks start).
+``python -m hpcdl.runner.print_debug_dir`` prints the directory a launcher gives its ranks (batch scripts
+export it before the ranks start).
 """
 
 from __future__ import annotations
@@ -73,7 +73,3 @@ def write_private(path: Path, data: bytes, what: str = "diagnostic file") -> Non
     link (:mod:`hpcdl.common.output_file`). OutputFileError says why it cannot."""
     private_directory(path.parent, "debug directory (HPCDL_DEBUG_DIR)")
     write_output_file(path, what, data, replace=True)
-
-
-if __name__ == "__main__":
-    print(launcher_dir())

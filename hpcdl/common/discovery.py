@@ -9,9 +9,9 @@ right whatever the launcher.
 Where the ranks meet: ``HPCDL_RENDEZVOUS_ADDR``/``_PORT`` (set by ``hpcdl run``, whose server is already
 listening; with ``HPCDL_RENDEZVOUS_SERVE=1`` rank 0 serves at exactly that port itself), else
 ``MASTER_ADDR``/``MASTER_PORT`` (rank 0 hosts the rendezvous), else under Slurm the first host of the step
-(rank 0 hosts), else under OpenMPI's ``mpirun`` (which this build links) MPI itself (``bootstrap=mpi``;
-likewise MPICH's ``mpiexec`` for a build linking MPICH). Addresses may be names; each rank resolves them on
-its own host.
+(rank 0 hosts), else under Open MPI's ``mpirun`` or MPICH's ``mpiexec`` MPI itself (``bootstrap=mpi``, over
+the launcher's own MPI library, found at run time: see ``mpi_library``). Addresses may be names; each rank
+resolves them on its own host.
 
 Where rank 0 hosts the rendezvous without a port of its own (the MASTER_ADDR and Slurm cases), no rank can
 know in advance which port is free on rank 0's host, so none is chosen ahead of binding: rank 0 binds the
@@ -69,8 +69,18 @@ _LAUNCHERS: tuple[tuple[str, str, str, Optional[str], Optional[str]], ...] = (
 )
 
 
-# The launcher whose ranks can meet through the MPI library of that vendor.
+# The launcher whose ranks can meet through the MPI library of that family (see mpi_library).
 _MPI_LAUNCHER = {"Open MPI": "OpenMPI mpirun", "MPICH": "MPICH/PMI mpiexec"}
+
+
+def launcher_mpi(launcher: str) -> str:
+    """The MPI family ("Open MPI", "MPICH") whose library the ranks of `launcher` use, or ""."""
+    return next((family for family, name in _MPI_LAUNCHER.items() if name == launcher), "")
+
+
+def mpi_launcher(family: str) -> str:
+    """The launcher (as discover() names it) that starts ranks of an MPI family."""
+    return _MPI_LAUNCHER.get(family, "its own launcher")
 
 
 @dataclass(frozen=True)
@@ -215,13 +225,13 @@ def meeting(info: RankInfo, env: Mapping[str, str] | None = None, mpi_vendor: st
     if info.launcher == "Slurm srun" and nodelist and env.get("SLURM_JOB_ID"):
         ports = slurm_ports(env["SLURM_JOB_ID"], env.get("SLURM_STEP_ID", ""))
         return tcp(_first_slurm_host(nodelist), ports, True, "the Slurm step's first node")
-    if _MPI_LAUNCHER.get(mpi_vendor) == info.launcher:  # launched by the MPI this build links
+    if _MPI_LAUNCHER.get(mpi_vendor) == info.launcher:  # launched by an MPI hpcdl can use
         return Meeting("mpi", secret=secret)
     hint = ""
-    if info.launcher.startswith("MPICH") or info.launcher == "OpenMPI mpirun":
+    if launcher_mpi(info.launcher):
         hint = (
-            f" (this hpcdl is built with {mpi_vendor or 'no MPI'}, so it cannot meet through "
-            f"{info.launcher}'s MPI)"
+            f" (hpcdl can use {mpi_vendor or 'no MPI'} here, so it cannot meet through {info.launcher}'s "
+            "MPI; 'hpcdl check-build --verbose' says why)"
         )
     raise HpcdlConfigError(
         f"rank {info.rank} of {info.size} ({info.launcher}) does not know where to meet the other "

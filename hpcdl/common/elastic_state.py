@@ -7,12 +7,19 @@ failed or timed out), restores the last committed state, re-initializes and sync
 rank 0 before calling the training function again. Under ``hpcdl run --min-np A --max-np B`` the
 re-initialization joins the launcher's next round of workers (:mod:`hpcdl.common.elastic`), and
 ``State.commit`` raises ``HostsUpdatedInterrupt`` on every rank when a newer round has formed.
+
+A commit is also where the ranks agree to stop or to save (:mod:`hpcdl.checkpoint`): one allreduce per
+commit carries every rank's votes (hosts changed, asked to stop, a checkpoint due), so all ranks act at
+the same commit whichever rank was asked. ``request_stop`` (a scheduler's warning signal) makes every
+rank's next ``commit`` raise ``PreemptionInterrupt``; a ``Checkpointer`` attached to the state writes the
+committed state when it says a checkpoint is due.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+import signal
+from typing import Any, Callable, Optional, Protocol
 
 import numpy as np
 
@@ -21,11 +28,60 @@ from hpcdl.common import elastic as driver
 from hpcdl.common.exceptions import HostsUpdatedInterrupt, HpcdlInternalError
 from hpcdl.common.types import ReduceOp
 
+# The stop vote of a rank asked to stop by the program rather than by a signal (signal numbers are < 65).
+STOP_REQUESTED = 128
 
-def _any_rank(flag: bool, name: str) -> bool:
-    """Whether ``flag`` is True on any rank of the job (one maximum allreduce through the engine)."""
-    votes = engine.allreduce_async(np.array([int(flag)], dtype=np.int32), name=name, op=ReduceOp.MAX)
-    return bool(engine.synchronize(votes)[0])
+_stop_vote = 0  # 0, a signal number, or STOP_REQUESTED; set from signal handlers, so a plain assignment
+
+
+def request_stop(signum: int = STOP_REQUESTED) -> None:
+    """Ask every rank to stop at its next commit (``PreemptionInterrupt``). Safe in a signal handler;
+    asking again changes nothing until the request has been acted on (``clear_stop``)."""
+    global _stop_vote
+    if not _stop_vote:
+        _stop_vote = signum
+
+
+def stop_requested() -> int:
+    """This rank's pending stop request: 0 (none), the signal number, or ``STOP_REQUESTED``."""
+    return _stop_vote
+
+
+def clear_stop() -> None:
+    global _stop_vote
+    _stop_vote = 0
+
+
+def stop_reason(vote: int) -> str:
+    """Words for a stop vote: ``SIGUSR2`` or ``a stop request``."""
+    if 0 < vote < STOP_REQUESTED:
+        try:
+            return signal.Signals(vote).name
+        except ValueError:
+            return f"signal {vote}"
+    return "a stop request"
+
+
+class PreemptionInterrupt(BaseException):
+    """Raised by ``commit`` on every rank, at the same commit, once any rank was asked to stop (by a
+    scheduler's warning signal, see :mod:`hpcdl.checkpoint`). The committed state is the one to keep.
+    A ``BaseException`` like ``KeyboardInterrupt``: an ``except Exception`` in a training loop does not
+    swallow it, and ``hvd.elastic.run`` lets it through."""
+
+    def __init__(self, vote: int, commits: int) -> None:
+        super().__init__(f"stopping at commit {commits}: {stop_reason(vote)} reached a rank of the job")
+        self.vote = vote
+        self.commits = commits
+
+
+class Checkpointer(Protocol):
+    """What :mod:`hpcdl.checkpoint` attaches to a state: whether this rank thinks a checkpoint is due
+    (any rank's yes is every rank's), and the collective write of the committed state, called by every
+    rank at the same commit (also at the one where they stop, before ``PreemptionInterrupt`` is raised)."""
+
+    def due(self, state: State) -> bool: ...
+
+    def write(self, state: State, reason: str) -> None: ...
 
 
 class State:
@@ -37,6 +93,8 @@ class State:
         self._rank = get_rank
         self._reset_callbacks: list[Callable[[], None]] = []
         self._hosts_updated = False
+        self._commits = 0
+        self._checkpointer: Optional[Checkpointer] = None
 
     def register_reset_callbacks(self, callbacks: list[Callable[[], None]]) -> None:
         self._reset_callbacks.extend(callbacks)
@@ -50,18 +108,52 @@ class State:
         """Record that the launcher reported a change of hosts; the next ``commit`` raises for all ranks."""
         self._hosts_updated = True
 
+    @property
+    def commit_count(self) -> int:
+        """Commits since training began (carried by checkpoints): the step a checkpoint is taken at."""
+        return self._commits
+
+    def attach_checkpointer(self, checkpointer: Optional[Checkpointer]) -> None:
+        self._checkpointer = checkpointer
+
     def commit(self) -> None:
         self.save()
+        self._commits += 1
         self.check_host_updates()
 
     def check_host_updates(self) -> None:
-        """Raise ``HostsUpdatedInterrupt`` on every rank if any rank has been told the hosts changed:
-        by ``notify_hosts_updated`` or, under ``hpcdl run --min-np/--max-np``, by the driver having formed a
-        newer round (workers joined). The ranks agree, so all of them reset at the same commit."""
-        mine = self._hosts_updated or driver.round_changed()
+        """Agree with every rank (one allreduce of each rank's votes) on what happens at this commit: a
+        stop (``PreemptionInterrupt``) if any rank was asked to stop; a checkpoint of the committed state if
+        the attached checkpointer says one is due on any rank; ``HostsUpdatedInterrupt`` if any rank has been
+        told the hosts changed, by ``notify_hosts_updated`` or, under ``hpcdl run --min-np/--max-np``, by the
+        driver having formed a newer round (workers joined). All ranks act at the same commit."""
+        hosts = self._hosts_updated or driver.round_changed()
         self._hosts_updated = False
-        if _any_rank(mine, "elastic.hosts_updated"):
+        due = self._checkpointer is not None and self._checkpointer.due(self)
+        mine = np.array([int(hosts), stop_requested(), int(due)], dtype=np.int32)
+        votes = engine.synchronize(engine.allreduce_async(mine, name="elastic.commit", op=ReduceOp.MAX))
+        if votes[1]:
+            if self._checkpointer is not None:  # before unwinding: nothing has run since the commit
+                self._checkpointer.write(self, stop_reason(int(votes[1])))
+            raise PreemptionInterrupt(int(votes[1]), self._commits)
+        if votes[2] and self._checkpointer is not None:
+            self._checkpointer.write(self, "periodic")
+        if votes[0]:
             raise HostsUpdatedInterrupt(False)
+
+    # ---- what a checkpoint holds (hpcdl.checkpoint) -------------------------------------------------
+    def checkpoint_payload(self) -> dict[str, Any]:
+        """The committed state as plain picklable values (what rank 0 writes)."""
+        return {"commits": self._commits}
+
+    def load_checkpoint_payload(self, payload: dict[str, Any]) -> None:
+        """Make ``payload`` (from ``checkpoint_payload``) the committed and the current state."""
+        self._commits = int(payload["commits"])
+
+    def checkpoint_layout(self) -> dict[str, Any]:
+        """What a checkpoint of this state must look like to be loaded into it (names, shapes, dtypes):
+        a checkpoint of another training is refused instead of half loaded."""
+        return {}
 
     def save(self) -> None:
         raise NotImplementedError
@@ -97,10 +189,21 @@ class ObjectState(State):
     def restore(self) -> None:
         self._set_attrs()
 
+    def checkpoint_payload(self) -> dict[str, Any]:
+        return {**super().checkpoint_payload(), "attributes": dict(self._saved_state)}
+
+    def load_checkpoint_payload(self, payload: dict[str, Any]) -> None:
+        super().load_checkpoint_payload(payload)
+        self._saved_state = dict(payload["attributes"])
+        self._set_attrs()
+
+    def checkpoint_layout(self) -> dict[str, Any]:
+        return {**super().checkpoint_layout(), "attributes": sorted(self._saved_state)}
+
     def sync(self) -> None:
-        if self._saved_state:
-            self._saved_state = self._bcast_object(self._saved_state)
-            self._set_attrs()
+        # The commit count travels too: a checkpoint restored on rank 0 (or a rank that joined) counts on.
+        self._commits, self._saved_state = self._bcast_object((self._commits, self._saved_state))
+        self._set_attrs()
 
     def _set_attrs(self) -> None:
         for attr, value in self._saved_state.items():
@@ -165,3 +268,16 @@ class VariablesState(ObjectState):
         self._broadcast_variables(self._variables, 0)
         self._saved_values = self._values()
         super().sync()
+
+    def checkpoint_payload(self) -> dict[str, Any]:
+        return {**super().checkpoint_payload(), "variables": list(self._saved_values)}
+
+    def load_checkpoint_payload(self, payload: dict[str, Any]) -> None:
+        self._saved_values = list(payload["variables"])
+        for variable, value in zip(self._variables, self._saved_values):
+            variable.assign(value)
+        super().load_checkpoint_payload(payload)
+
+    def checkpoint_layout(self) -> dict[str, Any]:
+        shapes = [f"{v.dtype}{list(v.shape)}" for v in self._saved_values]
+        return {**super().checkpoint_layout(), "variables": shapes}

@@ -1,7 +1,8 @@
 """Locate and load the compiled runtime (``collectives/``) through ctypes.
 
-The library is installed inside the package as ``hpcdl/_collectives<EXT_SUFFIX>``; ``HPCDL_LIBRARY`` may
-point at another build (a development tree, or a build configured without MPI).
+The library is installed inside the package as ``hpcdl/_collectives.so`` (one file for every CPython: it does
+not depend on Python), with the MPI shims beside it (see ``mpi_library``); ``HPCDL_LIBRARY`` may point at
+another build (a development tree, or a build configured without MPI).
 """
 
 from __future__ import annotations
@@ -25,14 +26,14 @@ def library_path() -> Path:
         if not path.is_file():
             raise LibraryNotFoundError(
                 f"HPCDL_LIBRARY={override} does not name a file; unset it or point it at a built "
-                "_collectives*.so"
+                "_collectives.so"
             )
         return path
     spec = importlib.util.find_spec("hpcdl._collectives")
     if spec is None or spec.origin is None:
         raise LibraryNotFoundError(
-            "hpcdl's compiled runtime is not installed (no hpcdl/_collectives*.so); "
-            "reinstall with 'pip install .' from the source tree and read the build log"
+            "hpcdl's compiled runtime is not installed (no hpcdl/_collectives.so); install the binary "
+            "wheel, or reinstall with 'pip install .' from the source tree and read the build log"
         )
     return Path(spec.origin)
 
@@ -45,8 +46,8 @@ def load() -> ctypes.CDLL:
         lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
     except OSError as exc:
         raise LibraryNotFoundError(
-            f"cannot load hpcdl's runtime {path}: {exc}; if a shared library is missing (e.g. libmpi), "
-            "load the MPI it was built with or reinstall hpcdl"
+            f"cannot load hpcdl's runtime {path}: {exc}; it needs nothing but the C and C++ runtimes "
+            "(MPI is loaded later, when a job asks for it): reinstall hpcdl, or install its binary wheel"
         ) from exc
     lib.hpcdl_abi_version.restype = ctypes.c_int
     found = lib.hpcdl_abi_version()

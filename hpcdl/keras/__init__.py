@@ -17,10 +17,11 @@ from typing import Any, Optional
 
 import keras
 
+from hpcdl._keras import collectives as _collectives
+from hpcdl._keras import optimizer as _optimizer
 from hpcdl.common.exceptions import HpcdlInternalError
 from hpcdl.common.reduce_ops import Adasum, Average, Max, Min, Product, Sum
 from hpcdl.keras import _backend, callbacks, elastic
-from hpcdl.keras.optimizer import DistributedOptimizer, Settings, distributed_class, is_distributed
 
 _framework = _backend.current()
 _hvd = _framework.hvd
@@ -55,6 +56,90 @@ Compression = _hvd.Compression
 HorovodInternalError = HpcdlInternalError
 
 
+def _tf_keras_optimizer(optimizer: Any) -> bool:
+    return any(cls.__module__.startswith("tf_keras.") for cls in type(optimizer).__mro__)
+
+
+def DistributedOptimizer(
+    optimizer: Any,
+    name: Optional[str] = None,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: Any = None,
+    sparse_as_dense: bool = False,
+    gradient_predivide_factor: float = 1.0,
+    op: int = Average,
+    backward_passes_per_step: int = 1,
+    average_aggregated_gradients: bool = False,
+    num_groups: int = 0,
+    groups: Any = None,
+    process_set: Any = None,
+    scale_local_gradients: bool = True,
+) -> Any:
+    """Wrap a Keras 3 optimizer so that gradients are averaged over the ranks before they are applied (a
+    tf-keras one goes to ``hpcdl.tensorflow.keras``). The arguments are Horovod's, described in
+    ``hpcdl._keras.optimizer.DistributedOptimizer``."""
+    args = (
+        optimizer,
+        name,
+        device_dense,
+        device_sparse,
+        compression,
+        sparse_as_dense,
+        gradient_predivide_factor,
+        op,
+        backward_passes_per_step,
+        average_aggregated_gradients,
+        num_groups,
+        groups,
+        process_set,
+        scale_local_gradients,
+    )
+    if _tf_keras_optimizer(optimizer):
+        from hpcdl.tensorflow.keras.optimizers import DistributedOptimizer as tf_keras_optimizer
+
+        return tf_keras_optimizer(*args)
+    return _optimizer.DistributedOptimizer(_framework, *args)
+
+
+def PartialDistributedOptimizer(
+    optimizer: Any,
+    name: Optional[str] = None,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: Any = None,
+    sparse_as_dense: bool = False,
+    gradient_predivide_factor: float = 1.0,
+    op: int = Average,
+    backward_passes_per_step: int = 1,
+    average_aggregated_gradients: bool = False,
+    groups: Any = None,
+    process_set: Any = None,
+    local_layers: Any = None,
+    scale_local_gradients: bool = True,
+) -> Any:
+    """``DistributedOptimizer`` that keeps the gradients of ``local_layers`` (a Keras layer or a list)
+    local: not reduced, divided by the set size unless ``scale_local_gradients=False``."""
+    distributed = DistributedOptimizer(
+        optimizer,
+        name=name,
+        compression=compression,
+        sparse_as_dense=sparse_as_dense,
+        gradient_predivide_factor=gradient_predivide_factor,
+        op=op,
+        backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients,
+        groups=groups,
+        process_set=process_set,
+        scale_local_gradients=scale_local_gradients,
+    )
+    if _tf_keras_optimizer(optimizer):
+        import tf_keras
+
+        return _optimizer.register_local_layers(distributed, local_layers, tf_keras.layers.Layer)
+    return _optimizer.register_local_layers(distributed, local_layers, keras.layers.Layer)
+
+
 def allreduce(
     value: Any,
     name: Optional[str] = None,
@@ -65,30 +150,23 @@ def allreduce(
     compression: Any = None,
 ) -> Any:
     """Reduce a tensor-compatible value over all ranks (default op Average); returns a backend tensor."""
-    return _hvd.allreduce(
-        _framework.tensor(value),
-        average=average,
-        name=name,
-        op=op,
-        prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor,
-        compression=compression or Compression.none,
-    )
+    args = (name, average, prescale_factor, postscale_factor, op, compression)
+    return _collectives.allreduce(_framework, value, *args)
 
 
 def allgather(value: Any, name: Optional[str] = None) -> Any:
     """Concatenate a tensor-compatible value from every rank along its first dimension."""
-    return _hvd.allgather(_framework.tensor(value), name=name)
+    return _collectives.allgather(_framework, value, name)
 
 
 def broadcast(value: Any, root_rank: int, name: Optional[str] = None) -> Any:
     """A tensor-compatible value as it is on ``root_rank``."""
-    return _hvd.broadcast(_framework.tensor(value), root_rank, name=name)
+    return _collectives.broadcast(_framework, value, root_rank, name)
 
 
 def reducescatter(value: Any, name: Optional[str] = None, op: int = Average) -> Any:
     """Reduce a tensor-compatible value over all ranks and keep this rank's block of its first dimension."""
-    return _hvd.reducescatter(_framework.tensor(value), name=name, op=op)
+    return _collectives.reducescatter(_framework, value, name, op)
 
 
 def broadcast_global_variables(root_rank: int) -> Any:
@@ -98,17 +176,6 @@ def broadcast_global_variables(root_rank: int) -> Any:
         "keep; pass hvd.callbacks.BroadcastGlobalVariablesCallback(0) to model.fit, or call "
         "hvd.broadcast_variables(model.weights, root_rank=0) with hpcdl.tensorflow"
     )
-
-
-def _optimizer_classes() -> list[type]:
-    """Every Keras optimizer class (subclasses of subclasses too), but the distributed ones."""
-    found, todo = [], list(keras.optimizers.Optimizer.__subclasses__())
-    while todo:
-        cls = todo.pop()
-        if not is_distributed(cls):
-            found.append(cls)
-            todo.extend(cls.__subclasses__())
-    return found
 
 
 def load_model(
@@ -125,13 +192,14 @@ def load_model(
     passed on to ``keras.models.load_model``. ``legacy_opts`` is accepted for compatibility (Keras 3 has no
     legacy optimizers).
     """
-    distributed = Settings(compression=compression)
-    objects: dict[str, Any] = {}
-    for cls in [*_optimizer_classes(), *(custom_optimizers or [])]:
-        wrapped = distributed_class(cls, distributed)
-        objects[cls.__name__] = wrapped
-        objects[cls.__name__.lower()] = wrapped  # Keras looks built-in optimizers up in lower case
-    objects.update(custom_objects or {})
+    settings = _optimizer.Settings(compression=compression)
+    classes = _optimizer.subclasses(keras.optimizers.Optimizer, _optimizer.is_distributed)
+    objects = _optimizer.load_model_objects(
+        lambda cls: _optimizer.distributed_class(cls, settings, _framework),
+        classes,
+        custom_optimizers,
+        custom_objects,
+    )
     return keras.models.load_model(filepath, custom_objects=objects)
 
 
@@ -143,6 +211,7 @@ __all__ = [
     "HorovodInternalError",
     "Max",
     "Min",
+    "PartialDistributedOptimizer",
     "ProcessSet",
     "Product",
     "Sum",

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
+
+import numpy as np
 
 import hpcdl.torch as hvd
 from hpcdl.common import basics, elastic
+from hpcdl.common.elastic_state import run_fn
 from hpcdl.common.reduce_ops import Average, group_order
 from hpcdl.torch.process_sets import id_of
 
@@ -118,3 +121,39 @@ class EagerGradientAggregation:
             reduced = [None if r is None else r / self.passes for r in reduced]
         self._sums, self.count = None, 0
         return reduced
+
+
+class TorchFramework:
+    """``hpcdl.torch`` as the Keras machinery (``hpcdl._keras``) uses it, for Keras 3 on PyTorch."""
+
+    name = "torch"
+    hvd = hvd
+
+    def reducer(self, name: str, options: dict[str, Any]) -> TorchGradientReducer:
+        return TorchGradientReducer(name, **options)
+
+    def aggregation(self, passes: int, average: bool, sparse_as_dense: bool) -> EagerGradientAggregation:
+        return EagerGradientAggregation(passes, average)
+
+    def broadcast_variables(self, variables: Sequence[Any], root_rank: int) -> None:
+        # A Keras variable holds a torch Parameter; the engine writes the root's values into its memory.
+        tensors = [(f"broadcast_variables.{i}", v.value.detach()) for i, v in enumerate(variables)]
+        hvd.broadcast_parameters(tensors, root_rank)
+
+    def tensor(self, value: Any) -> Any:
+        import torch
+
+        return torch.as_tensor(np.asarray(value))
+
+    def average(self, values: np.ndarray, name: str) -> np.ndarray:
+        return hvd.allreduce(self.tensor(values), op=Average, name=name).numpy()
+
+    def run(self, func: Callable[..., Any]) -> Callable[..., Any]:
+        def reset() -> None:
+            hvd.shutdown()
+            hvd.init()
+
+        return run_fn(func, reset)
+
+
+FRAMEWORK = TorchFramework()

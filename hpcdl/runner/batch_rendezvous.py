@@ -5,11 +5,17 @@ The script starts it in the background with HPCDL_SECRET in its environment. It 
 server on a port it binds itself (port 0), so nothing can take the port between choosing and binding it, as
 ``hpcdl run`` hosts its rendezvous; with ``--master-port`` it also holds a port for torch.distributed's rank
 0 on this host (``rank_agent.reserve_port``). Then it writes one line on stdout,
-``ADDR PORT MASTER_ADDR MASTER_PORT PID`` (one write; the script reads it before its launch line), and serves
-until the script's shell ends (it is then re-parented) or it gets SIGTERM. It never writes to stdout again.
+``ADDR PORT MASTER_ADDR MASTER_PORT IFACE PID`` (one write; the script reads it before its launch line;
+IFACE is this host's interface towards the ranks, for torch.distributed's GLOO/NCCL_SOCKET_IFNAME, or
+``-``), and serves until the script's shell ends (it is then re-parented) or it gets SIGTERM. It never
+writes to stdout again.
 A port the user fixed in HPCDL_RENDEZVOUS_PORT (``--env``, a site file) is used instead of port 0. A failure
 to start is one clear line on stderr (naming a fixed port that is taken) and exit status 1, and the script
 then stops the job.
+
+``--probe`` instead prints ``HOST PORT IFACE`` and exits: this host's name, a port free here, and the
+interface towards HPCDL_RENDEZVOUS_ADDR (run on the first compute node where the script runs on a service
+node).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from hpcdl.common.exceptions import HpcdlError
 from hpcdl.runner.allocation import detect_allocation
 from hpcdl.runner.errors import LaunchError
 from hpcdl.runner.network import address_towards, interface_address, is_local_host
-from hpcdl.runner.rank_agent import reserve_port
+from hpcdl.runner.rank_agent import meeting_interface, reserve_port
 
 PARENT_POLL_SECONDS = 0.5
 
@@ -61,10 +67,28 @@ def listen_address(advertised: str) -> str:
     return advertised
 
 
+def socket_interface(environ: Mapping[str, str], address: str) -> str:
+    """The interface the ranks' torch.distributed should use, as this host sees it (``-``: unknown)."""
+    return (
+        meeting_interface({"HPCDL_IFACE": environ.get("HPCDL_IFACE", ""), "HPCDL_RENDEZVOUS_ADDR": address})
+        or "-"
+    )
+
+
+def probe(environ: Mapping[str, str]) -> int:
+    """``HOST PORT IFACE`` of this host (see the module's docstring)."""
+    with socket.socket() as free:
+        free.bind(("", 0))
+        port = free.getsockname()[1]
+    print(socket.gethostname(), port, socket_interface(environ, environ.get("HPCDL_RENDEZVOUS_ADDR", "")))
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m hpcdl.runner.batch_rendezvous")
-    parser.add_argument("--size", type=int, required=True, help="ranks of the job")
+    parser.add_argument("--size", type=int, help="ranks of the job")
     parser.add_argument("--master-port", action="store_true", help="also hold MASTER_PORT on this host")
+    parser.add_argument("--probe", action="store_true", help="print HOST PORT IFACE of this host and exit")
     return parser
 
 
@@ -99,9 +123,10 @@ def serve(args: argparse.Namespace) -> int:
         return 1
     holder = reserve_port() if args.master_port else None
     master = f"{address} {holder.getsockname()[1]}" if holder is not None else "- -"
+    iface = socket_interface(os.environ, address)
     try:
         try:
-            os.write(1, f"{address} {server.port} {master} {os.getpid()}\n".encode())
+            os.write(1, f"{address} {server.port} {master} {iface} {os.getpid()}\n".encode())
         except BrokenPipeError:
             print("hpcdl: the job script that started this rendezvous server is gone", file=sys.stderr)
             return 1
@@ -117,7 +142,12 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str]) -> int:
-    return serve(_parser().parse_args(argv))
+    args = _parser().parse_args(argv)
+    if args.probe:
+        return probe(os.environ)
+    if args.size is None:
+        _parser().error("--size N is required")
+    return serve(args)
 
 
 if __name__ == "__main__":

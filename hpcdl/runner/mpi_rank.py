@@ -21,7 +21,7 @@ import sys
 import threading
 from typing import BinaryIO
 
-from hpcdl.runner.rank_agent import learn_master_port, oom_kill_count, oom_report
+from hpcdl.runner.rank_agent import learn_master_port, oom_kill_count, oom_report, socket_interface_env
 
 # The variables naming an MPI rank's world rank, by MPI (Open MPI, then MPICH/Hydra and Intel MPI).
 _RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK")
@@ -46,6 +46,7 @@ def _master_port(env: dict[str, str]) -> tuple[socket.socket | None, str]:
 def main(argv: list[str]) -> int:
     token, command = argv[0], argv[1:]
     env = dict(os.environ)
+    env.update(socket_interface_env(env))
     holder = None  # rank 0's reservation of MASTER_PORT, held while the rank runs
     if env.get("HPCDL_MASTER_BOARD"):
         try:

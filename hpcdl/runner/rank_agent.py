@@ -12,8 +12,10 @@ answered ``<token> stacks <base64>``. EOF on stdin means the launcher is gone (e
 its ssh connection lost): the rank's process group gets SIGTERM, then SIGKILL, so no rank outlives its
 launcher. When the rank ends, the agent writes ``<token> exit <returncode>`` on stderr and exits, after
 ``<token> oom <what the kernel said>`` when its OOM killer ended the rank; ``<token> pid <pid>`` after the
-start names the rank's process group. The launcher strips these lines from the rank's output.
-``hpcdl.runner.step_agent`` reuses these pieces for ranks started by a scheduler's launcher.
+start names the rank's process group. The launcher strips these lines from the rank's output. The rank also
+gets torch.distributed's GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME (:func:`socket_interface_env`) unless it
+has them. ``hpcdl.runner.step_agent`` and ``hpcdl.runner.mpi_rank`` reuse these pieces for ranks started by a
+scheduler's launcher or by mpirun.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from types import ModuleType
 from typing import Any, BinaryIO, Callable
 
@@ -128,13 +131,18 @@ def encode_stacks(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
-def _has_ipv4(iface: str) -> bool:
+def _ipv4_of(iface: str) -> str | None:
+    """The (primary) IPv4 address of interface `iface`, or None when it has none."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         try:
-            fcntl.ioctl(probe.fileno(), _SIOCGIFADDR, struct.pack("256s", iface[:15].encode()))
+            packed = fcntl.ioctl(probe.fileno(), _SIOCGIFADDR, struct.pack("256s", iface[:15].encode()))
         except OSError:
-            return False
-    return True
+            return None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def _has_ipv4(iface: str) -> bool:
+    return _ipv4_of(iface) is not None
 
 
 def choose_interface(interfaces: list[str]) -> dict[str, str]:
@@ -142,6 +150,50 @@ def choose_interface(interfaces: list[str]) -> dict[str, str]:
     first one when it has none, so the runtime names it in its error); NCCL takes the whole list."""
     present = [iface for iface in interfaces if _has_ipv4(iface)]
     return {"HPCDL_IFACE": (present or interfaces)[0], "NCCL_SOCKET_IFNAME": ",".join(interfaces)}
+
+
+# torch.distributed's choice of network interface. Unset, gloo binds the address this host's own name
+# resolves to, which Debian and Ubuntu map to 127.0.1.1: peers on other hosts cannot reach it.
+SOCKET_IFNAME_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
+def interface_towards(host: str) -> str | None:
+    """The interface of this host whose address the kernel uses to reach `host` (an address or a name;
+    no packet is sent), or None when that is unknown."""
+    try:
+        target = socket.gethostbyname(host)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.connect((target, 9))
+            source = sock.getsockname()[0]
+    except OSError:
+        return None
+    return _interface_holding(source)
+
+
+def _interface_holding(address: str) -> str | None:
+    return next((name for _, name in socket.if_nameindex() if _ipv4_of(name) == address), None)
+
+
+def meeting_interface(env: Mapping[str, str]) -> str | None:
+    """The network interface of this host for a rank with environment `env`: the one HPCDL_IFACE names
+    (an interface or one of this host's addresses) when this host has it, else the one this host reaches the
+    job's rendezvous through (HPCDL_RENDEZVOUS_ADDR, the elastic driver or MASTER_ADDR: where the launcher
+    chose that the ranks meet); None when unknown."""
+    chosen = env.get("HPCDL_IFACE", "")
+    iface = (chosen if _has_ipv4(chosen) else _interface_holding(chosen)) if chosen else None
+    if iface is None:
+        meeting = env.get("HPCDL_RENDEZVOUS_ADDR") or env.get("HPCDL_ELASTIC_DRIVER", "").rpartition(":")[0]
+        meeting = meeting or env.get("MASTER_ADDR", "")
+        iface = interface_towards(meeting) if meeting else None
+    return iface
+
+
+def socket_interface_env(env: Mapping[str, str]) -> dict[str, str]:
+    """GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME, those `env` does not set already, as the rank's
+    :func:`meeting_interface` (empty when it is unknown)."""
+    missing = [name for name in SOCKET_IFNAME_VARIABLES if not env.get(name)]
+    iface = meeting_interface(env) if missing else None
+    return {name: iface for name in missing} if iface else {}
 
 
 def reserve_port() -> socket.socket:
@@ -267,6 +319,7 @@ def main() -> None:
     env.update(spec["env"])
     if spec.get("interfaces"):
         env.update(choose_interface(spec["interfaces"]))
+    env.update(socket_interface_env(env))
     holder = None  # rank 0's reservation of MASTER_PORT, held while the rank runs
     if spec.get("master_board"):
         try:

@@ -10,7 +10,7 @@ from hpcdl.runner.errors import LaunchError
 from hpcdl.runner.hosts import RankSlot
 
 # What ssh carries to a remote rank besides the rank's own variables.
-FORWARDED_NAMES = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV")
+FORWARDED_NAMES = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "GLOO_SOCKET_IFNAME")
 FORWARDED_PREFIXES = ("HPCDL_", "HOROVOD_", "NCCL_")
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 

@@ -35,6 +35,7 @@ from hpcdl.runner.rank_agent import (
     oom_kill_count,
     oom_report,
     signal_group,
+    socket_interface_env,
 )
 from hpcdl.runner.rank_env import rank_variables, torch_variables
 
@@ -109,6 +110,7 @@ def rank_environment(args: argparse.Namespace, slot: RankSlot) -> dict[str, str]
     env.update({k: v for k, v in torch_variables(slot).items() if k not in keep})
     if args.interfaces:
         env.update(choose_interface(args.interfaces.split(",")))
+    env.update(socket_interface_env(env))
     return env
 
 

@@ -84,6 +84,8 @@ TUNABLES: tuple[Tunable, ...] = (
     Tunable("timeout", float, "timeout", "Deadline in seconds of every blocking wait in the runtime.",
             _number, minimum=0),
     Tunable("transport", str, "transport", "Data plane between ranks.", str.lower, choices=TRANSPORTS),
+    Tunable("mpi_library", str, "mpi",
+            "MPI library the ranks load if they use MPI: auto (their launcher's), openmpi, mpich or a path."),
     Tunable("network_interface", str, "iface",
             "Network interface (or IPv4 address) for TCP traffic; also used to reach other hosts."),
     Tunable("small_message_bytes", int, "small_message_bytes",

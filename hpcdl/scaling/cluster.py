@@ -17,10 +17,10 @@ from typing import Optional
 from hpcdl.common.output_file import write_output_file
 from hpcdl.scaling import watch
 from hpcdl.scaling.steps import REPEAT_VARIABLE
-from hpcdl.scaling.study import JOBS_FILE, StudyError, StudySpec, point_dir
+from hpcdl.scaling.study import JOBS_FILE, StudyError, StudySpec, mark_failed, point_dir
 from hpcdl.scaling.watch import JobStatus, WatchedJob
 from hpcdl.schedulers import JobSpec, Scheduler, SiteConfig, Sweep, get_scheduler, load_site
-from hpcdl.schedulers.submission import submit_job
+from hpcdl.schedulers.submission import GroupSubmissionError, Submitted, prepare_job, submit_group
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,7 @@ class BatchOptions:
     modules: list[str] = field(default_factory=list)
     setup: list[str] = field(default_factory=list)
     launcher_args: list[str] = field(default_factory=list)
+    python: Optional[str] = None  # the jobs' interpreter (default: the site's, else the one hpcdl runs in)
 
 
 def geometry(workers: int, ranks_per_node: int, gpus_per_node: int) -> tuple[int, int, int]:
@@ -112,6 +113,7 @@ def plan_jobs(spec: StudySpec, directory: Path, options: BatchOptions) -> BatchP
     arrays = backend.array_variable is not None and spec.repeats > 1
     batches = [list(range(1, spec.repeats + 1))] if arrays else [[r] for r in range(1, spec.repeats + 1)]
     shapes = {workers: geometry(workers, per_node, gpus) for workers in spec.workers}
+    python, python_origin = site.python_choice(options.python)
     planned = []
     for workers, (nodes, ranks_per_node, gpus_per_node) in shapes.items():
         where = point_dir(directory, workers).resolve()
@@ -120,7 +122,7 @@ def plan_jobs(spec: StudySpec, directory: Path, options: BatchOptions) -> BatchP
             label = "" if arrays else f"-r{single}"
             output = "job-{job_id}_{array_index}.out" if arrays else f"job{label}-{{job_id}}.out"
             job = site.make_job(
-                spec.rank_command(workers, site.python),
+                spec.rank_command(workers, python),
                 nodes=nodes,
                 ranks_per_node=ranks_per_node,
                 gpus_per_node=gpus_per_node,
@@ -137,6 +139,8 @@ def plan_jobs(spec: StudySpec, directory: Path, options: BatchOptions) -> BatchP
                 setup=options.setup,
                 sweep=Sweep.parse([f"{REPEAT_VARIABLE}={','.join(map(str, repeats))}"]) if arrays else None,
                 launcher_args=options.launcher_args,
+                python=python,
+                python_origin=python_origin,
             )
             backend.render(job, site)  # raises what the scheduler would reject
             planned.append(PlannedJob(workers, repeats, job, where / f"job{label}.{backend.name}.sh"))
@@ -149,20 +153,33 @@ def submit_study(
     force: bool = False,
     on_submitted: Callable[[StudyJob], None] = lambda job: None,
 ) -> list[StudyJob]:
-    """Submit the planned jobs; ``jobs.json`` is updated after each, so a failure part-way keeps what went
-    in."""
-    jobs: list[StudyJob] = []
+    """Submit the planned jobs, all or none (``schedulers.submission.submit_group``: the scheduler checks
+    every script first, and a refusal part-way cancels the jobs submitted before it). ``jobs.json`` is
+    updated after each submission, so it always lists the jobs that are in."""
+    workdir = directory.resolve()
+    group = []
     for planned in plan.jobs:
         planned.script.parent.mkdir(parents=True, exist_ok=True)
-        submitted = submit_job(
-            plan.backend, planned.job, plan.site, planned.script, force=force, workdir=directory.resolve()
-        )
-        entry = StudyJob(
+        group.append(prepare_job(plan.backend, planned.job, plan.site, planned.script, force, workdir))
+    by_script = {planned.script: planned for planned in plan.jobs}
+    jobs: list[StudyJob] = []
+
+    def entry(submitted: Submitted) -> StudyJob:
+        planned = by_script[submitted.script]
+        return StudyJob(
             planned.workers, submitted.job_id, plan.backend.name, planned.repeats, str(planned.script)
         )
-        jobs.append(entry)
+
+    def submitted_one(submitted: Submitted) -> None:
+        jobs.append(entry(submitted))
         save_jobs(directory, jobs)
-        on_submitted(entry)
+        on_submitted(jobs[-1])
+
+    try:
+        submit_group(plan.backend, group, submitted_one)
+    except GroupSubmissionError as exc:
+        save_jobs(directory, [entry(left) for left in exc.left])  # the cancelled jobs are not the study's
+        raise
     return jobs
 
 
@@ -188,8 +205,10 @@ def finished_jobs(
     failed = [s for s in statuses if not s.succeeded and not s.error]
     if failed:
         listing = ", ".join(f"{s.job.job_id} ({s.summary()})" for s in failed)
-        raise StudyError(
+        reason = (
             f"job(s) {listing} did not complete; their output is in {directory}/points/W*/job-*.out "
             "(hpcdl jobs logs JOB)"
         )
+        mark_failed(directory, reason)  # every job has ended: a corrected rerun may reuse the directory
+        raise StudyError(reason)
     return statuses

@@ -243,6 +243,20 @@ def _collective_lane(op: _Op, window: tuple[float, float]) -> Lane:
 
 
 # ---- drawing -------------------------------------------------------------------------------------------
+def fit_label(label: str, width: int) -> str:
+    """`label` in `width` characters: a long tensor name is shortened in its middle, so that what follows it
+    (``+2 fused (4.22 MB)``) stays whole."""
+    if len(label) <= width:
+        return label
+    cut = label.find(" +") if " +" in label else label.rfind(" (") if label.endswith(")") else -1
+    tail = label[cut:] if cut > 0 else ""
+    room = width - len(tail) - 2
+    if room < 4:
+        return label[: width - 2] + ".."
+    name = label[: len(label) - len(tail)]
+    return f"{name[: room - room // 2]}..{name[len(name) - room // 2 :]}{tail}"
+
+
 def text(picture: StepPicture, width: int = TEXT_WIDTH) -> str:
     """The picture as text: one row per lane, one character per time slot (the last phase drawn wins)."""
     span = max(picture.end_us - picture.start_us, 1.0)
@@ -256,7 +270,7 @@ def text(picture: StepPicture, width: int = TEXT_WIDTH) -> str:
             last = int((s.end_us - picture.start_us) / span * (width - 1))
             for column in range(max(first, 0), min(last, width - 1) + 1):
                 row[column] = TEXT_MARKS.get(s.phase, "?")
-        lines.append(f"{lane.label[:label_width]:<{label_width}} |{''.join(row)}|")
+        lines.append(f"{fit_label(lane.label, label_width):<{label_width}} |{''.join(row)}|")
     lines.append(f"{'':<{label_width}}  0{'':>{width - 10}}{picture.duration_ms:.2f} ms")
     legend = [f"{mark} {_legend_name(name)}" for name, mark in TEXT_MARKS.items() if name in _phases(picture)]
     lines.append("  ".join(dict.fromkeys(legend)))

@@ -14,6 +14,7 @@ user says it should).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import math
@@ -34,6 +35,9 @@ FORMAT = 1
 STUDY_FILE = "study.json"
 JOBS_FILE = "jobs.json"  # the batch jobs of a submitted study
 ALLREDUCE_FILE = "allreduce.jsonl"  # hpcdl bench allreduce records taken with the study
+FAILED_FILE = "failed.txt"  # why the study's runs (or its submission) failed, written when they did
+# What a study's runs write into its directory (the report files come later): all of it hpcdl's own.
+RUN_OUTPUTS = (STUDY_FILE, FAILED_FILE, JOBS_FILE, ALLREDUCE_FILE, "points")
 MODES = ("strong", "weak")
 MODEL_NAMES = ("small", "resnet50")  # hpcdl.scaling.models.MODELS, named here without importing torch
 _PARAM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -256,21 +260,39 @@ def stamp(spec: StudySpec, command_line: str) -> StudySpec:
     return spec
 
 
+def mark_failed(directory: Path, reason: str) -> None:
+    """Record that the study's runs (or its submission) failed: its rerun may then reuse the directory."""
+    if (directory / STUDY_FILE).is_file():
+        with contextlib.suppress(HpcdlError, OSError):  # without the note, the rerun needs --force
+            write_output_file(directory / FAILED_FILE, "study's failure note", reason.rstrip() + "\n",
+                              replace=True, mode=0o666)  # fmt: skip
+
+
+def failed_run_only(directory: Path) -> bool:
+    """Whether `directory` holds nothing but the outputs of a study whose runs failed: nothing the user
+    made, no report, no batch job that may still run."""
+    if not (directory / FAILED_FILE).is_file():
+        return False
+    return all(entry.name in RUN_OUTPUTS for entry in directory.iterdir())
+
+
 def create(directory: Path, spec: StudySpec, force: bool) -> None:
     """Make the study directory and write its definition; refuses a directory that already holds a study
-    or anything else unless ``force`` (then only the study's own files are replaced)."""
+    or anything else unless ``force`` (then only the study's own files are replaced), or unless it holds
+    only what a failed run of a study wrote (that is replaced: none of it is the user's)."""
     if directory.exists() and not directory.is_dir():
         raise StudyError(f"{directory} exists and is not a directory; choose another --output")
-    if directory.is_dir() and any(directory.iterdir()) and not force:
+    rerun = directory.is_dir() and failed_run_only(directory)
+    if directory.is_dir() and any(directory.iterdir()) and not force and not rerun:
         what = "a study" if (directory / STUDY_FILE).exists() else "files"
         raise StudyError(
             f"{directory} already holds {what}; choose another --output, or add --force to run the study "
             "there again (its old runs and report are replaced)"
         )
-    if force:  # the old study's runs and measurements, never anything else
+    if force or rerun:  # the old study's runs and measurements, never anything else
         if (directory / "points").is_dir():
             shutil.rmtree(directory / "points")
-        for name in (JOBS_FILE, ALLREDUCE_FILE):
+        for name in (JOBS_FILE, ALLREDUCE_FILE, FAILED_FILE):
             (directory / name).unlink(missing_ok=True)
     text = json.dumps(spec.to_json(), indent=2) + "\n"
     write_output_file(directory / STUDY_FILE, "study", text, replace=True, parents=True, mode=0o666)

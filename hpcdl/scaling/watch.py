@@ -10,12 +10,13 @@ from dataclasses import dataclass
 from typing import Optional
 
 from hpcdl.common.exceptions import HpcdlError
-from hpcdl.schedulers import JobState, SchedulerError, get_scheduler
+from hpcdl.schedulers import JobState, JobUnknownError, SchedulerError, get_scheduler
 from hpcdl.schedulers.records import JobRecord, records_dir
 
 FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"})
 DEFAULT_INTERVAL_S = 5.0
 DEFAULT_TIMEOUT_S = 24 * 3600.0
+NO_ANSWER = "NO ANSWER"  # the state shown while a job's scheduler cannot be asked
 
 
 class WaitTimeoutError(HpcdlError):
@@ -31,13 +32,20 @@ class WatchedJob:
 
 @dataclass
 class JobStatus:
+    """One job as its scheduler answered, or why it could not say: ``error`` with ``unanswered`` when the
+    scheduler could not be asked (its controller down: nothing is known of the job, which is not counted
+    as ended), without when it answered that it knows no such job (it forgot a job that ended long ago)."""
+
     job: WatchedJob
     states: list[JobState]
-    error: str = ""  # the scheduler could not say (e.g. it has forgotten a job that ended long ago)
+    error: str = ""
+    unanswered: bool = False
 
     @property
     def finished(self) -> bool:
-        return bool(self.error) or (bool(self.states) and all(s.state in FINAL_STATES for s in self.states))
+        if self.error:
+            return not self.unanswered
+        return bool(self.states) and all(s.state in FINAL_STATES for s in self.states)
 
     @property
     def succeeded(self) -> bool:
@@ -46,7 +54,7 @@ class JobStatus:
     def summary(self) -> str:
         """``RUNNING`` or, for arrays, counts such as ``2 COMPLETED, 1 RUNNING``."""
         if self.error:
-            return "UNKNOWN"
+            return NO_ANSWER if self.unanswered else "UNKNOWN"
         counts: dict[str, int] = {}
         for s in self.states:
             counts[s.state] = counts.get(s.state, 0) + 1
@@ -61,8 +69,10 @@ def poll(jobs: list[WatchedJob]) -> list[JobStatus]:
     for job in jobs:
         try:
             found.append(JobStatus(job, get_scheduler(job.scheduler).status(job.job_id)))
-        except SchedulerError as exc:
+        except JobUnknownError as exc:
             found.append(JobStatus(job, [], str(exc)))
+        except SchedulerError as exc:
+            found.append(JobStatus(job, [], str(exc), unanswered=True))
     return found
 
 
@@ -80,7 +90,13 @@ def wait(
         if all(s.finished for s in statuses):
             return statuses
         if time.monotonic() + interval > deadline:
-            waiting = [f"{s.job.job_id} ({s.summary()})" for s in statuses if not s.finished]
+            waiting = [
+                f"{s.job.job_id} ({s.summary()}: {s.error})"
+                if s.unanswered
+                else f"{s.job.job_id} ({s.summary()})"
+                for s in statuses
+                if not s.finished
+            ]
             raise WaitTimeoutError(
                 f"job(s) {', '.join(waiting)} had not finished after {timeout:.0f} s; "
                 "wait longer (--timeout) or look at them with hpcdl jobs status"

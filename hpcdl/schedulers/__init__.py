@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from hpcdl.schedulers.base import JobState, Scheduler, ScriptParts
 from hpcdl.schedulers.cobalt import Cobalt
-from hpcdl.schedulers.errors import JobSpecError, SchedulerError, ScriptCheckError, SiteConfigError
+from hpcdl.schedulers.errors import (
+    JobSpecError,
+    JobUnknownError,
+    SchedulerError,
+    ScriptCheckError,
+    SiteConfigError,
+)
 from hpcdl.schedulers.flux import Flux
 from hpcdl.schedulers.job import ArraySpec, JobSpec, SignalSpec, Sweep, parse_walltime
 from hpcdl.schedulers.lsf import Lsf
@@ -23,6 +29,7 @@ __all__ = [
     "JobSpec",
     "JobSpecError",
     "JobState",
+    "JobUnknownError",
     "Lsf",
     "Pbs",
     "Scheduler",

@@ -7,16 +7,18 @@ cancel and logs go through the scheduler's own commands.
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Optional
 
+from hpcdl.checkpoint import contract
 from hpcdl.schedulers.errors import JobSpecError, SchedulerError, ScriptCheckError
-from hpcdl.schedulers.job import JobSpec
+from hpcdl.schedulers.job import JobSpec, SignalSpec
 from hpcdl.schedulers.render import render_parts
-from hpcdl.schedulers.shell import quote, shell_word
+from hpcdl.schedulers.shell import check_value, quote, shell_word
 from hpcdl.schedulers.site import SiteConfig
 
 COMMAND_TIMEOUT_S = 60.0
@@ -24,11 +26,6 @@ PLACEHOLDERS = ("name", "job_id", "array_index")
 
 # Seconds the script waits for its rendezvous server's address line (a Python start on a busy file system).
 RENDEZVOUS_START_TIMEOUT_S = 120
-# Prints "HOST PORT": the first compute node's name and a port free on it, for torch.distributed's MASTER_PORT
-# where the script runs on a service node (it cannot hold the port there; see README, residual risk).
-_MASTER_PROBE = (
-    'import socket; s = socket.socket(); s.bind(("", 0)); print(socket.gethostname(), s.getsockname()[1])'
-)
 
 
 @dataclass
@@ -40,6 +37,8 @@ class ScriptParts:
     exports: list[tuple[str, str]]
     modules: list[str]
     setup: list[str]
+    python: str  # the interpreter of hpcdl's helpers and of a *.py command, as one shell word
+    python_origin: str  # why that one (a comment)
     secret_command: str
     debug_dir_command: str
     rendezvous_command: str
@@ -123,6 +122,11 @@ class Scheduler(ABC):
     local_rank_variable: ClassVar[str] = ""
     array_variable: ClassVar[Optional[str]] = None
     array_base: ClassVar[int] = 0
+    job_id_variable: ClassVar[str] = ""  # the job's id in its environment
+    can_requeue: ClassVar[bool] = True
+    # What --checkpoint asks for unless --signal or the site's checkpoint_signal says otherwise: the warning
+    # signal and how long before the walltime (the time to reach a commit point and write the checkpoint).
+    checkpoint_signal: ClassVar[SignalSpec] = SignalSpec("USR2", 120)
 
     @classmethod
     @abstractmethod
@@ -176,9 +180,12 @@ class Scheduler(ABC):
         )
 
     def master_probe_command(self, job: JobSpec) -> Optional[str]:
-        """Where rank 0 runs on another node than the script: shell printing that node's name and a port."""
+        """Where rank 0 runs on another node than the script: shell printing that node's name, a port free
+        there for torch.distributed's MASTER_PORT (it cannot be held from here; see README, residual risk)
+        and its interface towards the rendezvous."""
         prefix = self.first_node_prefix()
-        return quote([*prefix, job.python, "-c", _MASTER_PROBE]) if prefix else None
+        probe = [job.python, "-m", "hpcdl.runner.batch_rendezvous", "--probe"]
+        return quote([*prefix, *probe]) if prefix else None
 
     def workdir_command(self) -> Optional[str]:
         """Shell that enters the submission directory, where the scheduler does not start there."""
@@ -201,8 +208,29 @@ class Scheduler(ABC):
             return tuple(range(self.array_base, self.array_base + len(job.sweep)))
         return job.array.indices if job.array else None
 
+    def checkpointed(self, job: JobSpec, site: SiteConfig) -> JobSpec:
+        """What ``--checkpoint`` implies here: the warning signal (unless given) and requeue (where this
+        scheduler can requeue), so that the training stops at a commit, saves, and runs again."""
+        signal = job.signal or (SignalSpec.parse(site.checkpoint_signal) if site.checkpoint_signal else None)
+        return dataclasses.replace(
+            job, signal=signal or self.checkpoint_signal, requeue=job.requeue or self.can_requeue
+        ).validate()
+
+    def checkpoint_exports(self, job: JobSpec, requeue: Optional[str]) -> list[tuple[str, str]]:
+        """The environment that tells ``hpcdl.checkpoint.run`` where to save, which signals warn, how rank 0
+        requeues the job (empty: it cannot) and the job's id (expanded when the script runs)."""
+        assert job.checkpoint is not None and job.signal is not None
+        return [
+            (contract.PATH_ENV, shell_word(job.checkpoint, "the checkpoint path")),
+            (contract.SIGNALS_ENV, f"{job.signal.name},TERM"),
+            (contract.REQUEUE_ENV, shell_word(requeue or "", "the requeue command")),
+            (contract.JOB_ID_ENV, f'"${{{self.job_id_variable}}}"'),
+        ]
+
     def parts(self, job: JobSpec, site: SiteConfig) -> ScriptParts:
         job.validate()
+        if job.checkpoint is not None:
+            job = self.checkpointed(job, site)
         self.check_supported(job)
         if (job.array or job.sweep) and self.array_variable is None:
             raise JobSpecError(f"{self.name} has no job arrays; submit one job per sweep point instead")
@@ -211,6 +239,8 @@ class Scheduler(ABC):
         timer, requeue = self.signal_parts(job) if job.signal else (None, None)
         exports = [("OMP_NUM_THREADS", str(job.resolved_cpus_per_rank))]
         exports += [(k, shell_word(v, f"the value of {k}")) for k, v in job.env.items()]
+        if job.checkpoint is not None:
+            exports += self.checkpoint_exports(job, requeue)
         cases: list[tuple[int, list[tuple[str, str]]]] = []
         if job.sweep:
             for index, point in zip(self.array_indices(job) or (), job.sweep.points):
@@ -223,8 +253,10 @@ class Scheduler(ABC):
             exports=exports,
             modules=[shell_word(m, "module") for m in job.modules],
             setup=list(job.setup),
+            python=shell_word(job.python, "python"),
+            python_origin=check_value(job.python_origin, "the origin of python"),
             secret_command=quote([job.python, "-c", "import secrets; print(secrets.token_hex(32))"]),
-            debug_dir_command=quote([job.python, "-m", "hpcdl.common.debug_dir"]),
+            debug_dir_command=quote([job.python, "-m", "hpcdl.runner.print_debug_dir"]),
             rendezvous_command=self.rendezvous_command(job),
             rendezvous_timeout_s=RENDEZVOUS_START_TIMEOUT_S,
             master_probe_command=self.master_probe_command(job),
@@ -241,6 +273,11 @@ class Scheduler(ABC):
     @abstractmethod
     def submit(self, script: Path, workdir: Path) -> str:
         """Submit the script with ``workdir`` as the job's working directory; the job id."""
+
+    def check_submission(self, script: Path, workdir: Path) -> None:
+        """Ask the scheduler whether it would accept the script, without submitting it (SchedulerError with
+        its answer when not); a scheduler that cannot be asked so accepts here."""
+        return None
 
     @abstractmethod
     def status(self, job_id: str) -> list[JobState]:

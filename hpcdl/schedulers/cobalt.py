@@ -8,7 +8,7 @@ from typing import Optional
 
 from hpcdl.schedulers import lint
 from hpcdl.schedulers.base import JobState, Scheduler, run_command
-from hpcdl.schedulers.errors import JobSpecError, SchedulerError
+from hpcdl.schedulers.errors import JobSpecError, JobUnknownError, SchedulerError
 from hpcdl.schedulers.job import JobSpec
 from hpcdl.schedulers.probe import qsub_flavour
 from hpcdl.schedulers.site import SiteConfig
@@ -38,7 +38,7 @@ def parse_cobalt_qstat(job_id: str, text: str) -> list[JobState]:
     """The ``State : running`` line of ``qstat -l JOBID``; Cobalt lists only queued and running jobs."""
     match = re.search(r"^\s*State\s*:\s*(\S+)", text, re.MULTILINE)
     if not match:
-        raise SchedulerError(
+        raise JobUnknownError(
             f"Cobalt does not list job {job_id}: it has ended (Cobalt forgets finished jobs); "
             f"read {job_id}.cobaltlog for its exit status"
         )
@@ -49,6 +49,8 @@ class Cobalt(Scheduler):
     name = "cobalt"
     rank_variable = "${ALPS_APP_PE:?not started by aprun}"
     array_variable = None  # Cobalt has no job arrays
+    job_id_variable = "COBALT_JOBID"
+    can_requeue = False
 
     def local_rank(self, job: JobSpec) -> str:
         # ALPS gives only the global rank; aprun places ranks block-wise, -N per node.

@@ -17,6 +17,12 @@ class SchedulerError(HpcdlError):
     """A scheduler command failed, is missing, or gave an answer hpcdl cannot read."""
 
 
+class JobUnknownError(SchedulerError):
+    """The scheduler answered, and does not know the job: it never existed, or ended long enough ago to be
+    forgotten. Any other SchedulerError of a status query means the scheduler could not be asked, which says
+    nothing about the job."""
+
+
 class ScriptCheckError(HpcdlError):
     """A rendered batch script would be rejected by its scheduler; ``problems`` lists why."""
 

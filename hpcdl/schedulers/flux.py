@@ -8,7 +8,7 @@ from typing import Optional
 
 from hpcdl.schedulers import lint
 from hpcdl.schedulers.base import JobState, Scheduler, run_command
-from hpcdl.schedulers.errors import JobSpecError, SchedulerError
+from hpcdl.schedulers.errors import JobSpecError, JobUnknownError, SchedulerError
 from hpcdl.schedulers.job import JobSpec
 from hpcdl.schedulers.site import SiteConfig
 
@@ -44,7 +44,7 @@ def parse_flux_jobs(job_id: str, text: str) -> list[JobState]:
             common = _RESULTS.get(result, "UNKNOWN") if state == "INACTIVE" else _STATES.get(state, "UNKNOWN")
             states.append(JobState(ident, common, f"{state} {result}".strip()))
     if not states:
-        raise SchedulerError(f"Flux does not list job {job_id}")
+        raise JobUnknownError(f"Flux does not list job {job_id}")
     return states
 
 
@@ -53,6 +53,8 @@ class Flux(Scheduler):
     rank_variable = "${FLUX_TASK_RANK:?not started by flux run}"
     local_rank_variable = "${FLUX_TASK_LOCAL_ID:?not started by flux run}"
     array_variable = "FLUX_JOB_CC"
+    job_id_variable = "FLUX_JOB_ID"
+    can_requeue = False
 
     @classmethod
     def detect(cls) -> bool:
@@ -136,7 +138,13 @@ class Flux(Scheduler):
 
     def status(self, job_id: str) -> list[JobState]:
         argv = ["flux", "jobs", "--no-header", "--format={id.f58}|{state}|{result}", job_id]
-        return parse_flux_jobs(job_id, run_command(argv, f"ask Flux about {job_id}"))
+        try:
+            out = run_command(argv, f"ask Flux about {job_id}")
+        except SchedulerError as exc:
+            if "unknown" in str(exc).lower():  # Flux answered that it knows no such job
+                raise JobUnknownError(str(exc)) from None
+            raise
+        return parse_flux_jobs(job_id, out)
 
     def cancel(self, job_id: str) -> None:
         run_command(["flux", "cancel", job_id], f"cancel Flux job {job_id}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import re
 import signal as _signal
+import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -23,6 +24,14 @@ _UNIT = re.compile(r"^(\d+)([smhd]?)$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "": 60, "h": 3600, "d": 86400}
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _JOB_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
+# Why a job's Python is the one hpcdl runs in, when neither --python nor a site file names another.
+DEFAULT_PYTHON_ORIGIN = "the interpreter hpcdl runs in; login and compute nodes share the file system"
+
+
+def default_python() -> str:
+    """The interpreter hpcdl runs in: the one that has hpcdl, wherever it was installed (a virtual
+    environment need not be active for its ``hpcdl`` to be called by its path)."""
+    return sys.executable or "python3"
 
 
 def parse_walltime(text: str) -> int:
@@ -161,7 +170,9 @@ class JobSpec:
     array: Optional[ArraySpec] = None
     sweep: Optional[Sweep] = None
     launcher_args: list[str] = field(default_factory=list)
-    python: str = "python3"
+    python: str = field(default_factory=default_python)  # hpcdl's helpers and a *.py command run with it
+    python_origin: str = DEFAULT_PYTHON_ORIGIN  # why this interpreter (the script says so)
+    checkpoint: Optional[str] = None  # the training's checkpoint directory (hpcdl.checkpoint)
 
     @property
     def walltime_seconds(self) -> int:
@@ -227,6 +238,11 @@ class JobSpec:
             )
         if self.array and self.sweep:
             raise JobSpecError("give either --array or --sweep, not both (a sweep makes its own array)")
+        if self.checkpoint is not None and (self.array or self.sweep):
+            raise JobSpecError(
+                "--checkpoint with --array or --sweep would have every task write one checkpoint; submit "
+                "one job per task, each with its own checkpoint path"
+            )
         return self
 
     def _check_script_values(self) -> None:
@@ -247,7 +263,13 @@ class JobSpec:
                 raise JobSpecError(f"module {module!r} is not a module name (names do not start with '-')")
         for arg in self.launcher_args:
             check_value(arg, "launcher argument")
+        if self.checkpoint is not None:
+            check_value(self.checkpoint, "checkpoint path")
         check_value(self.python, "python")
+        if not self.python.strip() or self.python.startswith("-"):
+            raise JobSpecError(
+                f"python {self.python!r} is not an interpreter; give its path, e.g. /usr/bin/python3"
+            )
         for point in self.sweep.points if self.sweep else ():
             for value in point:
                 check_value(value, "sweep value")

@@ -9,7 +9,7 @@ from typing import Optional
 
 from hpcdl.schedulers import lint
 from hpcdl.schedulers.base import JobState, Scheduler, run_command
-from hpcdl.schedulers.errors import JobSpecError, SchedulerError
+from hpcdl.schedulers.errors import JobSpecError, JobUnknownError, SchedulerError
 from hpcdl.schedulers.job import JobSpec
 from hpcdl.schedulers.site import SiteConfig
 
@@ -49,7 +49,7 @@ def parse_bjobs(job_id: str, text: str) -> list[JobState]:
             task = fields[0] if fields[1] in ("0", "") else f"{fields[0]}[{fields[1]}]"
             states.append(JobState(task, _STATES.get(fields[2], "UNKNOWN"), fields[2]))
     if not states:
-        raise SchedulerError(f"LSF does not list job {job_id} (bjobs printed {text.strip()!r})")
+        raise JobUnknownError(f"LSF does not list job {job_id} (bjobs printed {text.strip()!r})")
     return states
 
 
@@ -57,6 +57,7 @@ class Lsf(Scheduler):
     name = "lsf"
     rank_variable = "${JSM_NAMESPACE_RANK:?not started by jsrun}"
     local_rank_variable = "${JSM_NAMESPACE_LOCAL_RANK:?not started by jsrun}"
+    job_id_variable = "LSB_JOBID"
     array_variable = "LSB_JOBINDEX"
     array_base = 1
 
@@ -133,7 +134,8 @@ class Lsf(Scheduler):
 
     def signal_parts(self, job: JobSpec) -> tuple[Optional[int], Optional[str]]:
         assert job.signal is not None
-        return job.walltime_seconds - job.signal.seconds, 'brequeue "$LSB_JOBID"' if job.requeue else None
+        requeue = f'brequeue "${self.job_id_variable}"' if job.requeue else None
+        return job.walltime_seconds - job.signal.seconds, requeue
 
     def validate(self, script: str, site: SiteConfig) -> list[str]:
         return lint.check_lsf(script, site.gpus_per_node, site.cpus_per_node)
@@ -144,7 +146,13 @@ class Lsf(Scheduler):
 
     def status(self, job_id: str) -> list[JobState]:
         argv = ["bjobs", "-noheader", "-o", "jobid jobindex stat delimiter='|'", job_id]
-        return parse_bjobs(job_id, run_command(argv, f"ask LSF about {job_id}"))
+        try:
+            out = run_command(argv, f"ask LSF about {job_id}")
+        except SchedulerError as exc:
+            if "is not found" in str(exc):  # LSF answered: it has forgotten the job
+                raise JobUnknownError(str(exc)) from None
+            raise
+        return parse_bjobs(job_id, out)
 
     def cancel(self, job_id: str) -> None:
         run_command(["bkill", job_id], f"cancel LSF job {job_id}")

@@ -8,7 +8,7 @@ from typing import Optional
 
 from hpcdl.schedulers import lint
 from hpcdl.schedulers.base import JobState, Scheduler, run_command
-from hpcdl.schedulers.errors import JobSpecError, SchedulerError
+from hpcdl.schedulers.errors import JobSpecError, JobUnknownError, SchedulerError
 from hpcdl.schedulers.job import JobSpec, format_clock
 from hpcdl.schedulers.probe import qsub_flavour
 from hpcdl.schedulers.site import SiteConfig
@@ -51,6 +51,7 @@ class Pbs(Scheduler):
     name = "pbs"
     rank_variable = "${PALS_RANKID:-${PMI_RANK:?not started by mpiexec}}"
     local_rank_variable = "${PALS_LOCAL_RANKID:-${PMI_LOCAL_RANK:?not started by mpiexec}}"
+    job_id_variable = "PBS_JOBID"
     array_variable = "PBS_ARRAY_INDEX"
 
     @classmethod
@@ -126,7 +127,8 @@ class Pbs(Scheduler):
 
     def signal_parts(self, job: JobSpec) -> tuple[Optional[int], Optional[str]]:
         assert job.signal is not None
-        return job.walltime_seconds - job.signal.seconds, 'qrerun "$PBS_JOBID"' if job.requeue else None
+        requeue = f'qrerun "${self.job_id_variable}"' if job.requeue else None
+        return job.walltime_seconds - job.signal.seconds, requeue
 
     def validate(self, script: str, site: SiteConfig) -> list[str]:
         names = {item.partition("=")[0] for item in site.pbs_chunk_resources}
@@ -137,7 +139,13 @@ class Pbs(Scheduler):
         return parse_qsub_answer(run_command(["qsub", str(script)], "submit the job to PBS", cwd=workdir))
 
     def status(self, job_id: str) -> list[JobState]:
-        return parse_qstat_full(job_id, run_command(["qstat", "-x", "-f", job_id], f"ask PBS about {job_id}"))
+        try:
+            out = run_command(["qstat", "-x", "-f", job_id], f"ask PBS about {job_id}")
+        except SchedulerError as exc:
+            if "Unknown Job Id" in str(exc):  # PBS answered: it has forgotten the job
+                raise JobUnknownError(str(exc)) from None
+            raise
+        return parse_qstat_full(job_id, out)
 
     def cancel(self, job_id: str) -> None:
         run_command(["qdel", job_id], f"cancel PBS job {job_id}")

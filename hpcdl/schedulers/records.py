@@ -32,6 +32,7 @@ class JobRecord:
     workdir: str
     script: str
     log_globs: list[str]
+    checkpoint: Optional[str] = None  # the training's checkpoint directory (--checkpoint)
 
     def save(self) -> Path:
         path = records_dir() / _file_name(self.job_id)

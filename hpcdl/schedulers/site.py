@@ -16,7 +16,14 @@ from typing import Any, Optional
 import yaml
 
 from hpcdl.schedulers.errors import JobSpecError, SiteConfigError
-from hpcdl.schedulers.job import JobSpec, format_clock, parse_walltime
+from hpcdl.schedulers.job import (
+    DEFAULT_PYTHON_ORIGIN,
+    JobSpec,
+    SignalSpec,
+    default_python,
+    format_clock,
+    parse_walltime,
+)
 from hpcdl.schedulers.shell import check_directive_value, check_value
 
 SYSTEM_SITE_FILE = Path("/etc/hpcdl/site.yaml")
@@ -40,7 +47,12 @@ SCHEMA: dict[str, tuple[type, str]] = {
     "launcher_args": (list, "extra arguments for the launcher (srun, mpiexec, aprun, jsrun, flux run)"),
     "extra_directives": (list, "extra scheduler directives, without the #SBATCH/#PBS/... prefix"),
     "pbs_chunk_resources": (list, "site-defined PBS chunk resources such as system=polaris"),
-    "python": (str, "interpreter that runs a COMMAND ending in .py"),
+    "python": (
+        str,
+        "interpreter of hpcdl's helpers and of a COMMAND ending in .py in batch jobs (default: the one hpcdl "
+        "runs in)",
+    ),
+    "checkpoint_signal": (str, "warning signal of --checkpoint jobs, SIG@SECONDS (default: the scheduler's)"),
 }
 
 
@@ -92,7 +104,8 @@ class SiteConfig:
     launcher_args: list[str] = field(default_factory=list)
     extra_directives: list[str] = field(default_factory=list)
     pbs_chunk_resources: list[str] = field(default_factory=list)
-    python: str = "python3"
+    python: Optional[str] = None
+    checkpoint_signal: Optional[str] = None
     sources: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -155,20 +168,38 @@ class SiteConfig:
                 except JobSpecError as exc:
                     raise SiteConfigError(f"{self.origin(key)}: {exc}") from None
         self.env = {str(k): str(v) for k, v in self.env.items()}
+        if self.checkpoint_signal is not None:
+            try:
+                SignalSpec.parse(self.checkpoint_signal)
+            except JobSpecError as exc:
+                raise SiteConfigError(
+                    f"{self.origin('checkpoint_signal')}: checkpoint_signal: {exc}"
+                ) from None
 
     def origin(self, key: str) -> str:
         return self.sources.get(key, "site configuration")
 
+    def python_choice(self, requested: Optional[str] = None) -> tuple[str, str]:
+        """(interpreter, why) of a batch job's Python: ``requested`` (``--python``), else the site's
+        ``python:``, else the interpreter hpcdl runs in."""
+        if requested:
+            return requested, "chosen with --python"
+        if self.python:
+            return self.python, f"python: in {self.origin('python')}"
+        return default_python(), DEFAULT_PYTHON_ORIGIN
+
     def make_job(self, command: list[str], **requested: Any) -> JobSpec:
         """A JobSpec from the command-line values given (``None`` = not given), with the site's defaults."""
         given = {key: value for key, value in requested.items() if value is not None}
+        python, origin = self.python_choice(given.pop("python", None))
         site_defaults = {
             "account": self.account,
             "partition": self.partition,
             "qos": self.qos,
             "constraint": self.constraint,
             "walltime": self.walltime,
-            "python": self.python,
+            "python": python,
+            "python_origin": given.pop("python_origin", origin),
             "gpus_per_node": self.gpus_per_node or 0,
         }
         settings = {k: v for k, v in site_defaults.items() if v is not None}

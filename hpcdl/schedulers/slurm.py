@@ -9,8 +9,8 @@ from typing import Optional
 
 from hpcdl.schedulers import lint
 from hpcdl.schedulers.base import JobState, Scheduler, run_command
-from hpcdl.schedulers.errors import SchedulerError
-from hpcdl.schedulers.job import JobSpec, format_clock
+from hpcdl.schedulers.errors import JobUnknownError, SchedulerError
+from hpcdl.schedulers.job import JobSpec, SignalSpec, format_clock
 from hpcdl.schedulers.site import SiteConfig
 
 _STATES = {
@@ -46,11 +46,20 @@ def slurm_time(seconds: int) -> str:
     return f"{days}-{format_clock(rest)}" if days else format_clock(rest)
 
 
+def _unanswered(job_id: str, exc: SchedulerError) -> SchedulerError:
+    return SchedulerError(
+        f"{exc}; job {job_id} may still be queued or running: ask again once Slurm's controller answers"
+    )
+
+
 class Slurm(Scheduler):
     name = "slurm"
     rank_variable = "${SLURM_PROCID:?not started by srun}"
     local_rank_variable = "${SLURM_LOCALID:?not started by srun}"
     array_variable = "SLURM_ARRAY_TASK_ID"
+    job_id_variable = "SLURM_JOB_ID"
+    # Slurm sends --signal up to 60 s earlier than asked (its event resolution): more lead than elsewhere.
+    checkpoint_signal = SignalSpec("USR2", 180)
 
     @classmethod
     def detect(cls) -> bool:
@@ -116,7 +125,7 @@ class Slurm(Scheduler):
 
     def signal_parts(self, job: JobSpec) -> tuple[Optional[int], Optional[str]]:
         # Slurm itself signals the batch shell (--signal=B:...); the script forwards it to srun.
-        return None, 'scontrol requeue "$SLURM_JOB_ID"' if job.requeue else None
+        return None, f'scontrol requeue "${self.job_id_variable}"' if job.requeue else None
 
     def validate(self, script: str, site: SiteConfig) -> list[str]:
         return lint.check_slurm(script)
@@ -128,12 +137,17 @@ class Slurm(Scheduler):
             raise SchedulerError(f"sbatch answered {out.strip()!r}, which holds no job id")
         return job_id
 
+    def check_submission(self, script: Path, workdir: Path) -> None:
+        run_command(["sbatch", "--test-only", str(script)], "have Slurm check the job", cwd=workdir)
+
     def status(self, job_id: str) -> list[JobState]:
         try:
             out = run_command(
                 ["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%i|%T"], f"ask Slurm about {job_id}"
             )
-        except SchedulerError:
+        except SchedulerError as exc:
+            if "Invalid job id" not in str(exc):  # the controller did not answer: nothing is known
+                raise _unanswered(job_id, exc) from None
             out = ""
         states = []
         for line in out.splitlines():
@@ -149,7 +163,9 @@ class Slurm(Scheduler):
                 ["sacct", "-n", "-X", "-P", "-j", job_id, "--format=JobID,State"],
                 f"ask Slurm's accounting about {job_id}",
             )
-        except SchedulerError:
+        except SchedulerError as exc:
+            if "accounting storage is disabled" not in str(exc):
+                raise _unanswered(job_id, exc) from None
             out = ""
         states = []
         for line in out.splitlines():
@@ -157,7 +173,7 @@ class Slurm(Scheduler):
             native = native.split()[0] if native else ""
             states.append(JobState(task, _STATES.get(native, "UNKNOWN"), native))
         if not states:
-            raise SchedulerError(
+            raise JobUnknownError(
                 f"Slurm does not know job {job_id}: it never existed, or it ended more than MinJobAge ago "
                 "and this cluster keeps no accounting (sacct)"
             )

@@ -303,9 +303,11 @@ def _mpi_findings(found: Detection, tables: Tables) -> list[Finding]:
             Finding(
                 "warning",
                 "hpcdl",
-                "hpcdl's runtime was built without MPI although an MPI is installed",
+                "hpcdl's runtime can use no MPI (none found at run time, or built without MPI) although "
+                "an MPI is installed",
                 runtime.get("mpi_reason", ""),
-                "apt install libopenmpi-dev (MPI headers), then "
+                "pip install the hpcdl binary wheel (both MPI families); from source: apt install "
+                "libopenmpi-dev libmpich-dev (MPI headers), then "
                 "python -m pip install --no-build-isolation --force-reinstall hpcdl",
             )
         )

@@ -278,10 +278,16 @@ class Resolver:
             release = t.torch_release(node.version)
             if release is None:
                 return f"torch {node.version} has no row in tables/pytorch.yaml"
+            wheels = f"wheels for Python {', '.join(release.wheels_python)} (PyPI, Linux x86_64)"
             if not release.requires_python.contains(Version(self.python), prereleases=True):
                 return (
-                    f"torch {node.version} requires Python {release.requires_python}; "
+                    f"torch {node.version} requires Python {release.requires_python} and has {wheels}; "
                     f"this Python is {self.python}"
+                )
+            if major_minor(self.python) not in release.wheels_python:
+                return (
+                    f"torch {node.version} has {wheels}, none for Python {major_minor(self.python)} "
+                    f"(tables/pytorch.yaml); this Python is {self.python}"
                 )
         return ""
 
@@ -321,7 +327,8 @@ class Resolver:
             newest = self.tables.newest_cuda_for_driver(self.driver)
             lines.append(f"the newest CUDA for driver {self.driver} is {newest or 'none in the table'}")
         lines.append(
-            "relax a version (e.g. cuda@12 instead of cuda@12.8), or pass --driver for another machine"
+            "relax a version (e.g. cuda@12 instead of cuda@12.8), or pass --driver and --python for another "
+            "machine"
         )
         return "\n".join(lines)
 

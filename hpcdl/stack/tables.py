@@ -31,6 +31,7 @@ class TorchRelease:
     cudnn: str
     nccl: str
     requires_python: SpecifierSet
+    wheels_python: tuple[str, ...]  # CPython X.Y with a Linux x86_64 wheel on PyPI
 
     @property
     def known_cuda(self) -> tuple[str, ...]:
@@ -126,7 +127,7 @@ def load_tables(directory: Path = TABLES_DIR) -> Tables:
     }
     doc, path = docs["pytorch"]
     torch = {}
-    fields = ("torch", "cuda_variants", "default_cuda", "cudnn", "nccl", "requires_python")
+    fields = ("torch", "cuda_variants", "default_cuda", "cudnn", "nccl", "requires_python", "wheels_python")
     for r in _rows(doc, "releases", path, fields):
         variants = tuple(str(v) for v in r["cuda_variants"]) if r["cuda_variants"] is not None else None
         torch[str(r["torch"])] = TorchRelease(
@@ -136,6 +137,7 @@ def load_tables(directory: Path = TABLES_DIR) -> Tables:
             str(r["cudnn"]),
             str(r["nccl"]),
             _constraint(r, "requires_python", path)[0],
+            tuple(str(v) for v in r["wheels_python"]),
         )
     doc, _ = docs["mpi_cuda"]
     mpi_cuda = {str(k): {str(a): str(b) for a, b in v.items()} for k, v in doc["implementations"].items()}

@@ -1,10 +1,11 @@
-"""Horovod's TensorFlow API on hpcdl's runtime, for TensorFlow 2.21 and Keras 3: change
+"""Horovod's TensorFlow API on hpcdl's runtime, for TensorFlow 2.21 with Keras 3 or tf-keras: change
 ``import horovod.tensorflow as hvd`` to ``import hpcdl.tensorflow as hvd`` and the script runs unchanged.
 
-No compiled TensorFlow op is involved (hence no TensorFlow version a build is tied to): eagerly the
-collectives hand NumPy views of the tensors to hpcdl's engine; inside a ``tf.function`` they are stateful
-``tf.numpy_function`` ops, with static shapes where they are known and gradients where Horovod has them.
-Either way they go through the engine: named negotiation, fusion, the timeline.
+Eagerly the collectives hand NumPy views of the tensors to hpcdl's engine; in a graph (``tf.function`` or
+a TensorFlow 1 session) each is submitted by a ``tf.numpy_function`` without waiting and awaited by a small
+asynchronous kernel compiled against the installed TensorFlow on first use (see ``mpi_ops``), with static
+shapes where they are known and gradients where Horovod has them. Either way they go through the engine:
+named negotiation, fusion, the timeline.
 
 A custom training loop needs four lines: ``hvd.init()``; scale the learning rate by ``hvd.size()``;
 ``tape = hvd.DistributedGradientTape(tape)`` before ``tape.gradient``; and
@@ -79,6 +80,11 @@ from hpcdl.tensorflow.tape import DistributedGradientTape, PartialDistributedGra
 HorovodInternalError = HpcdlInternalError
 
 
+def _executing_eagerly() -> bool:
+    """Horovod's helper, which its TensorFlow tests and some user code call."""
+    return tf.executing_eagerly()
+
+
 def check_num_rank_power_of_2(num_rank: int) -> bool:
     """True when ``num_rank`` is a power of two (Horovod's helper for Adasum's constraints)."""
     return num_rank > 0 and (num_rank & (num_rank - 1)) == 0
@@ -101,18 +107,21 @@ def DistributedOptimizer(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
             "hpcdl.tensorflow supports TensorFlow 2: wrap a Keras optimizer (tf.keras.optimizers.*) with "
             "hvd.DistributedOptimizer, or compute gradients with hvd.DistributedGradientTape"
         )
-    from hpcdl.tensorflow.keras import DistributedOptimizer as keras_optimizer
+    from hpcdl.tensorflow.keras.optimizers import DistributedOptimizer as keras_optimizer
 
     return keras_optimizer(optimizer, *args, **kwargs)
 
 
 def __getattr__(name: str) -> Any:
-    # ``hvd.elastic`` is imported on first use: its Keras state imports hpcdl.keras, which needs this
-    # package complete.
+    # Imported on first use: they load Keras, which a TensorFlow user may not need.
     if name == "elastic":
         import hpcdl.tensorflow.elastic as elastic
 
         return elastic
+    if name == "SyncBatchNormalization":
+        from hpcdl.tensorflow.sync_batch_norm import SyncBatchNormalization
+
+        return SyncBatchNormalization
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -131,6 +140,7 @@ __all__ = [
     "ProcessSet",
     "Product",
     "Sum",
+    "SyncBatchNormalization",
     "_allreduce",
     "_grouped_allreduce",
     "_grouped_reducescatter",

@@ -1,16 +1,18 @@
 """The collectives of ``hpcdl.tensorflow`` on NumPy views of tensors, through hpcdl's engine.
 
-TensorFlow hands these functions NumPy arrays: eagerly the tensors' own memory, inside a ``tf.function``
-the arguments of a ``tf.numpy_function``. Every function submits all of its operations first (so the engine
-negotiates and fuses them in one cycle), then waits for each with the runtime's deadline, whose error names
-the ranks and the tensor that were missing, and releases every handle however it ends.
+TensorFlow hands these functions NumPy arrays: eagerly the tensors' own memory, inside a graph the
+arguments of a ``tf.numpy_function``. Every function submits all of its operations (so the engine
+negotiates and fuses them in one cycle) and returns them as a :class:`Started` batch without waiting:
+eagerly the caller finishes it at once; in a graph a waiter thread waits for it while TensorFlow's executor
+goes on (see ``mpi_ops._run``). Every wait has the runtime's deadline, whose error names the ranks and the
+tensor that were missing, and every handle is released however the batch ends.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Callable, Optional, TypeVar
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -21,7 +23,6 @@ from hpcdl.common.types import OpType
 from hpcdl.tensorflow._dtypes import Wire
 
 Names = Sequence[Optional[str]]
-T = TypeVar("T")
 
 
 # TensorFlow adopts an array a tf.numpy_function returns without copying it when its data is 64-byte
@@ -38,12 +39,17 @@ def _empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return raw[start : start + nbytes].view(dtype).reshape(shape)
 
 
-def _groups(sizes: Sequence[int]) -> list[tuple[int, int]]:
+Placed = Sequence[tuple[int, int]]
+
+
+def place(sizes: Sequence[int], process_set: int) -> list[tuple[int, int]]:
     """(group id, group size) for each operation of consecutive groups of ``sizes`` operations that must
-    run together; (0, 0) for an operation alone."""
+    run together; (0, 0) for an operation alone. In a graph this is called when the graph is built (the
+    ranks build their graphs in the same order, while their executors may run them in any order), and the
+    ids serve every run."""
     placed = []
     for size in sizes:
-        group = (engine.new_group_id(), size) if size > 1 else (0, 0)
+        group = (engine.new_group_id(process_set), size) if size > 1 else (0, 0)
         placed.extend([group] * size)
     return placed
 
@@ -62,18 +68,41 @@ def _submit_all(submit: Callable[[int], engine.Handle], count: int) -> list[engi
     return handles
 
 
-def _finish(
-    handles: list[engine.Handle], collect: Optional[Callable[[int, engine.Handle], T]] = None
-) -> list[T]:
-    """Wait for every handle (the first failure raises), ``collect(i, handle)`` each one's result, and
-    release all of them."""
-    try:
-        for handle in handles:
-            handle.wait()
-        return [collect(i, h) for i, h in enumerate(handles)] if collect is not None else []
-    finally:
-        for handle in handles:
+class Started:
+    """Operations submitted together: :meth:`wait` for all of them (the first failure is kept, not raised),
+    then :meth:`result` (their outputs, or that failure raised), which releases every handle."""
+
+    def __init__(
+        self, handles: list[engine.Handle], collect: Callable[[list[engine.Handle]], list[np.ndarray]]
+    ) -> None:
+        self._handles = handles
+        self._collect = collect
+        self.error: Optional[BaseException] = None
+
+    def wait(self) -> None:
+        try:
+            for handle in self._handles:
+                handle.wait()
+        except BaseException as exc:  # kept for result(), which raises it on the thread that reads
+            self.error = exc
+
+    def result(self) -> list[np.ndarray]:
+        try:
+            if self.error is not None:
+                raise self.error
+            return self._collect(self._handles)
+        finally:
+            self.release()
+
+    def release(self) -> None:
+        """Release every handle (idempotent; a running operation's buffers stay alive until it ends)."""
+        for handle in self._handles:
             handle.release()
+
+    def finish(self) -> list[np.ndarray]:
+        """Wait, then the result (the eager path)."""
+        self.wait()
+        return self.result()
 
 
 def _engine_output(handle: engine.Handle, wire: Wire, dtype: np.dtype) -> np.ndarray:
@@ -86,14 +115,14 @@ def _engine_output(handle: engine.Handle, wire: Wire, dtype: np.dtype) -> np.nda
 
 @dataclass(frozen=True)
 class Reduction:
-    """How a batch of reductions runs: the op, the scale factors, the process set, and ``groups``: the sizes
-    of the consecutive groups of operations that run atomically (summing to the batch's length)."""
+    """How a batch of reductions runs: the op, the scale factors, the process set, and ``groups``: the
+    group of each operation (see :func:`place`)."""
 
     op: int
     prescale: float
     postscale: float
     process_set: int
-    groups: Sequence[int]
+    groups: Placed
 
 
 def _reduce(
@@ -103,9 +132,9 @@ def _reduce(
     wires: Sequence[Wire],
     names: Names,
     how: Reduction,
-) -> None:
-    """Reduce every source into its output (allreduce or reducescatter)."""
-    placed = _groups(how.groups)
+) -> list[engine.Handle]:
+    """Submit the reduction of every source into its output (allreduce or reducescatter)."""
+    placed = how.groups
     reduce_op = runtime_op(how.op)
 
     def submit(i: int) -> engine.Handle:
@@ -126,24 +155,23 @@ def _reduce(
             value=outputs[i],
         )
 
-    _finish(_submit_all(submit, len(sources)))
+    return _submit_all(submit, len(sources))
 
 
-def allreduce(
-    arrays: Sequence[np.ndarray], wires: Sequence[Wire], names: Names, how: Reduction
-) -> list[np.ndarray]:
+def allreduce(arrays: Sequence[np.ndarray], wires: Sequence[Wire], names: Names, how: Reduction) -> Started:
     """Reduce each array over the process set."""
     sources = [w.send(a) for a, w in zip(arrays, wires)]
     outputs = [_empty(src.shape, src.dtype) for src in sources]
-    _reduce(OpType.ALLREDUCE, sources, outputs, wires, names, how)
-    return [w.receive(out, a.dtype, a.shape) for out, a, w in zip(outputs, arrays, wires)]
+    handles = _reduce(OpType.ALLREDUCE, sources, outputs, wires, names, how)
+    return Started(
+        handles, lambda _: [w.receive(out, a.dtype, a.shape) for out, a, w in zip(outputs, arrays, wires)]
+    )
 
 
 def allgather(
-    arrays: Sequence[np.ndarray], wires: Sequence[Wire], names: Names, process_set: int, groups: Sequence[int]
-) -> list[np.ndarray]:
-    """Concatenate every member's arrays along dimension 0 (``groups`` as for :func:`allreduce`)."""
-    placed = _groups(groups)
+    arrays: Sequence[np.ndarray], wires: Sequence[Wire], names: Names, process_set: int, placed: Placed
+) -> Started:
+    """Concatenate every member's arrays along dimension 0 (``placed``: their groups, see :func:`place`)."""
     sources = [w.send(a) for a, w in zip(arrays, wires)]
 
     def submit(i: int) -> engine.Handle:
@@ -161,14 +189,15 @@ def allgather(
             keep=(src,),
         )
 
-    return _finish(
-        _submit_all(submit, len(arrays)), lambda i, h: _engine_output(h, wires[i], arrays[i].dtype)
+    return Started(
+        _submit_all(submit, len(arrays)),
+        lambda handles: [_engine_output(h, w, a.dtype) for h, w, a in zip(handles, wires, arrays)],
     )
 
 
 def broadcast(
     arrays: Sequence[np.ndarray], wires: Sequence[Wire], names: Names, root: int, process_set: int
-) -> list[np.ndarray]:
+) -> Started:
     """World rank ``root``'s arrays on every member (the inputs are left alone)."""
     buffers = []
     for a, w in zip(arrays, wires):
@@ -191,15 +220,17 @@ def broadcast(
             value=buffer,
         )
 
-    _finish(_submit_all(submit, len(arrays)))
-    return [w.receive(b, a.dtype, a.shape) for b, a, w in zip(buffers, arrays, wires)]
+    return Started(
+        _submit_all(submit, len(arrays)),
+        lambda _: [w.receive(b, a.dtype, a.shape) for b, a, w in zip(buffers, arrays, wires)],
+    )
 
 
 def alltoall(
     array: np.ndarray, wire: Wire, splits: Optional[list[int]], name: Optional[str], process_set: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Send ``splits[i]`` rows to member i (even split when None); returns (rows received, rows received
-    from each member as int32)."""
+) -> Started:
+    """Send ``splits[i]`` rows to member i (even split when None); the result is (rows received, rows
+    received from each member as int32)."""
     src = wire.send(array)
 
     def submit(_: int) -> engine.Handle:
@@ -207,16 +238,16 @@ def alltoall(
             OpType.ALLTOALL, name, process_set, wire.runtime, src, None, src.shape, splits=splits, keep=(src,)
         )
 
-    [(output, received)] = _finish(
-        _submit_all(submit, 1),
-        lambda _, h: (_engine_output(h, wire, array.dtype), np.asarray(h.received_splits(), dtype=np.int32)),
-    )
-    return output, received
+    def collect(handles: list[engine.Handle]) -> list[np.ndarray]:
+        [h] = handles
+        return [_engine_output(h, wire, array.dtype), np.asarray(h.received_splits(), dtype=np.int32)]
+
+    return Started(_submit_all(submit, 1), collect)
 
 
 def reducescatter(
     arrays: Sequence[np.ndarray], wires: Sequence[Wire], names: Names, how: Reduction
-) -> list[np.ndarray]:
+) -> Started:
     """Reduce each array over the set and keep this member's block of rows (the first ``rows % size``
     members get one row more, as in Horovod)."""
     size, me = basics.process_set_size(how.process_set), basics.process_set_rank(how.process_set)
@@ -226,16 +257,21 @@ def reducescatter(
     outputs = [
         _empty((reducescatter_rows(src.shape[0], size, me), *src.shape[1:]), src.dtype) for src in sources
     ]
-    _reduce(OpType.REDUCESCATTER, sources, outputs, wires, names, how)
-    return [
-        w.receive(out, a.dtype, (out.shape[0], *a.shape[1:])) for out, a, w in zip(outputs, arrays, wires)
-    ]
+    handles = _reduce(OpType.REDUCESCATTER, sources, outputs, wires, names, how)
+    return Started(
+        handles,
+        lambda _: [
+            w.receive(out, a.dtype, (out.shape[0], *a.shape[1:])) for out, a, w in zip(outputs, arrays, wires)
+        ],
+    )
 
 
-def barrier(process_set: int) -> None:
-    _finish([engine.barrier_async(process_set=process_set)])
+def barrier(process_set: int) -> Started:
+    """Every member waits for the others (the result: a 0 int32 scalar)."""
+    return Started([engine.barrier_async(process_set=process_set)], lambda _: [np.zeros((), dtype=np.int32)])
 
 
-def join(process_set: int) -> int:
-    """Declare this rank out of data; returns the last rank to join."""
-    return engine.join(process_set)
+def join(process_set: int) -> Started:
+    """Declare this rank out of data; the result is the last rank to join (an int32 scalar)."""
+    handle = engine.enqueue(OpType.JOIN, None, process_set=process_set)
+    return Started([handle], lambda handles: [np.asarray(handles[0].join_result(), dtype=np.int32)])

@@ -13,25 +13,22 @@ from typing import Any, Optional
 
 import tensorflow as tf
 
-from hpcdl.common import elastic
 from hpcdl.common.process_sets import ProcessSet, global_process_set, id_of
 from hpcdl.common.reduce_ops import Adasum, Average, Sum, resolve_op
 from hpcdl.tensorflow.compression import Compression, Compressor
 from hpcdl.tensorflow.mpi_ops import (
     _grouped_allreduce,
     _grouped_reducescatter,
+    _set_size,
     _tensor,
     grouped_allgather,
-    size_op,
 )
 
 
 def set_size(process_set: ProcessSet, dtype: tf.DType) -> tf.Tensor:
     """The size of the set as a ``dtype`` scalar; read when the graph runs under an elastic launch, where
     it changes between resets."""
-    if elastic.enabled() and not tf.executing_eagerly():
-        return tf.cast(size_op(id_of(process_set)), dtype)
-    return tf.cast(process_set.size(), dtype)
+    return _set_size(id_of(process_set), dtype)
 
 
 def _allgather_slices(
@@ -58,12 +55,10 @@ def _allgather_slices(
         [s.indices for s in slices], name=f"{name}.indices" if name else None, process_set=process_set
     )
     if op == Average:
-        values = [_divide(v, set_size(process_set, v.dtype)) for v in values]
+        # True division, as Horovod's: integer values come back as floats (float32 up to 16 bits, else
+        # float64), like TensorFlow's ``/`` on integer tensors.
+        values = [tf.math.truediv(v, set_size(process_set, v.dtype)) for v in values]
     return [tf.IndexedSlices(v, i, dense_shape=s.dense_shape) for v, i, s in zip(values, indices, slices)]
-
-
-def _divide(values: tf.Tensor, size: tf.Tensor) -> tf.Tensor:
-    return values / size if values.dtype.is_floating or values.dtype.is_complex else values // size
 
 
 def allreduce(

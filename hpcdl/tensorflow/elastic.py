@@ -70,10 +70,10 @@ class TensorFlowState(VariablesState):
 
 
 def __getattr__(name: str) -> Any:
-    # TensorFlowKerasState is hpcdl.keras's KerasState (for the TensorFlow backend); imported on first use so
-    # that hpcdl.tensorflow does not import Keras.
+    # TensorFlowKerasState is hpcdl.tensorflow.keras's KerasState; imported on first use so that
+    # hpcdl.tensorflow does not import Keras.
     if name == "TensorFlowKerasState":
-        from hpcdl.keras.elastic import KerasState
+        from hpcdl.tensorflow.keras.elastic import KerasState
 
         return KerasState
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from hpcdl.common import objects
 from hpcdl.common.process_sets import ProcessSet, global_process_set, id_of
-from hpcdl.tensorflow.mpi_ops import _broadcast, _check_root
+from hpcdl.tensorflow.mpi_ops import _broadcast, _check_root, _names
 
 
 def broadcast_variables(
@@ -28,8 +28,13 @@ def broadcast_variables(
         if not hasattr(v, "assign"):
             raise ValueError(f"broadcast_variables takes variables, got {type(v).__name__}")
     root = _check_root(root_rank, process_set)
-    names = [f"broadcast_variables.{i}" for i in range(len(variables))]
-    received = _broadcast([tf.convert_to_tensor(v) for v in variables], names, root, process_set)
+    values = [tf.convert_to_tensor(v) for v in variables]
+    names = (
+        [f"broadcast_variables.{i}" for i in range(len(variables))]
+        if tf.executing_eagerly()
+        else _names("Broadcast", None, values)
+    )
+    received = _broadcast(values, names, root, process_set)
     assignments = [v.assign(r) for v, r in zip(variables, received)]
     return None if tf.executing_eagerly() else tf.group(*assignments)
 

@@ -1,35 +1,47 @@
 """Horovod's TensorFlow collectives (``horovod.tensorflow.mpi_ops``) on hpcdl's engine.
 
-No compiled TensorFlow op is involved, so nothing is tied to one TensorFlow version. Eagerly, an op hands
-NumPy views of its tensors to the engine and waits. Inside a ``tf.function`` it becomes a stateful
-``tf.numpy_function``: TensorFlow runs stateful ops in program order, so every rank submits its collectives
-in the order the program wrote them, and outputs get the static shapes known when tracing. Neither works
-under XLA (``jit_compile=True``), which compiles no Python: such a trace is refused with what to do.
+Eagerly, an op hands NumPy views of its tensors to the engine and waits. Inside a graph (a
+``tf.function``, or a TensorFlow 1 graph run by a session) an op is three: a stateful
+``tf.numpy_function`` that submits the collective to the engine without waiting, the asynchronous
+``HpcdlLatch`` kernel (``latch_op.cc``), which holds no executor thread until a waiter thread has seen the
+operation end (with the engine's deadline), and a ``tf.numpy_function`` that reads the result. So every
+collective of a graph reaches the engine whatever order each rank's executor runs them in, and the engine
+orders and fuses them, as Horovod's asynchronous kernels let it. Outputs get the static shapes known when
+tracing. Nothing works under XLA (``jit_compile=True``), which compiles no Python: such a trace is refused
+with what to do.
 
 Gradients follow Horovod 0.28 (``tf.custom_gradient``): allreduce's gradient is the same allreduce of the
 incoming gradient; allgather's the Average-allreduce of it, sliced to this rank's rows; broadcast's the
 Average-allreduce on the root and zeros elsewhere; alltoall's the reverse alltoall; reducescatter's the
 allgather of it (times the set size for Sum, times the scale factors).
 
-Unnamed operations are named as Horovod names them: in a graph after the tensor (``HorovodAllreduce_<tensor
-name>``), eagerly by the engine's deterministic counter.
+Names. Eagerly an unnamed operation is named by the engine's deterministic counter. In a graph, Horovod
+names it after its tensor, whose name comes from counters of every op the graph holds, so ranks whose
+graphs differ anywhere before it (a rank-dependent branch, one more ``tf.gradients`` call) disagree. hpcdl
+names it by its position among the collectives of its outermost graph (``<graph>.collective_<k>``, the
+same for a ``tf.function`` traced on every rank): names agree whenever the ranks create the same
+collectives in the same order, whatever else their graphs hold. When they do not, the shifted names meet
+collectives of another kind or shape and the engine fails them at once; the error then says to pass
+``name=``.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
-from collections.abc import Sequence
+import weakref
+from collections.abc import Iterator, Sequence
 from typing import Any, Callable, Optional
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import control_flow_util
 
-from hpcdl.common import basics
-from hpcdl.common.exceptions import HpcdlUnsupportedError
+from hpcdl.common import basics, elastic
+from hpcdl.common.exceptions import HpcdlError, HpcdlMismatchError, HpcdlTimeoutError, HpcdlUnsupportedError
 from hpcdl.common.process_sets import ProcessSet, global_process_set, id_of
-from hpcdl.common.reduce_ops import Adasum, Average, Sum, check_op
-from hpcdl.tensorflow import _engine
+from hpcdl.common.reduce_ops import Adasum, Average, Product, Sum, check_op
+from hpcdl.tensorflow import _engine, _errors, _latch
 from hpcdl.tensorflow._dtypes import reduction_dtype, wire_of
 
 Tensors = Sequence[Any]
@@ -38,24 +50,103 @@ Tensors = Sequence[Any]
 # ---- running engine work on tensors ------------------------------------------------------------------
 
 
+_PENDING: dict[int, _engine.Started] = {}
+_TOKENS = itertools.count(1)
+_WAITERS = _latch.Waiters()
+
+
+def _failure(exc: BaseException, auto_names: Sequence[str]) -> BaseException:
+    """``exc`` as TensorFlow sees it (see ``_errors``); a mismatch or a missing rank on an automatically
+    named graph operation adds what to do about it to the engine's message."""
+    if auto_names and isinstance(exc, (HpcdlMismatchError, HpcdlTimeoutError)):
+        exc = type(exc)(
+            f"{exc}\n{', '.join(auto_names)} was named automatically, by its position among the collectives "
+            "of its graph, and the ranks did not create the same collectives in the same order there (a "
+            "rank-dependent branch or loop). Pass name='...' (the same on every rank) to the collectives "
+            "that only some ranks create, or make every rank build the same ones."
+        )
+    return _errors.as_tensorflow(exc)
+
+
+def _explained(result: Callable[[], list[np.ndarray]], auto_names: Sequence[str]) -> list[np.ndarray]:
+    """``result()``, its failure raised as :func:`_failure` makes it."""
+    try:
+        return result()
+    except (HpcdlError, ValueError) as exc:
+        raise _failure(exc, auto_names) from None
+
+
+def _submit(
+    start: Callable[..., _engine.Started],
+    arrays: Sequence[np.ndarray],
+    auto_names: Sequence[str],
+    opener: _latch.Opener,
+) -> np.ndarray:
+    """Submit without waiting; a waiter thread waits and opens the token's latch (with the error a failed
+    operation raises, when it failed: then the reading op does not run)."""
+    started = _explained(lambda: start(*arrays), auto_names)
+    token = next(_TOKENS)
+    _PENDING[token] = started
+
+    def wait_and_open() -> None:
+        started.wait()
+        if started.error is None:
+            if opener(token, 0, None) < 0:  # its step was cancelled: no reading op will release it
+                _PENDING.pop(token).release()
+            return
+        code, text = _errors.code_and_message(_failure(started.error, auto_names))
+        _PENDING.pop(token).release()  # the failed latch stops the step before the reading op
+        opener(token, code, text.encode(errors="replace"))
+
+    _WAITERS.run(wait_and_open)
+    return np.asarray(token, dtype=np.int64)
+
+
 def _run(
     kind: str,
-    work: Callable[..., Sequence[np.ndarray]],
+    start: Callable[..., _engine.Started],
     inputs: Sequence[tf.Tensor],
     dtypes: Sequence[tf.DType],
     shapes: Sequence[Any],
+    names: Sequence[Optional[str]] = (),
 ) -> list[tf.Tensor]:
-    """``work`` on NumPy views of ``inputs``: at once when eager, else as a stateful numpy_function whose
-    outputs get ``shapes``."""
+    """``start`` the engine work on NumPy views of ``inputs`` and return its outputs: at once when eager,
+    else as the ops described in the module's doc, whose outputs get ``shapes``."""
+    auto_names = [n for n in names if n is not None and _is_auto(n)]
     if tf.executing_eagerly():
-        return [tf.convert_to_tensor(out) for out in work(*[np.asarray(t) for t in inputs])]
+        arrays = [np.asarray(t) for t in inputs]
+        return [tf.convert_to_tensor(out) for out in _explained(start(*arrays).finish, auto_names)]
     if control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
         raise HpcdlUnsupportedError(
             f"hpcdl's {kind} cannot run inside an XLA-compiled function: XLA compiles no Python, and "
             "hpcdl's TensorFlow ops reach the engine through tf.numpy_function. Use "
             "tf.function(jit_compile=False), or model.compile(..., jit_compile=False) with Keras"
         )
-    outputs = tf.numpy_function(work, list(inputs), list(dtypes), stateful=True, name=f"Hpcdl{kind}")
+    loaded = _latch.load()
+    if loaded is None:  # no kernel: wait inside the op
+        outputs = tf.numpy_function(
+            lambda *arrays: _explained(start(*arrays).finish, auto_names),
+            list(inputs),
+            list(dtypes),
+            stateful=True,
+            name=f"Hpcdl{kind}",
+        )
+    else:
+        [token] = tf.numpy_function(
+            lambda *arrays: _submit(start, arrays, auto_names, loaded[1]),
+            list(inputs),
+            [tf.int64],
+            stateful=True,
+            name=f"Hpcdl{kind}",
+        )
+        ready = loaded[0].hpcdl_latch(token, name=f"Hpcdl{kind}Latch")
+        outputs = tf.numpy_function(
+            lambda t: _explained(_PENDING.pop(int(t)).result, auto_names),
+            [ready],
+            list(dtypes),
+            stateful=True,
+            name=f"Hpcdl{kind}Result",
+        )
     for out, shape in zip(outputs, shapes):
         out.set_shape(shape)
     return list(outputs)
@@ -63,24 +154,26 @@ def _run(
 
 def _tensors(values: Tensors, what: str) -> list[tf.Tensor]:
     if isinstance(values, (tf.Tensor, tf.Variable)) or not isinstance(values, (list, tuple)):
-        raise ValueError(f"{what} takes a list of tensors, got {type(values).__name__}")
+        raise _errors.invalid_argument(f"{what} takes a list of tensors, got {type(values).__name__}")
     if not values:
-        raise ValueError(f"{what} needs a non-empty list of tensors")
+        raise _errors.invalid_argument(f"{what} needs a non-empty list of tensors")
     return [_tensor(v, what) for v in values]
 
 
 def _tensor(value: Any, what: str) -> tf.Tensor:
     if isinstance(value, tf.IndexedSlices):
-        raise ValueError(f"{what} takes dense tensors; hvd.allreduce handles tf.IndexedSlices")
+        raise _errors.invalid_argument(f"{what} takes dense tensors; hvd.allreduce handles tf.IndexedSlices")
     try:
         return tf.convert_to_tensor(value)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"{what} takes a tf.Tensor (or a value convertible to one): {exc}") from None
+        raise _errors.invalid_argument(
+            f"{what} takes a tf.Tensor (or a value convertible to one): {exc}"
+        ) from None
 
 
 def _rows(tensor: tf.Tensor, what: str) -> None:
     if tensor.shape.rank == 0:
-        raise ValueError(
+        raise _errors.invalid_argument(
             f"{what} works on the first dimension, but got a 0-d tensor; reshape it, e.g. tf.reshape(t, [1])"
         )
 
@@ -90,21 +183,40 @@ def _normalize_name(name: str) -> str:
     return re.sub("[^a-zA-Z0-9_]", "_", name)
 
 
+_AUTO = ".collective_"
+_SEQUENCES: weakref.WeakKeyDictionary[tf.Graph, Iterator[int]] = weakref.WeakKeyDictionary()
+
+
+def _is_auto(name: str) -> bool:
+    return _AUTO in name
+
+
+def _outermost(graph: Any) -> Any:
+    while isinstance(getattr(graph, "outer_graph", None), tf.Graph):
+        graph = graph.outer_graph
+    return graph
+
+
+def _auto_name() -> str:
+    """The next collective's name in the current graph: ``<graph>.collective_<k>``, ``k`` counting the
+    collectives of the outermost graph (a tf.function's, whose name is the Python function's)."""
+    graph = _outermost(tf.compat.v1.get_default_graph())
+    counter = _SEQUENCES.setdefault(graph, itertools.count())
+    label = re.sub(r"_\d+$", "", _normalize_name(graph.name)) if hasattr(graph, "outer_graph") else "graph"
+    return f"{label}{_AUTO}{next(counter)}"
+
+
 def _names(kind: str, name: Optional[str], tensors: Sequence[tf.Tensor]) -> list[Optional[str]]:
     """The engine names of one operation (one tensor) or of a group's members."""
     if name is not None and not isinstance(name, str):
-        raise ValueError(f"name must be a string or None, got {name!r}")
-    if len(tensors) == 1 and name:
-        return [name]
-    if name:
-        return [f"{name}.{i}" for i in range(len(tensors))]
-    if tf.executing_eagerly():
-        return [None] * len(tensors)
-    prefix = f"Horovod{kind}" if len(tensors) == 1 else f"HorovodGrouped{kind}"
-    suffix = [_normalize_name(t.name) for t in tensors]
+        raise _errors.invalid_argument(f"name must be a string or None, got {name!r}")
+    if not name:
+        if tf.executing_eagerly():
+            return [None] * len(tensors)
+        name = _auto_name()
     if len(tensors) == 1:
-        return [f"{prefix}_{suffix[0]}"]
-    return [f"{prefix}_{i}_{s}" for i, s in enumerate(suffix)]
+        return [name]
+    return [f"{name}.{i}" for i in range(len(tensors))]
 
 
 def _differentiable(
@@ -141,6 +253,22 @@ def _gradients(
 # ---- allreduce, reducescatter ------------------------------------------------------------------------
 
 
+_HALF = (tf.float16, tf.bfloat16)
+
+
+def _rounded(tensor: tf.Tensor, factor: float) -> tf.Tensor:
+    """A half-precision ``tensor`` times ``factor``, computed in float32 and rounded once."""
+    return tf.cast(tf.cast(tensor, tf.float32) * factor, tensor.dtype)
+
+
+def _set_size(ps: int, dtype: tf.DType) -> tf.Tensor:
+    """The set's size as a ``dtype`` scalar (read when the graph runs under an elastic launch, where it
+    changes between resets)."""
+    if elastic.enabled() and not tf.executing_eagerly():
+        return tf.cast(size_op(ps), dtype)
+    return tf.cast(basics.process_set_size(ps), dtype)
+
+
 def _reductions(
     kind: str,
     tensors: list[tf.Tensor],
@@ -152,13 +280,33 @@ def _reductions(
     groups: Sequence[int],
 ) -> list[tf.Tensor]:
     """The (non-differentiable) allreduce (``kind`` "Allreduce") or reducescatter ("Reducescatter") of
-    ``tensors``, uint16/uint32 reduced in a wider type."""
+    ``tensors``, uint16/uint32 reduced in a wider type.
+
+    Where rounding makes the order of operations visible, the result is what TensorFlow's own arithmetic
+    gives, as with Horovod: half-precision tensors are scaled (prescale, Average's division, postscale)
+    by TensorFlow around the engine's half-precision Sum, each step rounded to the dtype; and a
+    floating-point allreduce with Product is ``tf.reduce_prod`` of every rank's tensor in rank order.
+    """
     if op == Adasum:
         raise NotImplementedError(
             "hpcdl.tensorflow does not implement the Adasum reduction; use op=hvd.Average (or hpcdl.torch, "
             "which has Adasum)"
         )
-    how = _engine.Reduction(op, float(prescale_factor), float(postscale_factor), id_of(process_set), groups)
+    ps = id_of(process_set)
+    floating = all(t.dtype.is_floating for t in tensors)
+    if kind == "Allreduce" and op == Product and floating:
+        return _product_in_rank_order(tensors, names, ps, groups)
+    half = all(t.dtype in _HALF for t in tensors)
+    if half and (op == Average or prescale_factor != 1.0 or postscale_factor != 1.0):
+        if prescale_factor != 1.0:
+            tensors = [_rounded(t, prescale_factor) for t in tensors]
+        summed = _reductions(kind, tensors, names, Sum, 1.0, 1.0, process_set, groups)
+        if op == Average:
+            summed = [t / _set_size(ps, t.dtype) for t in summed]
+        return [_rounded(t, postscale_factor) for t in summed] if postscale_factor != 1.0 else summed
+    how = _engine.Reduction(
+        op, float(prescale_factor), float(postscale_factor), ps, _engine.place(groups, ps)
+    )
     originals = [t.dtype for t in tensors]
     widened = [tf.cast(t, reduction_dtype(t.dtype, op)) for t in tensors]
     wires = [wire_of(t.dtype) for t in widened]
@@ -170,11 +318,27 @@ def _reductions(
             [tf.TensorShape([None]).concatenate(t.shape[1:]) for t in widened],
         )
 
-    def work(*arrays: np.ndarray) -> list[np.ndarray]:
+    def start(*arrays: np.ndarray) -> _engine.Started:
         return run(arrays, wires, names, how)
 
-    reduced = _run(kind, work, widened, [t.dtype for t in widened], shapes)
+    reduced = _run(kind, start, widened, [t.dtype for t in widened], shapes, names)
     return [r if r.dtype == d else tf.cast(r, d) for r, d in zip(reduced, originals)]
+
+
+def _product_in_rank_order(
+    tensors: list[tf.Tensor], names: list[Optional[str]], ps: int, groups: Sequence[int]
+) -> list[tf.Tensor]:
+    """Product of floating-point tensors: every rank's tensor gathered, multiplied in rank order."""
+    stacked = [t[None] for t in tensors]
+    wires = [wire_of(t.dtype) for t in stacked]
+    placed = _engine.place(groups, ps)
+
+    def start(*arrays: np.ndarray) -> _engine.Started:
+        return _engine.allgather(arrays, wires, names, ps, placed)
+
+    shapes = [tf.TensorShape([None]).concatenate(t.shape) for t in tensors]
+    gathered = _run("Allreduce", start, stacked, [t.dtype for t in stacked], shapes, names)
+    return [tf.reduce_prod(g, axis=0) for g in gathered]
 
 
 def reduce_tensors(
@@ -270,7 +434,7 @@ def _reducescatter_group(
     for t in tensors:
         _rows(t, "reducescatter")
     if op == Adasum:
-        raise ValueError("reducescatter does not support Adasum; use hvd.Average or hvd.Sum")
+        raise _errors.invalid_argument("reducescatter does not support Adasum; use hvd.Average or hvd.Sum")
     factor = float(prescale_factor) * float(postscale_factor)
 
     def gradient(dy: tf.Tensor) -> tf.Tensor:
@@ -340,12 +504,14 @@ def _allgather_group(
     ps = id_of(process_set)
     wires = [wire_of(t.dtype) for t in tensors]
 
-    def work(*arrays: np.ndarray) -> list[np.ndarray]:
-        return _engine.allgather(arrays, wires, names, ps, [len(arrays)])
+    placed = _engine.place([len(tensors)], ps)
+
+    def start(*arrays: np.ndarray) -> _engine.Started:
+        return _engine.allgather(arrays, wires, names, ps, placed)
 
     def forward(xs: list[tf.Tensor]) -> list[tf.Tensor]:
         shapes = [tf.TensorShape([None]).concatenate(t.shape[1:]) for t in xs]
-        return _run("Allgather", work, xs, [t.dtype for t in xs], shapes)
+        return _run("Allgather", start, xs, [t.dtype for t in xs], shapes, names)
 
     def backward(dys: list[tf.Tensor]) -> list[Optional[tf.Tensor]]:
         return _gradients(dys, lambda wanted: [_my_rows(dys[i], tensors[i], process_set) for i in wanted])
@@ -380,10 +546,10 @@ def grouped_allgather(
 
 def _check_root(root_rank: Any, process_set: ProcessSet) -> int:
     if not isinstance(root_rank, (int, np.integer)) or isinstance(root_rank, bool):
-        raise ValueError(f"root_rank must be an int (a global rank), got {root_rank!r}")
+        raise _errors.invalid_argument(f"root_rank must be an int (a global rank), got {root_rank!r}")
     members = basics.process_set_ranks(id_of(process_set))
     if int(root_rank) not in members:
-        raise ValueError(
+        raise _errors.invalid_argument(
             f"root_rank {root_rank} is not a member of {process_set} (ranks {members}); "
             "broadcast roots are global ranks, as in Horovod"
         )
@@ -396,10 +562,11 @@ def _broadcast(
     ps = id_of(process_set)
     wires = [wire_of(t.dtype) for t in tensors]
 
-    def work(*arrays: np.ndarray) -> list[np.ndarray]:
+    def start(*arrays: np.ndarray) -> _engine.Started:
         return _engine.broadcast(arrays, wires, names, root, ps)
 
-    return _run("Broadcast", work, tensors, [t.dtype for t in tensors], [t.shape for t in tensors])
+    shapes = [t.shape for t in tensors]
+    return _run("Broadcast", start, tensors, [t.dtype for t in tensors], shapes, names)
 
 
 def broadcast(
@@ -436,11 +603,10 @@ def broadcast_(
     if not variables:
         return []
     if not all(isinstance(v, tf.Variable) for v in variables):
-        raise ValueError("broadcast_ works in place and takes a list of tf.Variable")
+        raise _errors.invalid_argument("broadcast_ works in place and takes a list of tf.Variable")
     root = _check_root(root_rank, process_set)
     values = [tf.convert_to_tensor(v) for v in variables]
-    base = name or "HorovodBroadcastInplace"
-    names = [f"{base}.{i}" for i in range(len(values))]
+    names = _names("Broadcast", name, values)
     received = _broadcast(values, names, root, process_set)
     return [v.assign(r) for v, r in zip(variables, received)]
 
@@ -458,13 +624,13 @@ def _static_splits(splits: Any) -> Optional[list[int]]:
 def _checked_splits(splits: Optional[list[int]], rows: int, set_size: int) -> Optional[list[int]]:
     if splits is None:
         if rows % set_size:
-            raise ValueError(
+            raise _errors.invalid_argument(
                 f"alltoall without splits divides dim 0 evenly, but {rows} rows do not divide among "
                 f"{set_size} ranks; pass splits=[rows for each rank]"
             )
         return None
     if len(splits) != set_size or any(s < 0 for s in splits) or sum(splits) != rows:
-        raise ValueError(
+        raise _errors.invalid_argument(
             f"alltoall splits {splits} must have one non-negative entry per rank of the set ({set_size}) "
             f"and sum to the tensor's first dimension ({rows})"
         )
@@ -491,14 +657,14 @@ def alltoall(
         _checked_splits(known, int(tensor.shape[0]), set_size)
     inputs = [tensor] if splits is None else [tensor, tf.cast(tf.reshape(splits, [-1]), tf.int64)]
 
-    def work(array: np.ndarray, *given: np.ndarray) -> list[np.ndarray]:
+    def start(array: np.ndarray, *given: np.ndarray) -> _engine.Started:
         wanted = [int(s) for s in given[0]] if given else None
         checked = _checked_splits(wanted, array.shape[0], basics.process_set_size(ps))
-        return list(_engine.alltoall(array, wire, checked, op_name, ps))
+        return _engine.alltoall(array, wire, checked, op_name, ps)
 
     def forward(xs: list[tf.Tensor]) -> list[tf.Tensor]:
         shapes = [tf.TensorShape([None]).concatenate(tensor.shape[1:]), tf.TensorShape([set_size])]
-        return _run("Alltoall", work, xs, [tensor.dtype, tf.int32], shapes)
+        return _run("Alltoall", start, xs, [tensor.dtype, tf.int32], shapes, [op_name])
 
     def backward(dys: list[tf.Tensor]) -> list[Optional[tf.Tensor]]:
         def reverse(wanted: list[int]) -> list[tf.Tensor]:
@@ -517,25 +683,26 @@ def join(process_set: ProcessSet = global_process_set) -> tf.Tensor:
     """Declare that this rank has no more data. Until every rank joined, this rank takes part in the
     others' allreduces with zeros. Returns the last rank to join (an int32 scalar)."""
     ps = id_of(process_set)
-    [last] = _run(
-        "Join", lambda: [np.asarray(_engine.join(ps), dtype=np.int32)], [], [tf.int32], [tf.TensorShape([])]
-    )
+    [last] = _run("Join", lambda: _engine.join(ps), [], [tf.int32], [tf.TensorShape([])])
     return last
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Block until every rank of the set has reached this barrier."""
     ps = id_of(process_set)
+    _run("Barrier", lambda: _engine.barrier(ps), [], [tf.int32], [tf.TensorShape([])])
 
-    def work() -> list[np.ndarray]:
-        _engine.barrier(ps)
-        return [np.zeros((), dtype=np.int32)]
 
-    _run("Barrier", work, [], [tf.int32], [tf.TensorShape([])])
+def _read(read: Callable[[], int]) -> list[np.ndarray]:
+    return [np.asarray(read(), dtype=np.int32)]
 
 
 def _value_op(kind: str, read: Callable[[], int]) -> tf.Tensor:
-    [value] = _run(kind, lambda: [np.asarray(read(), dtype=np.int32)], [], [tf.int32], [tf.TensorShape([])])
+    """A value read when the graph runs (no engine operation: one op, which does not wait)."""
+    if tf.executing_eagerly():
+        return tf.constant(read(), dtype=tf.int32)
+    [value] = tf.numpy_function(lambda: _read(read), [], [tf.int32], stateful=True, name=f"Hpcdl{kind}")
+    value.set_shape([])
     return value
 
 

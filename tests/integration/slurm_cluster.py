@@ -103,6 +103,17 @@ class SlurmCluster:
         _terminate([munged] if munged else [])
         self.pids.clear()
 
+    @contextlib.contextmanager
+    def controller_stopped(self) -> Iterator[None]:
+        """slurmctld stopped for the block (an outage of the controller), then started again from its saved
+        state, with the nodes answering again, before the block's end returns."""
+        _terminate([pid] if (pid := _pid(self.pids["slurmctld"])) else [])
+        try:
+            yield
+        finally:
+            self._daemon(LOGIN, "slurmctld", [_program("slurmctld"), "-f", str(self.conf)])
+            self._wait_nodes_idle()
+
     # ---- pieces -----------------------------------------------------------------------------------
     @property
     def socket(self) -> Path:

@@ -5,6 +5,7 @@ machines) and when another program holds a port the rendezvous would use."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -133,6 +134,30 @@ def test_hpcdl_run_across_hosts_by_name(hosts: VirtualHosts, report: Path) -> No
         [("host1", hpcdl_run("-np", "4", "-H", "host1:2,host2:2", sys.executable, str(report)), clean_env())],
     )
     assert_spread(reports(succeeded(results)), ["host1", "host2"], 2)
+
+
+DDP_TRAIN = Path(__file__).parents[1] / "parallel" / "ddp_train.py"
+
+
+def test_ddp_over_gloo_across_hosts_whose_own_names_resolve_to_loopback(
+    clusters: dict[str, VirtualHosts],
+) -> None:
+    """An unchanged DDP (gloo) script under hpcdl run, one rank per host, where each host resolves its own
+    name to 127.0.1.1: unset, GLOO_SOCKET_IFNAME makes gloo bind that address, which the other host cannot
+    reach; hpcdl run gives each rank its host's interface towards the job's rendezvous."""
+    pytest.importorskip("torch")
+    argv = hpcdl_run("-np", "2", "-H", "host1:1,host2:1", sys.executable, str(DDP_TRAIN))
+    env = clean_env(OMP_NUM_THREADS="1")
+    env.pop("GLOO_SOCKET_IFNAME", None)
+    env.pop("NCCL_SOCKET_IFNAME", None)
+    output = succeeded(run_on_hosts(clusters["own name 127.0.1.1"], [("host1", argv, env)], timeout=90))
+    found = sorted(
+        (json.loads(line.partition("RESULT ")[2]) for line in output.splitlines() if "RESULT " in line),
+        key=lambda result: result["rank"],
+    )
+    assert [(r["rank"], r["world"]) for r in found] == [(0, 2), (1, 2)], output
+    assert all(r["weights_agree"] and r["weights_moved"] for r in found)  # DDP averaged across the hosts
+    assert {r["hpcdl_sum"] for r in found} == {3.0}
 
 
 @pytest.mark.parametrize("mpirun", ["/usr/bin/mpirun.openmpi", "/usr/bin/mpiexec.mpich"])

@@ -304,8 +304,56 @@ def test_the_rendezvous_server_lives_as_long_as_the_job(cluster: SlurmCluster, w
     assert _rendezvous_servers_gone(job_id)  # and gone with the job
 
 
-def test_a_rendezvous_server_that_cannot_start_stops_the_job(cluster: SlurmCluster, workdir: Path) -> None:
-    """The job's Python lacks hpcdl (the commonest way to get it wrong): the job stops before its ranks."""
+# A job's program: an hpcdl allreduce over the job's ranks, run as a *.py command.
+ALLREDUCE_PY = """import numpy as np, sys, hpcdl.common as c
+c.init()
+y = c.allreduce(np.array([c.rank() + 1.0]))
+print(f"rank {c.rank()} of {c.size()} sum {float(y[0])} python {sys.executable}", flush=True)
+c.shutdown()
+"""
+
+
+def test_a_venvs_hpcdl_called_by_its_path_submits_a_job_that_finds_its_python(
+    cluster: SlurmCluster, workdir: Path
+) -> None:
+    """hpcdl installed in a virtual environment that is not activated: its ``hpcdl`` called by its path,
+    with neither the environment nor hpcdl's interpreter on PATH (as scripts, cron and workflow tools call
+    it). The job's helpers and its *.py command run with that environment's Python on the nodes."""
+    reason = _runtime_unavailable()
+    if reason:
+        pytest.skip(reason)
+    venv_hpcdl = Path(sys.executable).parent / "hpcdl"
+    bare_path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    system = subprocess.run(
+        ["python3", "-c", "import hpcdl"], env={"PATH": bare_path}, capture_output=True, cwd=workdir
+    )
+    assert system.returncode != 0, "the system Python has hpcdl: this test needs one without it"
+    (workdir / "job.py").write_text(ALLREDUCE_PY)
+    env = {"XDG_STATE_HOME": str(workdir / "state"), "PATH": bare_path}
+    done = cluster.run(
+        [str(venv_hpcdl), "submit", "-s", "slurm", "--nodes", "2", "-t", "5", "job.py"], cwd=workdir, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.strip()
+    state = cluster.wait_done(job_id, timeout=120)
+    output = (workdir / f"hpcdl-{job_id}.out").read_text()
+    assert state == "COMPLETED", output
+    assert sorted(re.findall(r"rank \d of 2 sum 3\.0 python \S+", output)) == [
+        f"rank 0 of 2 sum 3.0 python {sys.executable}",
+        f"rank 1 of 2 sum 3.0 python {sys.executable}",
+    ]
+
+
+def _run_seconds(cluster: SlurmCluster, job_id: str) -> int:
+    hours, minutes, seconds = cluster.job_field(job_id, "RunTime").split("-")[-1].split(":")
+    return int(hours) * 3600 + int(minutes) * 60 + int(seconds)
+
+
+def test_a_job_whose_python_lacks_hpcdl_stops_at_once_saying_what_to_do(
+    cluster: SlurmCluster, workdir: Path
+) -> None:
+    """The job's Python lacks hpcdl (the commonest way to get it wrong): the job stops in its first
+    second, before its rendezvous and its ranks, with the interpreter's error and what to change."""
     bare = workdir / "bare-venv"  # a virtual environment of the base Python, without site packages
     subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
     probe = subprocess.run(
@@ -313,14 +361,15 @@ def test_a_rendezvous_server_that_cannot_start_stops_the_job(cluster: SlurmClust
     )
     if probe.returncode == 0:
         pytest.skip("the base Python has hpcdl installed; this test needs a Python without it")
-    site = workdir / "site.yaml"
-    site.write_text(f"python: {bare / 'bin' / 'python'}\n")
-    job_id = submit(cluster, workdir, "--site", str(site), "-t", "5", "echo", "the ranks ran")
+    python = str(bare / "bin" / "python")
+    job_id = submit(cluster, workdir, "--python", python, "-t", "5", "echo", "the ranks ran")
     assert cluster.wait_done(job_id) == "FAILED"
     output = (workdir / f"hpcdl-{job_id}.out").read_text()
     assert "No module named 'hpcdl'" in output
-    assert "hpcdl: the job's rendezvous server did not start (its error is above); stopping the job" in output
-    assert "the ranks ran" not in output
+    assert f"hpcdl: the Python of this job, {python}, cannot import hpcdl on node1 (its error" in output
+    assert "hpcdl submit --python PATH, python: in a site file, or a --module/--setup" in output
+    assert "rendezvous" not in output and "the ranks ran" not in output
+    assert _run_seconds(cluster, job_id) <= 2
 
 
 def test_sweep_runs_one_array_task_per_point(cluster: SlurmCluster, workdir: Path) -> None:
@@ -353,6 +402,91 @@ def test_status_and_cancel_of_a_running_job(cluster: SlurmCluster, workdir: Path
 def test_status_of_an_unknown_job_says_so(cluster: SlurmCluster, workdir: Path) -> None:
     code, _, err = hpcdl(cluster, workdir, "jobs", "status", "999999", "--scheduler", "slurm")
     assert code == 2 and "Slurm does not know job 999999" in err
+
+
+@pytest.mark.slow  # Slurm's commands try the stopped controller for seconds; slurmctld then restarts
+def test_a_stopped_controller_is_reported_never_taken_for_an_ended_job(
+    cluster: SlurmCluster, workdir: Path
+) -> None:
+    """During an outage of slurmctld, ``jobs status`` and ``jobs watch`` quote Slurm's own error and say
+    the job may still run; neither turns "cannot ask" into "ended"."""
+    started = workdir / "started"
+    job_id = submit(cluster, workdir, "-J", "outage", "-t", "5", "bash", "-c", f"touch {started}; sleep 300")
+    deadline = time.monotonic() + 60
+    while not started.exists() and time.monotonic() < deadline:  # its step runs: the outage cannot stop it
+        time.sleep(0.1)
+    try:
+        with cluster.controller_stopped():
+            code, out, err = hpcdl(cluster, workdir, "jobs", "status", job_id)
+            assert code == 2 and out == "", err
+            assert f"could not ask Slurm about {job_id}: squeue" in err
+            assert "Unable to contact slurm controller" in err  # squeue's own words
+            assert f"job {job_id} may still be queued or running: ask again once Slurm's controller" in err
+            assert "does not know" not in err and "MinJobAge" not in err
+            watching = ("--no-progress", "--interval", "1", "--timeout", "2")
+            code, out, err = hpcdl(cluster, workdir, "jobs", "watch", job_id, *watching)
+            assert code == 2 and f" {job_id} NO ANSWER (could not ask Slurm about {job_id}" in out, err
+            assert "had not finished after 2 s" in err and "ended" not in err
+        code, out, err = hpcdl(cluster, workdir, "jobs", "status", job_id)
+        assert code == 0 and out.split() == [job_id, "RUNNING", "RUNNING"], err  # it ran on all along
+    finally:
+        hpcdl(cluster, workdir, "jobs", "cancel", job_id)
+
+
+# Submits a scaling study's jobs as hpcdl scaling run --submit does, and deactivates the partition once the
+# first job is in, so that Slurm refuses the second: a group refused part-way.
+GROUP_DRIVER = """import subprocess, sys
+from pathlib import Path
+from hpcdl.scaling import cluster, study
+from hpcdl.schedulers import SchedulerError
+
+directory = Path(sys.argv[1])
+spec = study.StudySpec(mode="strong", workers=[1, 2], workload=study.Workload(command=("true",)),
+                       global_batch=4, repeats=1, launch="batch").fill_defaults(2).validate()
+plan = cluster.plan_jobs(spec, directory, cluster.BatchOptions(scheduler="slurm", walltime="5"))
+study.create(directory, spec, False)
+
+def close_partition(job):
+    print("SUBMITTED", job.job_id, flush=True)
+    subprocess.run(["scontrol", "update", "PartitionName=debug", "State=INACTIVE"], check=True)
+
+try:
+    cluster.submit_study(plan, directory, on_submitted=close_partition)
+except SchedulerError as exc:
+    print("REFUSED", exc, flush=True)
+"""
+
+
+def test_a_group_refused_part_way_cancels_what_it_submitted(cluster: SlurmCluster, workdir: Path) -> None:
+    driver = workdir / "driver.py"
+    driver.write_text(GROUP_DRIVER)
+    try:
+        done = cluster.run([sys.executable, str(driver), str(workdir / "study")], cwd=workdir, timeout=120)
+    finally:
+        cluster.run(["scontrol", "update", "PartitionName=debug", "State=UP"])
+    assert done.returncode == 0, done.stderr
+    first = re.search(r"^SUBMITTED (\d+)$", done.stdout, re.MULTILINE)
+    assert first, done.stdout + done.stderr
+    refusal = done.stdout.partition("REFUSED ")[2]
+    assert refusal.startswith("job 2 of 2 was refused: could not submit the job to Slurm"), done.stdout
+    assert f"cancelled the 1 job(s) submitted before it ({first.group(1)})" in refusal
+    assert cluster.wait_done(first.group(1)) == "CANCELLED"
+    assert json.loads((workdir / "study" / "jobs.json").read_text()) == []  # the study lists no job
+
+
+def test_a_group_slurm_would_refuse_is_not_submitted_at_all(cluster: SlurmCluster, workdir: Path) -> None:
+    """Every job of a study is checked by Slurm (sbatch --test-only) before the first is submitted: the
+    8-node point of a 2-node cluster stops the study before its 1-node point is queued."""
+    code, _, err = hpcdl(
+        cluster, workdir, "scaling", "run", "--strong", "-W", "1,8", "--repeats", "1", "--submit",
+        "--ranks-per-node", "1", "-t", "5", "-o", "refused", "--", "true",
+    )  # fmt: skip
+    assert code == 2
+    assert "job 2 of 2" in err and "would be refused, so none was submitted" in err, err
+    assert "node configuration is not available" in err  # Slurm's own reason
+    queued = cluster.run(["squeue", "-h", "-o", "%j"]).stdout.split()
+    assert not any(name.startswith("scaling-W") for name in queued), queued
+    assert not (workdir / "refused" / "jobs.json").exists()
 
 
 def test_signal_before_walltime_reaches_ranks_and_requeues(cluster: SlurmCluster, workdir: Path) -> None:

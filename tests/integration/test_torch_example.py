@@ -49,7 +49,13 @@ def test_example_trains_checkpoints_and_resumes_under_hpcdl_run(tmp_path: Path) 
 
     resumed = _run([*launcher, "--epochs", "3", "--checkpoint-dir", str(checkpoints), *SMALL])
     assert [e for e, _, _ in _epochs(resumed)] == [3], resumed[-3000:]
+    assert f"resuming from {checkpoints / 'checkpoint-2.pt'} (epoch 2 of 3)" in resumed
     assert (checkpoints / "checkpoint-3.pt").is_file()
+
+    one_rank = [sys.executable, "-m", "hpcdl", "run", "-np", "1", sys.executable, str(EXAMPLE)]
+    again = _run([*one_rank, "--epochs", "3", "--checkpoint-dir", str(checkpoints), *SMALL])
+    assert "epoch 4" not in again  # README's second run: it says why it trains nothing
+    assert f"{checkpoints / 'checkpoint-3.pt'} holds epoch 3 of 3: nothing left to train" in again
 
 
 @pytest.mark.skipif(shutil.which(MPIRUN) is None, reason="Open MPI's mpirun.openmpi is not installed")

@@ -5,11 +5,9 @@ and returns one :class:`RankResult` per rank: its exit code, its own stdout/stde
 object it printed on a line ``RESULT <json>`` (see :func:`result_line`). Launchers:
 
 - ``"hpcdl"``: ``python -m hpcdl run -np N`` (the way users launch);
-- ``"openmpi"`` / ``"mpich"``: ``mpirun.openmpi`` / ``mpiexec.mpich`` (ranks meet over MPI with Open MPI,
-  over TCP through MASTER_ADDR/MASTER_PORT and an exported HPCDL_SECRET with MPICH, whose MPI this build
-  does not link);
-- ``"mpich-mpi"``: ``mpiexec.mpich`` without MASTER_ADDR, for a library built against MPICH (selected with
-  ``HPCDL_LIBRARY``): the ranks meet through MPICH's MPI;
+- ``"openmpi"`` / ``"mpich"``: ``mpirun.openmpi`` / ``mpiexec.mpich`` (ranks meet through Open MPI's
+  library with Open MPI; over TCP through MASTER_ADDR/MASTER_PORT and an exported HPCDL_SECRET with MPICH);
+- ``"mpich-mpi"``: ``mpiexec.mpich`` without MASTER_ADDR: the ranks meet through MPICH's library;
 - ``"manual"``: the env contract set by hand with an in-process rendezvous server; lets a test give each
   rank its own environment (``rank_env``), e.g. a different HPCDL_HOSTNAME to simulate hosts, and see
   every rank's exit code and pid.

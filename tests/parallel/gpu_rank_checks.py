@@ -6,6 +6,10 @@ exactly the GPU path's code, gloo process groups standing in for NCCL.
 ``RESULT <json>`` lines the test compares across ranks; the first failure raises, so the rank exits
 non-zero. Every expected value is computed from the other ranks' inputs, deterministic functions of the
 rank, with integer values so that sums are exact in any order.
+
+The tensors live on ``GPU_RANK_CHECKS_DEVICE`` (default ``cpu``): ``cuda`` runs the same checks on CUDA
+tensors with gloo still moving them (scripts/gpu-check.sh on one GPU, where NCCL refuses two ranks), so
+real streams and events order the executor's work. Expected values are compared on the CPU.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from hpcdl.torch import _gpu
 
 torch.set_num_threads(1)
 
+DEVICE = torch.device(os.environ.get("GPU_RANK_CHECKS_DEVICE", "cpu"))
 EVENS = hvd.ProcessSet([0, 2])
 
 
@@ -46,10 +51,10 @@ def value(
     base = torch.arange(int(np.prod(shape)), dtype=torch.int64).reshape(shape)
     v = (base * 7 + rank * 13 + salt) % 11 - 5
     if dtype == torch.bool:
-        return v > 0
+        return (v > 0).to(DEVICE)
     if dtype == torch.uint8:
-        return ((v + 5) % 4).to(dtype)
-    return v.to(dtype)
+        return ((v + 5) % 4).to(DEVICE, dtype)
+    return v.to(DEVICE, dtype)
 
 
 def everyone(shape: tuple[int, ...], dtype: torch.dtype = torch.float32, salt: int = 0, ranks=None):
@@ -81,6 +86,8 @@ def reduced(stack: torch.Tensor, op: int, dtype: torch.dtype, size: int) -> torc
 
 
 def same(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    assert actual.device == DEVICE, f"{what}: the result is on {actual.device}, not {DEVICE}"
+    actual, expected = actual.cpu(), expected.cpu()
     assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
     assert tuple(actual.shape) == tuple(expected.shape), f"{what}: shape {actual.shape} != {expected.shape}"
     if actual.dtype.is_floating_point:
@@ -97,7 +104,7 @@ def same(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
 
 def check_runs_on_the_gpu_path() -> None:
     assert _gpu.mode() == "gloo-standin", _gpu.mode()
-    assert _gpu.takes([torch.ones(1)])
+    assert _gpu.takes([torch.ones(1, device=DEVICE)])
 
 
 def check_allreduce_ops_dtypes_and_scaling() -> None:
@@ -125,9 +132,9 @@ def check_allreduce_ops_dtypes_and_scaling() -> None:
     same(view, everyone((6, 4)).max(0).values.t(), "allreduce_ through a transposed view")
     expanded = value(r, (1, 3)).expand(4, 3)
     same(hvd.allreduce(expanded, op=hvd.Sum), sum_of((1, 3)).expand(4, 3), "expanded input")
-    scalar = hvd.allreduce(torch.tensor(float(r + 1)), op=hvd.Sum, name="scalar")
+    scalar = hvd.allreduce(torch.tensor(float(r + 1), device=DEVICE), op=hvd.Sum, name="scalar")
     assert scalar.shape == () and scalar.item() == n * (n + 1) / 2, scalar
-    empty = hvd.allreduce(torch.empty(0, 3), op=hvd.Sum, name="empty")
+    empty = hvd.allreduce(torch.empty(0, 3, device=DEVICE), op=hvd.Sum, name="empty")
     assert tuple(empty.shape) == (0, 3)
 
 
@@ -240,8 +247,12 @@ def check_join() -> None:
     """Rank r runs r + 1 steps of two allreduces (fused), then joins: the joined ranks stand in with zeros."""
     r, n = hvd.rank(), hvd.size()
     for step in range(r + 1):
-        a = hvd.allreduce_async(torch.full((3,), float(r + 1)), op=hvd.Sum, name=f"join.a.{step}")
-        b = hvd.allreduce_async(torch.full((2,), r + 1, dtype=torch.int32), op=hvd.Sum, name=f"join.b.{step}")
+        a = hvd.allreduce_async(
+            torch.full((3,), float(r + 1), device=DEVICE), op=hvd.Sum, name=f"join.a.{step}"
+        )
+        b = hvd.allreduce_async(
+            torch.full((2,), r + 1, dtype=torch.int32, device=DEVICE), op=hvd.Sum, name=f"join.b.{step}"
+        )
         active = sum(q + 1 for q in range(n) if q >= step)
         same(hvd.synchronize(a), torch.full((3,), float(active)), f"join step {step}")
         same(hvd.synchronize(b), torch.full((2,), active, dtype=torch.int32), f"join step {step} int")
@@ -306,21 +317,25 @@ def check_collectives_in_another_order() -> None:
 # ---- scenario: mismatch ----------------------------------------------------------------------------
 
 
+def ones(n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.ones(n, dtype=dtype, device=DEVICE)
+
+
 def check_mismatches_raise_on_every_rank() -> None:
-    """Rank 2 submits another shape, dtype, reduction, root, collective or placement under a name: every
-    rank gets the same HpcdlMismatchError, and the job goes on."""
+    """The last rank submits another shape, dtype, reduction, root, collective or placement under a name:
+    every rank gets the same HpcdlMismatchError, and the job goes on."""
     r = hvd.rank()
-    odd = r == 2
+    odd = r == hvd.size() - 1
     odd_dtype = torch.float64 if odd else torch.float32
     cases = {
-        "shape": lambda: hvd.allreduce(torch.ones(4 if odd else 3), name="bad.shape"),
-        "dtype": lambda: hvd.allreduce(torch.ones(3, dtype=odd_dtype), name="bad.dtype"),
-        "reduction": lambda: hvd.allreduce(torch.ones(3), op=hvd.Max if odd else hvd.Sum, name="bad.op"),
-        "root": lambda: hvd.broadcast(torch.ones(3), root_rank=1 if odd else 0, name="bad.root"),
-        "operation": lambda: (hvd.allgather if odd else hvd.allreduce)(torch.ones(3), name="bad.collective"),
+        "shape": lambda: hvd.allreduce(ones(4 if odd else 3), name="bad.shape"),
+        "dtype": lambda: hvd.allreduce(ones(3, odd_dtype), name="bad.dtype"),
+        "reduction": lambda: hvd.allreduce(ones(3), op=hvd.Max if odd else hvd.Sum, name="bad.op"),
+        "root": lambda: hvd.broadcast(ones(3), root_rank=1 if odd else 0, name="bad.root"),
+        "operation": lambda: (hvd.allgather if odd else hvd.allreduce)(ones(3), name="bad.collective"),
         "placement": lambda: (
             engine.synchronize(engine.allreduce_async(np.ones(3, np.float32), name="bad.placement"))
-            if odd else hvd.allreduce(torch.ones(3), name="bad.placement")
+            if odd else hvd.allreduce(ones(3), name="bad.placement")
         ),
     }  # fmt: skip
     for case, call in cases.items():
@@ -338,10 +353,10 @@ def check_mismatches_raise_on_every_rank() -> None:
 
 
 def check_stalled_rank_is_named() -> None:
-    """Rank 2 submits 'late' 2.5 s after the others: the stall inspector (1 s here) names it; the
+    """The last rank submits 'late' 2.5 s after the others: the stall inspector (1 s here) names it; the
     operation then completes everywhere."""
     r = hvd.rank()
-    if r == 2:
+    if r == hvd.size() - 1:
         time.sleep(2.5)
     out = hvd.allreduce(value(r, (3,)), op=hvd.Sum, name="late")
     same(out, sum_of((3,)), "late")
@@ -378,7 +393,7 @@ def check_init_and_shutdown_in_quick_succession() -> None:
         order = list(range(n)) if round_ % 2 else list(reversed(range(n)))
         hvd.init(comm=order)
         if round_ % 3 == 0:
-            out = hvd.allreduce(torch.ones(2), op=hvd.Sum, name=f"round.{round_}")
+            out = hvd.allreduce(torch.ones(2, device=DEVICE), op=hvd.Sum, name=f"round.{round_}")
             same(out, torch.full((2,), float(n)), f"round {round_}")
         assert hvd.rank() == order.index(world)
 

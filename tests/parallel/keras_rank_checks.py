@@ -20,8 +20,8 @@ import keras
 import numpy as np
 
 import hpcdl.keras as hvd
+from hpcdl._keras.optimizer import is_distributed
 from hpcdl.keras import _backend
-from hpcdl.keras.optimizer import is_distributed
 
 Check = Callable[[], None]
 # Keras' torch backend loses precision in float64 (in one process, the gradient of 8 rows and the mean of

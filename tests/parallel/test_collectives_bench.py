@@ -29,6 +29,12 @@ def test_allreduce_benchmark_json_records() -> None:
     assert hpcdl[65536]["busbw_gbs"] == 65536 / hpcdl[65536]["time_s"] / 1e9  # 2 ranks: busbw = algbw
 
 
+def test_allreduce_benchmark_takes_sizes_with_units_and_says_why_mpi4py_is_missing() -> None:
+    out = bench("allreduce", "-np", "2", "--sizes", "1KiB", "--repeats", "1", "--no-mpi", "--no-progress")
+    assert "    1 KiB |" in out and "mpi4py" not in out.splitlines()[1]  # no mpi4py column
+    assert out.rstrip().endswith("(mpi4py not measured: --no-mpi)")
+
+
 def test_fusion_benchmark_report() -> None:
     options = ["--iterations", "2", "--warmup", "1", "--latency-repeats", "20", "--skip", "torch,gloo"]
     report = json.loads(bench("fusion", "-np", "2", "--no-mpi", "--json", *options))

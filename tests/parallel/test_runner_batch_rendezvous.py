@@ -33,8 +33,9 @@ def first_line(server: subprocess.Popen) -> list[str]:
 def test_ranks_meet_at_the_server_and_master_port_is_held() -> None:
     server = start(2, "--master-port")
     try:
-        addr, port, master_addr, master_port, pid = first_line(server)
+        addr, port, master_addr, master_port, iface, pid = first_line(server)
         assert int(pid) == server.pid and master_addr == addr and master_port != port
+        assert iface in [name for _, name in socket.if_nameindex()]  # for GLOO/NCCL_SOCKET_IFNAME
         # a program that picks the announced MASTER_PORT a moment later
         with socket.socket() as late, pytest.raises(OSError, match="Address already in use"):
             late.bind(("0.0.0.0", int(master_port)))
@@ -77,6 +78,16 @@ def test_a_port_the_user_fixed_is_used_and_named_when_taken() -> None:
         server.wait(timeout=10)
 
 
+def test_the_probe_names_this_host_a_free_port_and_the_interface_towards_the_rendezvous() -> None:
+    """What a Cobalt or LSF script runs on the first compute node (its own node is a service node)."""
+    probe = [sys.executable, "-m", "hpcdl.runner.batch_rendezvous", "--probe"]
+    done = subprocess.run(
+        probe, capture_output=True, text=True, timeout=60, env=clean_env(HPCDL_RENDEZVOUS_ADDR="127.0.0.1")
+    )
+    host, port, iface = done.stdout.split()
+    assert (host, iface) == (socket.gethostname(), "lo") and int(port) > 0, done.stderr
+
+
 def test_without_the_secret_it_says_so() -> None:
     server = subprocess.run(
         [sys.executable, "-m", "hpcdl.runner.batch_rendezvous", "--size", "2"],
@@ -90,7 +101,7 @@ def test_it_ends_when_the_scripts_shell_is_gone() -> None:
     EXIT trap runs: the server notices it was re-parented and leaves."""
     script = (
         'exec {fd}< <(exec "$0" -m hpcdl.runner.batch_rendezvous --size 2)\n'
-        'read -r -t 60 addr port maddr mport pid <&"$fd"\n'
+        'read -r -t 60 addr port maddr mport iface pid <&"$fd"\n'
         'echo "$pid"\n'
         "sleep 60\n"
     )

@@ -5,6 +5,7 @@ own rendezvous; what the user set is kept."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -51,3 +52,21 @@ def test_what_the_user_set_is_kept_and_inherited_ranks_are_not() -> None:
     # MASTER_ADDR (inherited) and -x values stay; an inherited RANK cannot be right for every rank
     assert rank_lines(done.stdout, 0) == ["node-ib0 29555 2 0 0 8"]
     assert rank_lines(done.stdout, 1) == ["node-ib0 29555 2 1 1 8"]
+
+
+IFNAMES = "echo $GLOO_SOCKET_IFNAME $NCCL_SOCKET_IFNAME"
+
+
+@pytest.mark.parametrize("launch", [[], ["--mpi"]], ids=["agents", "mpirun"])
+def test_ranks_get_the_interface_the_launcher_chose_unless_the_user_set_it(launch: list[str]) -> None:
+    """torch.distributed's gloo and NCCL use the interface of the job's rendezvous (here: the loopback), not
+    what the host's name resolves to; a GLOO_SOCKET_IFNAME or NCCL_SOCKET_IFNAME of the user's is kept."""
+    if launch and shutil.which("mpirun") is None:
+        pytest.skip("no mpirun on PATH")
+    done, _ = hpcdl_run(*launch, "-np", "2", "--", "sh", "-c", IFNAMES)
+    assert done.returncode == 0, done.stderr
+    assert [rank_lines(done.stdout, r) for r in (0, 1)] == [["lo lo"], ["lo lo"]]
+    done, _ = hpcdl_run(*launch, "-np", "2", "-x", "NCCL_SOCKET_IFNAME=ib0", "--", "sh", "-c", IFNAMES,
+                        GLOO_SOCKET_IFNAME="eth7")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert [rank_lines(done.stdout, r) for r in (0, 1)] == [["eth7 ib0"], ["eth7 ib0"]]

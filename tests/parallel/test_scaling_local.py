@@ -179,13 +179,19 @@ def test_a_script_without_step_records_is_timed_whole(tmp_path: Path) -> None:
 
 def test_a_failing_run_stops_the_study_and_shows_why(tmp_path: Path) -> None:
     (tmp_path / "broken.py").write_text("raise SystemExit('no data found in /scratch/x')\n")
-    done = scaling(
-        "run", "--strong", "-W", "1,2", "--repeats", "1", "-o", "s", "--", "broken.py", cwd=tmp_path
-    )
+    again = ("run", "--strong", "-W", "1", "--repeats", "1", "-o", "s", "--", "broken.py")
+    done = scaling(*again, cwd=tmp_path)
     assert done.returncode == 2
     assert "W=1 repeat 1 failed (hpcdl run exit 1)" in done.stderr
     assert "no data found in /scratch/x" in done.stderr
     assert "points/W1/repeat-1/output.log" in done.stderr
+    # The corrected rerun needs no --force: what the failed run left is hpcdl's own, not the user's.
+    (tmp_path / "broken.py").write_text("pass\n")
+    done = scaling(*again, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not (tmp_path / "s" / "failed.txt").exists() and (tmp_path / "s" / "report.md").is_file()
+    done = scaling(*again, cwd=tmp_path)  # a study that succeeded is kept unless --force
+    assert done.returncode == 2 and "already holds a study" in done.stderr
 
 
 def test_a_run_past_its_deadline_is_stopped_with_its_ranks(tmp_path: Path) -> None:

@@ -32,3 +32,19 @@ def test_every_benchmark_takes_no_progress_as_the_help_promises(capsys) -> None:
             module.main(["--help"])
         assert done.value.code == 0, name
         assert "--no-progress" in capsys.readouterr().out, name
+
+
+@pytest.mark.parametrize("argv", [["--sizes", "4,abc"], ["--sizes", "1.5M"], ["--max-bytes", "1X"]])
+def test_allreduce_sizes_that_are_not_sizes_say_what_is_allowed(argv: list[str], capsys) -> None:
+    module = importlib.import_module("hpcdl.benchmarks.allreduce")
+    with pytest.raises(SystemExit) as done:
+        module.main(argv)
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and "Traceback" not in err
+    assert "is not a size; write a number of bytes or one with a unit K, M, G or T" in err
+
+
+def test_allreduce_sizes_take_units_as_max_bytes_does() -> None:
+    module = importlib.import_module("hpcdl.benchmarks.allreduce")
+    assert module._sizes("4,64KiB,1M") == [4, 64 << 10, 1 << 20]
+    assert module._size("1G") == 1 << 30

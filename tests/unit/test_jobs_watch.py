@@ -12,12 +12,13 @@ from rich.console import Console
 
 from hpcdl.cli import jobs as jobs_cli
 from hpcdl.scaling import watch
-from hpcdl.schedulers import JobState, SchedulerError
+from hpcdl.schedulers import JobState, JobUnknownError, SchedulerError
 from hpcdl.schedulers.records import JobRecord
 
 
 class _Scheduler:
-    """Answers from a script of states per poll; 'forgotten' raises as Slurm does for an old job."""
+    """Answers from a script of states per poll; 'forgotten' raises as Slurm does for an old job, 'down' as
+    it does while its controller cannot be reached."""
 
     def __init__(self, answers: list[list[tuple[str, str]]]) -> None:
         self.answers = answers
@@ -27,7 +28,9 @@ class _Scheduler:
         answer = self.answers[min(self.polls, len(self.answers) - 1)]
         self.polls += 1
         if answer == [("forgotten", "")]:
-            raise SchedulerError(f"Slurm does not know job {job_id}")
+            raise JobUnknownError(f"Slurm does not know job {job_id}")
+        if answer == [("down", "")]:
+            raise SchedulerError(f"could not ask Slurm about {job_id}: Unable to contact slurm controller")
         return [JobState(task, state, state) for task, state in answer]
 
 
@@ -61,6 +64,20 @@ def test_a_job_the_scheduler_forgot_counts_as_ended_not_failed(monkeypatch: pyte
     (status,) = watch.poll([watch.WatchedJob("9", "slurm")])
     assert status.finished and not status.succeeded and "does not know job 9" in status.error
     assert status.summary() == "UNKNOWN"
+
+
+def test_a_job_whose_scheduler_cannot_be_asked_has_not_ended(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A controller outage says nothing of the job: it is neither ended nor failed, the wait goes on, and its
+    deadline quotes the scheduler's own error."""
+    backend = _Scheduler([[("down", "")], [("down", "")], [("10", "COMPLETED")]])
+    monkeypatch.setattr(watch, "get_scheduler", lambda name: backend)
+    (status,) = watch.poll([watch.WatchedJob("10", "slurm")])
+    assert not status.finished and status.unanswered and status.summary() == "NO ANSWER"
+    (status,) = watch.wait([watch.WatchedJob("10", "slurm")], 10, 0.01)
+    assert status.succeeded and backend.polls == 3
+    monkeypatch.setattr(watch, "get_scheduler", lambda name: _Scheduler([[("down", "")]]))
+    with pytest.raises(watch.WaitTimeoutError, match="NO ANSWER: could not ask Slurm about 11: Unable"):
+        watch.wait([watch.WatchedJob("11", "slurm")], 0.1, 0.05)
 
 
 def test_recent_jobs_come_from_hpcdls_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -109,6 +109,18 @@ def test_ranks_and_collectives_on_one_time_axis(tmp_path: Path) -> None:
     assert "# compute" in text and "= waiting for collectives" in text
 
 
+def test_a_long_tensor_name_is_shortened_in_its_middle_keeping_the_size_whole(tmp_path: Path) -> None:
+    trace = write_run(tmp_path, steps=3)
+    picture = steppicture.build(trace)
+    long = "module.encoder.layers.11.self_attention.out_projection.weight"
+    picture.collectives[0].label = f"{long} +1 fused (0.40 MB)"
+    row = next(line for line in steppicture.text(picture).splitlines() if "fused" in line)
+    label = row.partition(" |")[0]
+    assert len(label) == 36 and label.startswith("module.") and label.endswith("weight +1 fused (0.40 MB)")
+    assert steppicture.fit_label(f"{long} (2.0 kB)", 30).endswith(".weight (2.0 kB)")
+    assert steppicture.fit_label("conv.weight (2.0 kB)", 30) == "conv.weight (2.0 kB)"
+
+
 def test_without_records_steps_are_bursts_of_engine_activity(tmp_path: Path) -> None:
     trace = write_run(tmp_path, steps=3, with_records=False)
     picture = steppicture.build(trace, step=0, gap_ms=5)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 from hpcdl.scaling import costmodel, publish, report, textplot
 from hpcdl.scaling.results import RunResult, collect, summarize
 from hpcdl.scaling.steps import StepRecordError, StepTimer, parameter_bytes, read_rank_steps
-from hpcdl.scaling.study import StudyError, StudySpec, Workload, create, load, plan, repeat_dir
+from hpcdl.scaling.study import StudyError, StudySpec, Workload, create, load, mark_failed, plan, repeat_dir
 
 
 def spec(**changes) -> StudySpec:
@@ -110,6 +111,22 @@ def test_a_study_directory_is_never_reused_without_force(tmp_path: Path) -> None
     assert not (tmp_path / "s" / "points").exists()
     with pytest.raises(StudyError, match="not a scaling study"):
         load(tmp_path / "mine")
+
+
+def test_a_study_whose_runs_failed_is_rerun_in_place_unless_the_user_left_files_there(tmp_path: Path) -> None:
+    study, directory = spec().validate(), tmp_path / "s"
+    create(directory, study, force=False)
+    (directory / "points" / "W1" / "repeat-1").mkdir(parents=True)
+    (directory / "points" / "W1" / "repeat-1" / "output.log").write_text("Traceback ...")
+    mark_failed(directory, "W=1 repeat 1 failed")
+    assert (directory / "failed.txt").read_text() == "W=1 repeat 1 failed\n"
+    create(directory, study, force=False)  # the failed run's outputs are replaced
+    assert not (directory / "points").exists() and not (directory / "failed.txt").exists()
+    mark_failed(directory, "again")
+    (directory / "notes.txt").write_text("mine")
+    with pytest.raises(StudyError, match="already holds a study"):
+        create(directory, study, force=False)
+    assert (directory / "notes.txt").read_text() == "mine"
 
 
 class _Param:
@@ -300,3 +317,22 @@ def test_efficiency_limit_in_the_report_matches_the_model(tmp_path: Path) -> Non
     assert built.model is not None and built.limit == built.model.limit(0.7)
     assert max(p.workers for p in built.predictions) < costmodel.MAX_PREDICTED_WORKERS
     assert [p.workers for p in built.predictions] == [16, 32, 64, 128, 256, 512, 1024]
+
+
+def test_a_submitted_studys_jobs_run_its_helpers_with_hpcdls_python_or_the_one_chosen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hpcdl.scaling import cluster
+    from hpcdl.schedulers import site as site_module
+
+    monkeypatch.setattr(site_module, "SYSTEM_SITE_FILE", tmp_path / "none.yaml")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("HPCDL_SITE", raising=False)
+    study = StudySpec(mode="strong", workers=[1, 2], workload=Workload(command=("train.py",)),
+                      global_batch=4, repeats=2, launch="batch").fill_defaults(2).validate()  # fmt: skip
+    for chosen, expected in ((None, sys.executable), ("/opt/env/bin/python", "/opt/env/bin/python")):
+        options = cluster.BatchOptions(scheduler="slurm", python=chosen)
+        plan = cluster.plan_jobs(study, tmp_path / "s", options)
+        for planned in plan.jobs:
+            assert planned.job.python == expected
+            assert planned.job.argv[:3] == [expected, "-m", "hpcdl.scaling.runtimer"]

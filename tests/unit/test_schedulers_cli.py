@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shlex
 import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,7 +35,58 @@ def test_dry_run_prints_the_script_and_keeps_the_commands_own_options() -> None:
     assert code == 0, err
     assert out.startswith("#!/bin/bash\n#SBATCH --job-name=hpcdl\n#SBATCH --nodes=2\n")
     assert "--gpus-per-node=4" in out
-    assert out.rstrip().endswith("hpcdl-rank python3 train.py --lr 0.1 -N 9")
+    assert out.rstrip().endswith(f"hpcdl-rank {shlex.quote(sys.executable)} train.py --lr 0.1 -N 9")
+
+
+def test_the_script_runs_hpcdls_helpers_and_the_script_with_hpcdls_own_python(tmp_path: Path) -> None:
+    """By default the interpreter hpcdl runs in (a venv's hpcdl called by its path, with no venv on PATH,
+    still gets its venv on the nodes); --python and the site's python: choose another, and the script says
+    which and why, and checks that it imports hpcdl before anything else."""
+    python = shlex.quote(sys.executable)
+    code, out, err = invoke("submit", "-s", "slurm", "--dry-run", "train.py")
+    assert code == 0, err
+    assert (
+        f"# Python of hpcdl's helpers and of a *.py command: {python}\n# (the interpreter hpcdl runs in"
+        in out
+    )
+    assert f"if ! hpcdl_python_error=$({python} -c 'import hpcdl' 2>&1); then" in out
+    assert f"exec {python} -m hpcdl.runner.batch_rendezvous --size 1" in out
+    assert "python3" not in out
+    site = tmp_path / "site.yaml"
+    site.write_text("python: /opt/site/bin/python3\n")
+    code, out, _ = invoke("submit", "--site", str(site), "-s", "pbs", "--dry-run", "train.py")
+    assert f"# (python: in {site})" in out and out.rstrip().endswith(
+        "hpcdl-rank /opt/site/bin/python3 train.py"
+    )
+    code, out, _ = invoke(
+        "submit", "--site", str(site), "-s", "lsf", "--python", "python3.12", "--dry-run", "x.py"
+    )
+    assert "# (chosen with --python)" in out and "/opt/site" not in out
+    assert "jsrun -n 1 -r 1 -a 1 -c 1 python3.12 -m hpcdl.runner.batch_rendezvous --probe" in out
+
+
+@pytest.mark.parametrize(
+    ("command", "missing"),
+    [
+        (["nosuch.py", "--lr", "1"], "nosuch.py"),
+        (["python3", "-u", "-W", "ignore", "nosuch.py"], "nosuch.py"),
+        (["bash", "-o", "pipefail", "missing/run.sh"], "missing/run.sh"),
+        (["./nosuch"], "./nosuch"),
+    ],
+)
+def test_a_program_that_is_not_there_is_refused_before_submitting(command: list[str], missing: str) -> None:
+    code, out, err = invoke("submit", "-s", "slurm", *command)
+    assert code == 2 and out == ""
+    assert f"{missing}: no such file in {Path.cwd()}, where the job would start" in err
+
+
+def test_commands_that_name_no_file_of_ours_are_not_checked(tmp_path: Path) -> None:
+    from hpcdl.schedulers.submission import missing_paths
+
+    (tmp_path / "train.py").touch()
+    for command in (["train.py"], ["python3", "-m", "pkg.train"], ["python", "-c", "pass"], ["hostname"],
+                    ["bash", "-c", "x.sh"], ["python3", "train.py", "other.py"]):  # fmt: skip
+        assert missing_paths(command, tmp_path) == [], command
 
 
 def test_output_file_is_written_and_never_overwritten_without_force(tmp_path: Path) -> None:

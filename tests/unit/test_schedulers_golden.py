@@ -7,6 +7,7 @@ and review the diff: these files are what users' jobs will run.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -65,7 +66,8 @@ def _render(scheduler: str, case: str) -> str:
     if case == "array" and scheduler == "pbs":
         settings.pop("output")
     job = SITE.make_job(command, **settings)
-    return get_scheduler(scheduler).render(job, SITE).replace(f"hpcdl {__version__}", "hpcdl VERSION")
+    script = get_scheduler(scheduler).render(job, SITE).replace(f"hpcdl {__version__}", "hpcdl VERSION")
+    return script.replace(sys.executable, "/venv/bin/python")  # the default: the interpreter hpcdl runs in
 
 
 GOLDEN_CASES = [(s, c) for s in SCHEDULERS for c in CASES if (s, c) not in UNSUPPORTED]

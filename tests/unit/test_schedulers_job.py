@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -73,7 +74,7 @@ def test_signal_spec() -> None:
 def test_defaults_one_rank_per_gpu_else_per_node() -> None:
     assert JobSpec(["x"], nodes=2, gpus_per_node=4).validate().total_ranks == 8
     assert JobSpec(["x"], nodes=3).validate().total_ranks == 3
-    assert JobSpec(["train.py", "-v"]).argv == ["python3", "train.py", "-v"]
+    assert JobSpec(["train.py", "-v"]).argv == [sys.executable, "train.py", "-v"]
 
 
 @pytest.mark.parametrize(

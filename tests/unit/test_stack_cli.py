@@ -12,8 +12,9 @@ from typer.testing import CliRunner
 
 from hpcdl.cli import progress
 from hpcdl.cli.main import app
-from hpcdl.cli.stack import _BuildDisplay, parse_size
+from hpcdl.cli.stack import _BuildDisplay
 from hpcdl.common.exceptions import HpcdlError
+from hpcdl.common.sizes import parse_size
 from hpcdl.stack.builder import PackageStep
 from hpcdl.stack.fetch import Transfer
 from hpcdl.stack.lockfile import load_lock

@@ -73,12 +73,26 @@ def test_conflicting_requests_are_explained() -> None:
     assert "the newest CUDA for driver 550.54.15 is 12.4.1" in str(caught.value)
     with pytest.raises(ResolveError, match=re.escape("nccl 2.21.5 does not support CUDA 12.1.1")):
         resolve("nccl@2.21", "cuda@12.1")
-    with pytest.raises(ResolveError, match=re.escape("requires Python >=3.11; this Python is 3.10.12")):
+    with pytest.raises(ResolveError, match=re.escape("requires Python >=3.11 and has wheels for Python 3.1")):
         resolve("pytorch@2.15", python="3.10.12")
     with pytest.raises(ResolveError, match=r"pytorch~cuda \(from request\) and pytorch\+cuda \(from hpcdl\)"):
         resolve("hpcdl+cuda", "pytorch~cuda")
     with pytest.raises(ResolveError, match=re.escape("no pytorch version matches pytorch@2.3")):
         resolve("pytorch@2.3")
+
+
+def test_both_python_bounds_are_checked_and_the_wheels_named() -> None:
+    """torch 2.5 says requires-python >=3.8, but has wheels for 3.9 to 3.13 only: Python 3.14 (and 3.8) get
+    no wheel, and the lockfile would fail at install."""
+    for python in ("3.14.0", "3.8.18"):
+        with pytest.raises(ResolveError) as caught:
+            resolve("pytorch@2.5", python=python)
+        assert (
+            f"torch 2.5.1 has wheels for Python 3.9, 3.10, 3.11, 3.12, 3.13 (PyPI, Linux x86_64), none for "
+            f"Python {python[:4].rstrip('.')}" in str(caught.value)
+        )
+    assert resolve("pytorch", python="3.14.0").node("pytorch").version == "2.15.0"
+    assert resolve("pytorch@2.5", python="3.13.1").node("pytorch").version == "2.5.1"
 
 
 def test_bad_names_and_providers() -> None:

@@ -4,6 +4,11 @@ and in a graph, the tape and the Keras optimizer leaving training unchanged, XLA
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -11,9 +16,9 @@ tf = pytest.importorskip("tensorflow", reason="TensorFlow is not installed: pip 
 keras = pytest.importorskip("keras", reason="Keras 3 is not installed (it comes with TensorFlow 2.16+)")
 
 import hpcdl.tensorflow as hvd  # noqa: E402
+from hpcdl._keras.optimizer import is_distributed  # noqa: E402
 from hpcdl.common.exceptions import HpcdlNotInitializedError, HpcdlUnsupportedError  # noqa: E402
 from hpcdl.common.reduce_ops import group_order, split_list  # noqa: E402
-from hpcdl.keras.optimizer import is_distributed  # noqa: E402
 from hpcdl.stack.check_build import check_build  # noqa: E402
 from hpcdl.tensorflow._dtypes import reduction_dtype, wire_of  # noqa: E402
 from hpcdl.tensorflow.gradients import LocalGradientAggregation  # noqa: E402
@@ -75,7 +80,7 @@ def test_horovods_tensorflow_and_keras_names_are_all_there() -> None:
         assert [n for n in HOROVOD_KERAS_NAMES if not hasattr(module, n)] == []
         assert [n for n in KERAS_CALLBACKS if not hasattr(module.callbacks, n)] == []
         assert [n for n in KERAS_ELASTIC if not hasattr(module.elastic, n)] == []
-    assert hvd.elastic.TensorFlowKerasState is hvd_keras.elastic.KerasState
+    assert hvd.elastic.TensorFlowKerasState is hvd_tf_keras.elastic.KerasState
     assert hvd.HorovodInternalError is hvd.HpcdlInternalError and issubclass(
         hvd.HorovodInternalError, Exception
     )
@@ -235,3 +240,58 @@ def test_check_build_shows_tensorflow_and_keras_with_versions() -> None:
     )
     assert frameworks["Keras"].available
     assert frameworks["Keras"].detail == f"keras {keras.__version__} on the {keras.backend.backend()} backend"
+
+
+@pytest.mark.parametrize("legacy", ["0", "1"])
+def test_check_build_says_which_keras_tf_keras_is(monkeypatch: pytest.MonkeyPatch, legacy: str) -> None:
+    from importlib.metadata import version
+
+    monkeypatch.setenv("TF_USE_LEGACY_KERAS", legacy)
+    row = {c.name: c for c in check_build().frameworks}["tf.keras"]
+    if legacy == "0":
+        assert row.available and row.detail.startswith(f"Keras 3, keras {version('keras')}"), row
+    elif importlib.util.find_spec("tf_keras") is None:
+        assert not row.available and "pip install --no-deps tf-keras" in row.reason, row
+    else:
+        assert row.available and row.detail.startswith(f"tf-keras {version('tf-keras')}"), row
+
+
+def test_keras_and_tensorflow_packages_do_not_import_each_other() -> None:
+    """hpcdl.tensorflow (with its keras) never imports hpcdl.keras; hpcdl._keras imports neither framework
+    API (on Keras' torch backend, where Keras imports torch itself, nothing of TensorFlow); hpcdl.keras on
+    TensorFlow does not import torch."""
+    script = (
+        "import sys; import hpcdl.tensorflow.keras, hpcdl.tensorflow.elastic;"
+        "hpcdl.tensorflow.elastic.TensorFlowKerasState;"
+        "assert 'hpcdl.keras' not in sys.modules, 'hpcdl.tensorflow imports hpcdl.keras';"
+        "import hpcdl.keras; assert 'torch' not in sys.modules, 'hpcdl.keras imports torch'"
+    )
+    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3")
+    subprocess.run([sys.executable, "-c", script], check=True, env=env, timeout=240)
+    neutral = "import sys, hpcdl._keras.callbacks, hpcdl._keras.elastic, hpcdl._keras.optimizer;" + (
+        "assert not {'hpcdl.tensorflow', 'hpcdl.torch', 'tensorflow'} & set(sys.modules)"
+    )
+    torch_env = dict(env, KERAS_BACKEND="torch")
+    subprocess.run([sys.executable, "-c", neutral], check=True, env=torch_env, timeout=240)
+
+
+def test_graph_collectives_fall_back_to_waiting_in_their_op_without_a_compiler(tmp_path) -> None:
+    """Where the latch kernel cannot be built, hpcdl warns once, saying what to install, and graph
+    collectives still run (waiting inside their op)."""
+    script = """
+import warnings
+import tensorflow as tf
+import hpcdl.tensorflow as hvd
+hvd.init()
+f = tf.function(lambda x: hvd.allreduce(x, op=hvd.Sum) + hvd.allgather(x))
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    assert f(tf.ones(2)).numpy().tolist() == [2.0, 2.0]
+    assert f(tf.ones(2)).numpy().tolist() == [2.0, 2.0]
+texts = [str(w.message) for w in seen if "asynchronous graph kernel" in str(w.message)]
+assert len(texts) == 1 and "C++ compiler" in texts[0], texts
+"""
+    env = dict(
+        os.environ, CXX=str(tmp_path / "no-compiler"), XDG_CACHE_HOME=str(tmp_path), TF_CPP_MIN_LOG_LEVEL="3"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, env=env, timeout=240)

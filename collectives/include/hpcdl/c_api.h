@@ -43,7 +43,7 @@ typedef enum {
   HPCDL_ERR_PEER_LOST = 4,     /* a peer closed its connection or died; message names the rank */
   HPCDL_ERR_MISMATCH = 5,      /* ranks disagreed on shape/dtype/op/root for one name */
   HPCDL_ERR_AUTH = 6,          /* rendezvous authentication failed */
-  HPCDL_ERR_UNSUPPORTED = 7,   /* e.g. transport=mpi in a build without MPI */
+  HPCDL_ERR_UNSUPPORTED = 7,   /* e.g. transport=mpi where no MPI library could be loaded */
   HPCDL_ERR_SHUTDOWN = 8,      /* runtime is shutting down / was shut down (also: stall shutdown) */
   HPCDL_ERR_INTERNAL = 9,
   HPCDL_PENDING = 10,          /* hpcdl_poll: not finished yet */
@@ -93,9 +93,11 @@ HPCDL_API int hpcdl_abi_version(void);
 HPCDL_API const char* hpcdl_last_error(void);
 /* JSON object describing this build, e.g.
  * {"version":"0.1.0","compiler":"GNU 12.2.0","shm":true,"tcp":true,
- *  "mpi":true,"mpi_vendor":"Open MPI","mpi_version":"4.1.4","mpi_reason":"",
+ *  "mpi":true,"mpi_shims":"openmpi,mpich","mpi_missing":"",
  *  "cuda":false,"nccl":false,"simd":"avx2"}
- * "mpi_reason" says why MPI is missing when "mpi" is false. Static string, never freed. */
+ * The runtime links no MPI: "mpi_shims" lists the MPI families it has a shim for (the job's libmpi is found
+ * and loaded at run time, see the option mpi_shim), "mpi_missing" says why a family has none. Static
+ * string, never freed. */
 HPCDL_API const char* hpcdl_build_info(void);
 
 /* ---- lifecycle ---------------------------------------------------------------------------------- */
@@ -111,7 +113,10 @@ HPCDL_API const char* hpcdl_build_info(void);
  *   rendezvous_job                tells this job from others walking the same ports with the same secret
  *   rendezvous_origin             what named the rendezvous (e.g. "MASTER_ADDR/MASTER_PORT"), for messages
  *   secret                        job secret (hex); peers must prove they hold it
- *   bootstrap=tcp|mpi             how ranks meet (mpi only when built with MPI and launched by mpirun)
+ *   bootstrap=tcp|mpi             how ranks meet (mpi: through the job's MPI, under its mpirun/mpiexec)
+ *   mpi_shim                      with bootstrap=mpi or transport=mpi: path of the MPI shim of the job's MPI
+ *                                 family (_mpi_openmpi.so, _mpi_mpich.so beside the runtime), loaded after
+ *                                 hpcdl.common loaded that family's libmpi with RTLD_GLOBAL
  *   transport=auto|shm|tcp|mpi    data plane to use between ranks (auto: shm within a host, tcp across)
  *   iface                         network interface (or IPv4 address) for TCP data connections; without it
  *                                 a rank is reached at the address the rendezvous saw it connect from

@@ -1,7 +1,7 @@
 // Communicator over MPI (transport=mpi): MPI's own collectives for the types and ops MPI has, an
 // allgather plus our kernels for the rest (float16, bfloat16, bool, average, scaling). Every wait polls
-// a non-blocking request against the deadline, so a dead peer cannot hang the caller forever.
-#include <mpi.h>
+// a non-blocking request against the deadline, so a dead peer cannot hang the caller forever. MPI is
+// reached through the shim of the job's MPI family (mpi_shim.h), so this file is compiled once for all.
 #include <sched.h>
 
 #include <algorithm>
@@ -17,49 +17,19 @@
 namespace hpcdl {
 namespace {
 
-MPI_Datatype mpi_type(int dtype) {
-  switch (dtype) {
-    case HPCDL_UINT8: return MPI_UINT8_T;
-    case HPCDL_INT8: return MPI_INT8_T;
-    case HPCDL_INT16: return MPI_INT16_T;
-    case HPCDL_INT32: return MPI_INT32_T;
-    case HPCDL_INT64: return MPI_INT64_T;
-    case HPCDL_FLOAT32: return MPI_FLOAT;
-    case HPCDL_FLOAT64: return MPI_DOUBLE;
-    default: return MPI_DATATYPE_NULL;  // float16, bfloat16, bool: reduced by our kernels
-  }
-}
-
-MPI_Op mpi_op(int op) {
-  switch (op) {
-    case HPCDL_SUM: return MPI_SUM;
-    case HPCDL_MIN: return MPI_MIN;
-    case HPCDL_MAX: return MPI_MAX;
-    case HPCDL_PRODUCT: return MPI_PROD;
-    default: return MPI_OP_NULL;
-  }
-}
-
 class MpiComm : public Comm {
  public:
-  MpiComm(MPI_Comm comm, const std::vector<int>& world) : comm_(comm), world_(world) {
-    MPI_Comm_rank(comm_, &rank_);
-    MPI_Comm_size(comm_, &size_);
-    MPI_Comm_dup(comm_, &bell_comm_);
+  MpiComm(const hpcdl_mpi_shim* mpi, void* comm, const std::vector<int>& world)
+      : mpi_(mpi), comm_(comm), world_(world) {
+    mpi_->comm_rank_size(comm_, &rank_, &size_);
+    mpi_->comm_dup(comm_, &bell_comm_);
   }
   ~MpiComm() override {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) {
+    if (!mpi_->finalized()) {
       // Receive doorbells nobody waited for, so MPI has no unmatched messages left at finalize.
-      int flag = 1;
-      while (flag) {
-        MPI_Status status;
-        MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, bell_comm_, &flag, &status);
-        if (flag) MPI_Recv(nullptr, 0, MPI_BYTE, status.MPI_SOURCE, status.MPI_TAG, bell_comm_, MPI_STATUS_IGNORE);
-      }
-      MPI_Comm_free(&comm_);
-      MPI_Comm_free(&bell_comm_);
+      mpi_->take_rings(bell_comm_, nullptr, nullptr);
+      mpi_->comm_free(&comm_);
+      mpi_->comm_free(&bell_comm_);
     }
   }
   int rank() const override { return rank_; }
@@ -72,8 +42,7 @@ class MpiComm : public Comm {
     if (!st.is_ok() || count == 0) return st;
     const size_t es = dtype_bytes(dtype), bytes = size_t(count) * es;
     const int partial = op == HPCDL_AVERAGE ? HPCDL_SUM : op;
-    MPI_Datatype type = mpi_type(dtype);
-    if (type != MPI_DATATYPE_NULL && count <= INT32_MAX && (is_float_dtype(dtype) || prescale == 1.0)) {
+    if (mpi_->native(dtype, partial) && count <= INT32_MAX && (is_float_dtype(dtype) || prescale == 1.0)) {
       std::vector<char> scaled;
       const void* in = send;
       if (prescale != 1.0) {
@@ -82,10 +51,10 @@ class MpiComm : public Comm {
         reduce(scaled.data(), srcs, 1, count, dtype, HPCDL_SUM, prescale, 1.0, 1);
         in = scaled.data();
       }
-      MPI_Request req;
+      void* req = nullptr;
       {
         std::lock_guard<std::mutex> lock(mutex_);
-        MPI_Iallreduce(in == recv ? MPI_IN_PLACE : in, recv, int(count), type, mpi_op(partial), comm_, &req);
+        mpi_->iallreduce(in, recv, int(count), dtype, partial, comm_, &req);
       }
       st = wait(&req, deadline, what);
       if (!st.is_ok()) return st;
@@ -118,12 +87,12 @@ class MpiComm : public Comm {
       displs[size_t(r)] = int(at);
       at += size_t(rc[size_t(r)]);
     }
-    std::vector<char> copy(size_t(rc[size_t(rank_)]));
+    std::vector<char> copy(static_cast<size_t>(rc[size_t(rank_)]));
     if (!copy.empty()) std::memcpy(copy.data(), send, copy.size());
-    MPI_Request req;
+    void* req = nullptr;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      MPI_Iallgatherv(copy.data(), rc[size_t(rank_)], MPI_BYTE, recv, rc.data(), displs.data(), MPI_BYTE, comm_, &req);
+      mpi_->iallgatherv(copy.data(), rc[size_t(rank_)], recv, rc.data(), displs.data(), comm_, &req);
     }
     return wait(&req, deadline, what);
   }
@@ -132,10 +101,10 @@ class MpiComm : public Comm {
                    const std::string& what) override {
     Status st = agree(make_desc(HPCDL_OP_BROADCAST, dtype, root, count), deadline, what);
     if (!st.is_ok()) return st;
-    MPI_Request req;
+    void* req = nullptr;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      MPI_Ibcast(buf, int(size_t(count) * dtype_bytes(dtype)), MPI_BYTE, root, comm_, &req);
+      mpi_->ibcast(buf, int(size_t(count) * dtype_bytes(dtype)), root, comm_, &req);
     }
     return wait(&req, deadline, what);
   }
@@ -159,10 +128,10 @@ class MpiComm : public Comm {
       sat += sc[size_t(r)];
       rat += rc[size_t(r)];
     }
-    MPI_Request req;
+    void* req = nullptr;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      MPI_Ialltoallv(send, sc.data(), sd.data(), MPI_BYTE, recv, rc.data(), rd.data(), MPI_BYTE, comm_, &req);
+      mpi_->ialltoallv(send, sc.data(), sd.data(), recv, rc.data(), rd.data(), comm_, &req);
     }
     return wait(&req, deadline, what);
   }
@@ -190,9 +159,7 @@ class MpiComm : public Comm {
     std::lock_guard<std::mutex> lock(mutex_);
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
-      MPI_Request req;
-      MPI_Isend(nullptr, 0, MPI_BYTE, r, int(cycle & kBellTagMask), bell_comm_, &req);
-      MPI_Request_free(&req);
+      mpi_->ring(r, int(cycle & kBellTagMask), bell_comm_);
     }
   }
   void notify_self() override {
@@ -210,18 +177,8 @@ class MpiComm : public Comm {
     while (true) {
       {
         std::lock_guard<std::mutex> lock(mutex_);
-        int flag = 1;
-        while (flag) {
-          MPI_Status status;
-          MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, bell_comm_, &flag, &status);
-          if (flag) {
-            MPI_Recv(nullptr, 0, MPI_BYTE, status.MPI_SOURCE, status.MPI_TAG, bell_comm_, MPI_STATUS_IGNORE);
-            // The tag's low bits tell the whole cycle number (rings are for cycles near `cycle`).
-            uint32_t delta = (uint32_t(status.MPI_TAG) - cycle) & kBellTagMask;
-            const uint32_t full = cycle + (delta > kBellTagMask / 2 ? delta - (kBellTagMask + 1) : delta);
-            if (int32_t(full - bell_) > 0) bell_ = full;
-          }
-        }
+        wait_cycle_ = cycle;
+        mpi_->take_rings(bell_comm_, &MpiComm::taken_ring, this);
       }
       if (int32_t(bell_ - cycle) >= 0) return Bell::kRung;
       {
@@ -241,16 +198,27 @@ class MpiComm : public Comm {
 
  private:
   static constexpr uint32_t kBellTagMask = 0x3fff;  // tags up to 32767 are valid in every MPI
-  uint32_t bell_ = 0;  // the latest cycle a peer rang for (only wait_notify's thread touches it)
+  uint32_t bell_ = 0;        // the latest cycle a peer rang for (only wait_notify's thread touches it)
+  uint32_t wait_cycle_ = 0;  // the cycle wait_notify waits for, near which every ring's cycle lies
   static constexpr std::chrono::microseconds kBellPollMax{1000};
 
-  Status wait(MPI_Request* req, Deadline deadline, const std::string& what) {
+  // The shim hands over each ring's tag: its low bits tell the whole cycle number (rings are for cycles
+  // near the one waited for).
+  static void taken_ring(void* context, int tag) {
+    auto* self = static_cast<MpiComm*>(context);
+    const uint32_t cycle = self->wait_cycle_;
+    const uint32_t delta = (uint32_t(tag) - cycle) & kBellTagMask;
+    const uint32_t full = cycle + (delta > kBellTagMask / 2 ? delta - (kBellTagMask + 1) : delta);
+    if (int32_t(full - self->bell_) > 0) self->bell_ = full;
+  }
+
+  Status wait(void** req, Deadline deadline, const std::string& what) {
     const auto start = Clock::now();
     while (true) {
       int done = 0;
       {
         std::lock_guard<std::mutex> lock(mutex_);
-        MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        mpi_->test(req, &done);
       }
       if (done) return Status::ok();
       auto now = Clock::now();
@@ -262,10 +230,10 @@ class MpiComm : public Comm {
   }
 
   Status gather_all(const void* send, size_t bytes, void* all, Deadline deadline, const std::string& what) {
-    MPI_Request req;
+    void* req = nullptr;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      MPI_Iallgather(send, int(bytes), MPI_BYTE, all, int(bytes), MPI_BYTE, comm_, &req);
+      mpi_->iallgather(send, int(bytes), all, comm_, &req);
     }
     return wait(&req, deadline, what);
   }
@@ -281,7 +249,9 @@ class MpiComm : public Comm {
     return check_descs(descs, world_, what);
   }
 
-  MPI_Comm comm_, bell_comm_;
+  const hpcdl_mpi_shim* mpi_;
+  void* comm_;
+  void* bell_comm_ = nullptr;
   std::vector<int> world_;
   int rank_ = 0, size_ = 1;
   std::mutex mutex_;
@@ -293,16 +263,13 @@ class MpiComm : public Comm {
 }  // namespace
 
 Status make_mpi_comm(const std::vector<int>& world_ranks, int my_rank, std::shared_ptr<Comm>* out) {
-  MPI_Group world_group, group;
-  MPI_Comm_group(MPI_COMM_WORLD, &world_group);
-  MPI_Group_incl(world_group, int(world_ranks.size()), world_ranks.data(), &group);
-  MPI_Comm comm;
-  int rc = MPI_Comm_create_group(MPI_COMM_WORLD, group, 0, &comm);
-  MPI_Group_free(&group);
-  MPI_Group_free(&world_group);
-  if (rc != MPI_SUCCESS || comm == MPI_COMM_NULL)
+  const hpcdl_mpi_shim* mpi = mpi_shim();
+  if (!mpi) return mpi_load("");
+  void* comm = nullptr;
+  int rc = mpi->comm_create(world_ranks.data(), int(world_ranks.size()), &comm);
+  if (rc != 0 || comm == nullptr)
     return Status::error(HPCDL_ERR_INTERNAL, "MPI_Comm_create_group failed for a process set");
-  *out = std::make_shared<MpiComm>(comm, world_ranks);
+  *out = std::make_shared<MpiComm>(mpi, comm, world_ranks);
   return Status::ok();
 }
 

@@ -39,9 +39,25 @@ class _Handler:
         else:
             self.value.load_state_dict(broadcast_object(self.value.state_dict()))
 
+    @property
+    def saved(self) -> Any:
+        """The committed ``state_dict``."""
+        return self._saved
+
     def set_value(self, value: Any) -> None:
         self.value = value
         self.save()
+
+    def load(self, saved: Any) -> None:
+        """Make ``saved`` (a committed ``state_dict``, e.g. from a checkpoint) committed and current."""
+        self._saved = saved
+        self.restore()
+
+    def layout(self) -> Any:
+        """Names, shapes and dtypes of a model's tensors; the kind of anything else."""
+        if isinstance(self.value, torch.nn.Module):
+            return {k: f"{v.dtype}{list(v.shape)}" for k, v in self._saved.items()}
+        return type(self.value).__name__
 
 
 _HANDLED = (torch.nn.Module, torch.optim.Optimizer, ElasticSampler)
@@ -71,9 +87,25 @@ class TorchState(ObjectState):
         super().restore()
 
     def sync(self) -> None:
-        for handler in self._handlers.values():
+        # Models last: a fresh optimizer's state is made by a zero-gradient step (broadcast_optimizer_state),
+        # which changes the parameters where weight decay applies; the model's broadcast then sets them.
+        handlers = list(self._handlers.values())
+        for handler in sorted(handlers, key=lambda h: isinstance(h.value, torch.nn.Module)):
             handler.sync()
         super().sync()
+
+    def checkpoint_payload(self) -> dict[str, Any]:
+        saved = {name: h.saved for name, h in self._handlers.items()}
+        return {**super().checkpoint_payload(), "torch": saved}
+
+    def load_checkpoint_payload(self, payload: dict[str, Any]) -> None:
+        for name, handler in self._handlers.items():
+            handler.load(payload["torch"][name])
+        super().load_checkpoint_payload(payload)
+
+    def checkpoint_layout(self) -> dict[str, Any]:
+        layout = {name: h.layout() for name, h in self._handlers.items()}
+        return {**super().checkpoint_layout(), "torch": layout}
 
     def __setattr__(self, name: str, value: Any) -> None:
         handlers = self.__dict__.get("_handlers", {})

@@ -12,6 +12,14 @@ export OMP_NUM_THREADS=1
 export NCCL_DEBUG=WARN
 module load cuda/12.4 || { printf 'hpcdl: module load %s failed\n' cuda/12.4 >&2; exit 1; }
 source $HOME/venv/bin/activate
+# Python of hpcdl's helpers and of a *.py command: /venv/bin/python
+# (the interpreter hpcdl runs in; login and compute nodes share the file system)
+if ! hpcdl_python_error=$(/venv/bin/python -c 'import hpcdl' 2>&1); then
+  printf '%s\n' "$hpcdl_python_error" >&2
+  printf 'hpcdl: the Python of this job, %s, cannot import hpcdl on %s (its error is above)\n' /venv/bin/python "$HOSTNAME" >&2
+  echo "hpcdl: give one that has hpcdl on the compute nodes: hpcdl submit --python PATH, python: in a site file, or a --module/--setup that provides it" >&2
+  exit 1
+fi
 
 # parameter sweep: one point per array task
 case "$PBS_ARRAY_INDEX" in
@@ -23,20 +31,25 @@ case "$PBS_ARRAY_INDEX" in
 esac
 
 # where the ranks leave their diagnostic files (last words, stacks, flight recorder): hpcdl debug analyze DIR
-HPCDL_DEBUG_DIR="${HPCDL_DEBUG_DIR:-$(python3 -m hpcdl.common.debug_dir)}" || { echo "hpcdl: no debug directory" >&2; exit 1; }
+HPCDL_DEBUG_DIR="${HPCDL_DEBUG_DIR:-$(/venv/bin/python -m hpcdl.runner.print_debug_dir)}" || { echo "hpcdl: no debug directory" >&2; exit 1; }
 export HPCDL_DEBUG_DIR
 
 # rendezvous of the hpcdl ranks: a fresh secret per job, and a server this script hosts for the whole job on
 # a port it binds itself, so nothing can take the port between choosing and binding it
-HPCDL_SECRET="$(python3 -c 'import secrets; print(secrets.token_hex(32))')" || { echo "hpcdl: could not make the job secret" >&2; exit 1; }
+HPCDL_SECRET="$(/venv/bin/python -c 'import secrets; print(secrets.token_hex(32))')" || { echo "hpcdl: could not make the job secret" >&2; exit 1; }
 export HPCDL_SECRET
-exec {hpcdl_rendezvous_fd}< <(exec python3 -m hpcdl.runner.batch_rendezvous --size 4 --master-port)
-read -r -t 120 HPCDL_RENDEZVOUS_ADDR HPCDL_RENDEZVOUS_PORT hpcdl_master_addr hpcdl_master_port hpcdl_rendezvous_pid <&"$hpcdl_rendezvous_fd"
+exec {hpcdl_rendezvous_fd}< <(exec /venv/bin/python -m hpcdl.runner.batch_rendezvous --size 4 --master-port)
+read -r -t 120 HPCDL_RENDEZVOUS_ADDR HPCDL_RENDEZVOUS_PORT hpcdl_master_addr hpcdl_master_port hpcdl_iface hpcdl_rendezvous_pid <&"$hpcdl_rendezvous_fd"
 exec {hpcdl_rendezvous_fd}<&-
 if [ -z "${hpcdl_rendezvous_pid:-}" ]; then echo "hpcdl: the job's rendezvous server did not start (its error is above); stopping the job" >&2; exit 1; fi
 trap 'kill "$hpcdl_rendezvous_pid" 2>/dev/null' EXIT
 export HPCDL_RENDEZVOUS_ADDR HPCDL_RENDEZVOUS_PORT
-# torch.distributed (env://): rank 0's host and a port free there (a MASTER_ADDR/MASTER_PORT set above wins)
+# torch.distributed (env://): rank 0's host and a port free there, and the network interface of the first
+# node towards the others (else gloo binds what the node's own name resolves to, 127.0.1.1 on Debian); a
+# MASTER_ADDR/MASTER_PORT/GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME set above wins
 export MASTER_ADDR="${MASTER_ADDR:-$hpcdl_master_addr}" MASTER_PORT="${MASTER_PORT:-$hpcdl_master_port}"
+if [ "${hpcdl_iface:--}" != - ]; then
+  export GLOO_SOCKET_IFNAME="${GLOO_SOCKET_IFNAME:-$hpcdl_iface}" NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-$hpcdl_iface}"
+fi
 
-mpiexec -n 4 --ppn 4 --depth 1 --cpu-bind depth --env OMP_NUM_THREADS=1 bash -c 'lr=${PALS_LOCAL_RANKID:-${PMI_LOCAL_RANK:?not started by mpiexec}}; export RANK="${RANK:-${PALS_RANKID:-${PMI_RANK:?not started by mpiexec}}}" LOCAL_RANK="${LOCAL_RANK:-$lr}" WORLD_SIZE="${WORLD_SIZE:-4}" LOCAL_WORLD_SIZE="${LOCAL_WORLD_SIZE:-4}"; if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then IFS=, read -r -a g <<< "$CUDA_VISIBLE_DEVICES"; else g=(0 1); fi; p=("${g[@]:$(( lr * 1 / 2 % ${#g[@]} )):1}"); export CUDA_VISIBLE_DEVICES="$(IFS=,; echo "${p[*]}")"; exec "$@"' hpcdl-rank python3 train.py
+mpiexec -n 4 --ppn 4 --depth 1 --cpu-bind depth --env OMP_NUM_THREADS=1 bash -c 'lr=${PALS_LOCAL_RANKID:-${PMI_LOCAL_RANK:?not started by mpiexec}}; export RANK="${RANK:-${PALS_RANKID:-${PMI_RANK:?not started by mpiexec}}}" LOCAL_RANK="${LOCAL_RANK:-$lr}" WORLD_SIZE="${WORLD_SIZE:-4}" LOCAL_WORLD_SIZE="${LOCAL_WORLD_SIZE:-4}"; if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then IFS=, read -r -a g <<< "$CUDA_VISIBLE_DEVICES"; else g=(0 1); fi; p=("${g[@]:$(( lr * 1 / 2 % ${#g[@]} )):1}"); export CUDA_VISIBLE_DEVICES="$(IFS=,; echo "${p[*]}")"; exec "$@"' hpcdl-rank /venv/bin/python train.py

@@ -12,20 +12,21 @@ applying every N batches; a ``LearningRateSchedule`` advances once per update).
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import keras
 
+from hpcdl._keras.framework import Framework
 from hpcdl.common.reduce_ops import Average, Sum
-from hpcdl.keras import _backend
 
 
 @dataclass(frozen=True)
 class Settings:
     """How a distributed optimizer class reduces gradients (Horovod's DistributedOptimizer arguments,
-    checked; None for compression and process_set: the backend framework's defaults)."""
+    checked; None for compression and process_set: the framework's defaults, see :meth:`resolved`)."""
 
     name: Optional[str] = None
     compression: Any = None
@@ -48,9 +49,14 @@ class Settings:
         groups = self.groups
         if groups is not None and not (isinstance(groups, list) or (isinstance(groups, int) and groups > 0)):
             raise ValueError("groups should be a non-negative integer or a list of list of tf.Variable.")
-        hvd = _backend.current().hvd
-        object.__setattr__(self, "compression", self.compression or hvd.Compression.none)
-        object.__setattr__(self, "process_set", self.process_set or hvd.global_process_set)
+
+    def resolved(self, framework: Framework) -> Settings:
+        """These settings with the framework's defaults for compression and process set."""
+        return dataclasses.replace(
+            self,
+            compression=self.compression or framework.hvd.Compression.none,
+            process_set=self.process_set or framework.hvd.global_process_set,
+        )
 
     def reducer_options(self) -> dict[str, Any]:
         """The arguments of the backend's gradient reducer."""
@@ -62,15 +68,16 @@ class _DistributedOptimizer:
     """Placed before the wrapped optimizer's class; see ``DistributedOptimizer``."""
 
     _hpcdl_settings: Settings
+    _hpcdl_framework: Framework
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        settings, backend = self._hpcdl_settings, _backend.current()
+        settings, framework = self._hpcdl_settings, self._hpcdl_framework
         name = settings.name or f"Distributed{type(self).__name__}"
-        self._hpcdl_reducer = backend.reducer(name, settings.reducer_options())
+        self._hpcdl_reducer = framework.reducer(name, settings.reducer_options())
         passes = settings.backward_passes_per_step
         self._hpcdl_aggregation = (
-            backend.aggregation(passes, settings.average_aggregated_gradients, settings.sparse_as_dense)
+            framework.aggregation(passes, settings.average_aggregated_gradients, settings.sparse_as_dense)
             if passes > 1
             else None
         )
@@ -105,18 +112,21 @@ def is_distributed(cls: type) -> bool:
     return issubclass(cls, _DistributedOptimizer)
 
 
-def distributed_class(base: type, settings: Settings) -> type:
-    """The distributed subclass of optimizer class ``base``; its ``from_config`` makes distributed
+def distributed_class(base: type, settings: Settings, framework: Framework) -> type:
+    """The distributed subclass of Keras 3 optimizer class ``base``; its ``from_config`` makes distributed
     optimizers (what ``load_model`` needs)."""
-    return type(
-        base.__name__,
-        (_DistributedOptimizer, base),
-        {"_hpcdl_settings": settings, "__module__": base.__module__, "__qualname__": base.__qualname__},
-    )
+    namespace = {
+        "_hpcdl_settings": settings.resolved(framework),
+        "_hpcdl_framework": framework,
+        "__module__": base.__module__,
+        "__qualname__": base.__qualname__,
+    }
+    return type(base.__name__, (_DistributedOptimizer, base), namespace)
 
 
 def DistributedOptimizer(
-    optimizer: keras.optimizers.Optimizer,
+    framework: Framework,
+    optimizer: Any,
     name: Optional[str] = None,
     device_dense: str = "",
     device_sparse: str = "",
@@ -130,11 +140,12 @@ def DistributedOptimizer(
     groups: Any = None,
     process_set: Any = None,
     scale_local_gradients: bool = True,
-) -> keras.optimizers.Optimizer:
+) -> Any:
     """Wrap a Keras 3 optimizer so that gradients are averaged over the ranks of ``process_set`` before
     they are applied.
 
     Args:
+        framework: the framework API that reduces them.
         optimizer: any ``keras.optimizers.Optimizer`` (a fresh one: the wrapper is made from its config).
         name: prefix of the engine's operation names (default ``Distributed<Optimizer>``).
         compression: ``hvd.Compression.fp16`` sends floating-point gradients as float16.
@@ -150,8 +161,8 @@ def DistributedOptimizer(
     """
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise ValueError(
-            "DistributedOptimizer wraps a Keras 3 optimizer (keras.optimizers.*), "
-            f"got {type(optimizer).__name__}"
+            "DistributedOptimizer wraps a Keras 3 optimizer (keras.optimizers.*), or a tf-keras one "
+            f"(tf.keras.optimizers.* under TF_USE_LEGACY_KERAS=1), got {type(optimizer).__name__}"
         )
     if is_distributed(type(optimizer)):
         raise ValueError("this optimizer is already a DistributedOptimizer; wrap the plain optimizer once")
@@ -174,4 +185,47 @@ def DistributedOptimizer(
         process_set=process_set,
         scale_local_gradients=scale_local_gradients,
     )
-    return distributed_class(type(optimizer), chosen).from_config(optimizer.get_config())
+    return distributed_class(type(optimizer), chosen, framework).from_config(optimizer.get_config())
+
+
+def register_local_layers(optimizer: Any, local_layers: Any, layer_class: type) -> Any:
+    """``PartialDistributedOptimizer``'s part: keep the gradients of ``local_layers`` (a layer or a list)
+    local on ``optimizer`` (a distributed one); returns it."""
+    if local_layers is None:
+        layers: list[Any] = []
+    elif isinstance(local_layers, layer_class):
+        layers = [local_layers]
+    else:
+        layers = list(local_layers)
+        if not all(isinstance(layer, layer_class) for layer in layers):
+            raise ValueError("All local layers must be of tf.keras.layers.Layer type.")
+    for layer in layers:
+        for variable in layer.trainable_weights:
+            optimizer.register_local_var(variable)
+    return optimizer
+
+
+def load_model_objects(
+    wrap: Any, classes: list[type], custom_optimizers: Optional[list[type]], custom_objects: Optional[dict]
+) -> dict[str, Any]:
+    """``load_model``'s custom objects: every optimizer class (Keras' and ``custom_optimizers``) replaced by
+    ``wrap(cls)``, its distributed subclass, under its name and in lower case (how Keras looks built-in
+    optimizers up), then ``custom_objects``."""
+    objects: dict[str, Any] = {}
+    for cls in [*classes, *(custom_optimizers or [])]:
+        wrapped = wrap(cls)
+        objects[cls.__name__] = wrapped
+        objects[cls.__name__.lower()] = wrapped
+    objects.update(custom_objects or {})
+    return objects
+
+
+def subclasses(root: type, skip: Any) -> list[type]:
+    """Every subclass of ``root`` (subclasses of subclasses too), but those ``skip(cls)`` is True for."""
+    found, todo = [], list(root.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        if not skip(cls):
+            found.append(cls)
+            todo.extend(cls.__subclasses__())
+    return found
