@@ -326,7 +326,9 @@ void Engine::settle() {
 // a caller already waits for a result while operations are queued: then nothing is coming that the cycle
 // could wait for (a loop of short steps would otherwise run one step per cycle time).
 void Engine::wait_for_batch() {
-  const auto [cycle, threshold] = batching_knobs();
+  const auto knobs = batching_knobs();
+  const Clock::duration cycle = knobs.first;
+  const int64_t threshold = knobs.second;  // a plain variable: a lambda may not capture a structured binding
   if (!fused_last_cycle_ || cycle <= Clock::duration::zero() || threshold <= 0) return;
   const auto until = last_cycle_start_ + cycle;
   std::unique_lock<std::mutex> lock(mutex_);
