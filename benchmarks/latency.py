@@ -106,7 +106,8 @@ def worker(sizes: list[int], rounds: int, budget: float, busy: bool) -> None:
         hc.init()
     rank = hc.rank()
     spinner = busy_process() if busy else None
-    report: dict = {"sizes": {}}
+    # Which hpcdl the ranks measure: an editable install's import hook can win over PYTHONPATH.
+    report: dict = {"sizes": {}, "hpcdl": os.path.dirname(os.path.abspath(hc.__file__))}
     for done, nbytes in enumerate(sizes):
         impls = _impls(nbytes)
         counts = {}
@@ -229,12 +230,21 @@ def main(argv: Optional[list[str]] = None) -> None:
     worker_args = ["--worker", "--sizes", ",".join(map(str, sizes)), "--rounds", str(args.rounds)]
     worker_args += ["--block-seconds", str(args.block_seconds)] + (["--busy"] if args.busy else [])
     (text,) = run_ranks(__file__, args.num_proc, worker_args, "REPORT", use_mpi, args.no_progress)[:1]
-    summary = summarize(json.loads(text))
+    report = json.loads(text)
+    measured = os.path.dirname(report["hpcdl"])
+    wanted = [os.path.abspath(d) for d in (args.pythonpath or "").split(os.pathsep) if d]
+    if wanted and not any(measured.startswith(d + os.sep) for d in wanted):
+        sys.exit(
+            f"the ranks imported hpcdl from {measured}, not from {args.pythonpath}: an editable install's "
+            "import hook wins over PYTHONPATH; measure from an environment without it (or both builds "
+            "installed with pip --target)"
+        )
+    summary = summarize(report)
     load_after = os.getloadavg()[0]
     busy = ", a busy process beside each rank" if args.busy else ""
     header = (
         f"allreduce latency, float32, {args.num_proc} ranks{busy}; "
-        f"{'hpcdl from ' + args.pythonpath if args.pythonpath else 'commit ' + _commit()}; "
+        f"hpcdl from {measured}{'' if args.pythonpath else ' (commit ' + _commit() + ')'}; "
         f"load average {load_before:.2f} before, {load_after:.2f} after"
     )
     if args.json:
