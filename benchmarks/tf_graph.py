@@ -160,18 +160,25 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--steps", type=int, default=50, help="timed steps per window (default 50)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds one job may take")
     parser.add_argument("--json", action="store_true", help="print every step time as JSON")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on a terminal")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         worker(args)
         return
+    from hpcdl.common import progress  # here: the ranks of an older build run this file too
+
     builds = args.build or ["installed"]
     load_before = os.getloadavg()[0]
     rounds = []
-    for i in range(args.rounds):
-        order = builds if i % 2 == 0 else builds[::-1]
-        rounds.append({build: _job(build, args) for build in order})
-        print(f"round {i + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+    with progress.bar("tf_graph jobs", args.rounds * len(builds), no_progress=args.no_progress) as bar:
+        for i in range(args.rounds):
+            order = builds if i % 2 == 0 else builds[::-1]
+            jobs = {}
+            for build in order:
+                jobs[build] = _job(build, args)
+                bar.advance()
+            rounds.append(jobs)
     load_after = os.getloadavg()[0]
     if args.json:
         print(json.dumps({"builds": builds, "rounds": rounds}))

@@ -191,6 +191,7 @@ def run_command(
     stall_check_shutdown_time_seconds: Optional[float] = _tunable(
         "stall_check_shutdown_time_seconds", "--stall-check-shutdown-time-seconds"
     ),
+    flight_recorder_size: Optional[int] = _tunable("flight_recorder_size", "--flight-recorder-size"),
     log_level: Optional[str] = _tunable("log_level", "--log-level"),
     timeout: Optional[float] = _tunable("timeout", "--timeout", "--gloo-timeout-seconds"),
     transport: Optional[str] = _tunable("transport", "--transport"),

@@ -147,6 +147,8 @@ SETTINGS: tuple[Setting, ...] = (
         False,
         bool,
     ),
+    # Submissions each rank's flight recorder keeps for its dumps in the job's debug directory (0: none).
+    Setting("flight_recorder_size", "flight_recorder_size", "HPCDL_FLIGHT_RECORDER_SIZE", None, 2048, int),
     Setting(
         "dynamic_process_sets",
         "dynamic_process_sets",

@@ -180,8 +180,8 @@ Status HierarchicalComm::reducescatter(const void* send, void* recv, const std::
   return flat_->reducescatter(send, recv, recv_counts, dtype, op, prescale, postscale, deadline, what);
 }
 Status HierarchicalComm::barrier(Deadline deadline, const std::string& what) { return flat_->barrier(deadline, what); }
-void HierarchicalComm::notify_peers() { flat_->notify_peers(); }
+void HierarchicalComm::notify_peers(uint32_t cycle) { flat_->notify_peers(cycle); }
 void HierarchicalComm::notify_self() { flat_->notify_self(); }
-bool HierarchicalComm::wait_notify(Deadline until) { return flat_->wait_notify(until); }
+Comm::Bell HierarchicalComm::wait_notify(uint32_t cycle, Deadline until) { return flat_->wait_notify(cycle, until); }
 
 }  // namespace hpcdl

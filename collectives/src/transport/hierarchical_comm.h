@@ -43,9 +43,9 @@ class HierarchicalComm : public Comm {
   Status reducescatter(const void* send, void* recv, const std::vector<int64_t>& recv_counts, int dtype, int op,
                        double prescale, double postscale, Deadline deadline, const std::string& what) override;
   Status barrier(Deadline deadline, const std::string& what) override;
-  void notify_peers() override;
+  void notify_peers(uint32_t cycle) override;
   void notify_self() override;
-  bool wait_notify(Deadline until) override;
+  Bell wait_notify(uint32_t cycle, Deadline until) override;
 
  private:
   Status allreduce_sliced(const void* send, void* recv, int64_t count, int dtype, int op, double prescale,

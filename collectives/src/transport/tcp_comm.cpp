@@ -270,8 +270,11 @@ Status TcpComm::barrier(Deadline deadline, const std::string& what) {
   HPCDL_TCP_OP(p2p_barrier(*this, deadline, what));
 }
 
-void TcpComm::notify_peers() {
-  const char byte = 1;
+// A ring is one byte: the low byte of the cycle it is for. A waiter for cycle c can only find rings for
+// c - 127 .. c + 1 (no peer starts cycle c + 2 before this member took part in c + 1), so the byte tells the
+// whole cycle number; the latest one rung is remembered in bell_.
+void TcpComm::notify_peers(uint32_t cycle) {
+  const char byte = static_cast<char>(cycle & 0xff);
   for (int fd : bell_fds_)
     if (fd >= 0) (void)!send(fd, &byte, 1, MSG_NOSIGNAL | MSG_DONTWAIT);  // a full pipe already rings
 }
@@ -281,7 +284,7 @@ void TcpComm::notify_self() {
   (void)!write(self_bell_, &one, sizeof(one));
 }
 
-bool TcpComm::wait_notify(Deadline until) {
+Comm::Bell TcpComm::wait_notify(uint32_t cycle, Deadline until) {
   std::vector<pollfd> fds;
   std::vector<size_t> owner;  // index into bell_fds_ of each polled doorbell (self: npos)
   fds.push_back({self_bell_, POLLIN, 0});
@@ -292,25 +295,37 @@ bool TcpComm::wait_notify(Deadline until) {
     fds.push_back({bell_fds_[i], POLLIN, 0});
     owner.push_back(i);
   }
+  auto rung_for = [&]() { return static_cast<int32_t>(bell_ - cycle) >= 0; };
   while (true) {
+    if (rung_for()) return Bell::kRung;
     int rc = poll(fds.data(), nfds_t(fds.size()), poll_timeout_ms(until));
     if (rc > 0) {
-      bool rung = false;
-      char buf[256];
+      bool rung = false, poked = false;
+      uint8_t buf[256];
       for (size_t k = 0; k < fds.size(); ++k) {
         if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-        rung = true;
         if (fds[k].fd == self_bell_) {
           uint64_t v;
           (void)!read(self_bell_, &v, sizeof(v));
-        } else if (recv(fds[k].fd, buf, sizeof(buf), MSG_DONTWAIT) == 0) {
-          // The peer is gone: stop listening to its doorbell (the data ops report the loss by name).
+          poked = true;
+          continue;
+        }
+        const ssize_t n = recv(fds[k].fd, buf, sizeof(buf), MSG_DONTWAIT);
+        if (n == 0) {
+          // The peer is gone: stop listening to its doorbell (the data ops report the loss by name), and
+          // let the engine look (its next cycle fails, naming the peer).
           bell_quiet_[owner[k]] = true;
+          rung = true;
+        }
+        for (ssize_t i = 0; i < n; ++i) {
+          const uint32_t full = cycle + static_cast<int8_t>(static_cast<uint8_t>(buf[i] - (cycle & 0xff)));
+          if (static_cast<int32_t>(full - bell_) > 0) bell_ = full;
         }
       }
-      if (rung) return true;
+      if (rung || rung_for()) return Bell::kRung;
+      if (poked) return Bell::kPoked;
     }
-    if (Clock::now() >= until) return false;
+    if (Clock::now() >= until) return Bell::kTimeout;
   }
 }
 

@@ -39,9 +39,9 @@ class TcpComm : public Comm, public P2P {
                        double prescale, double postscale, Deadline deadline, const std::string& what) override;
   Status barrier(Deadline deadline, const std::string& what) override;
 
-  void notify_peers() override;
+  void notify_peers(uint32_t cycle) override;
   void notify_self() override;
-  bool wait_notify(Deadline until) override;
+  Bell wait_notify(uint32_t cycle, Deadline until) override;
 
   // P2P
   int p2p_rank() const override { return rank_; }
@@ -62,6 +62,7 @@ class TcpComm : public Comm, public P2P {
   std::vector<int> fds_, bell_fds_;
   std::vector<bool> bell_quiet_;  // doorbells whose peer hung up (only wait_notify's thread touches it)
   int self_bell_ = -1;
+  uint32_t bell_ = 0;  // the latest cycle a peer rang for (only wait_notify's thread touches it)
   size_t small_message_bytes_ = 65536;
   Status broken_;
 };
