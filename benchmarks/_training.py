@@ -23,6 +23,7 @@ def parser(description: str, steps: int, repeats: int, framework: str) -> argpar
     whose threads ``--threads`` sets)."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--launch", help="comma list of rank counts to launch with hpcdl run, e.g. 1,2")
+    p.add_argument("--hosts", help="with --launch: the ranks' hosts (hpcdl run -H syntax: host1:1,host2:1)")
     p.add_argument("--batch-size", type=int, default=32, help="samples per rank per step")
     p.add_argument("--steps", type=int, default=steps, help="steps per timed window")
     p.add_argument("--repeats", type=int, default=repeats, help="timed windows per variant (median kept)")
@@ -96,7 +97,8 @@ def interleaved(
 def launch_each(script: str, args: argparse.Namespace) -> dict[int, Result]:
     """Run ``script``'s worker under ``hpcdl run -np N`` for each N of ``--launch``; every run gets the
     same threads per rank (``cores / largest N`` unless ``--threads``), so that N ranks are compared with
-    one of them on the same share of the machine. Returns rank 0's result of each run."""
+    one of them on the same share of the machine; ``--hosts`` places them on other hosts. Returns rank 0's
+    result of each run."""
     counts = [int(n) for n in args.launch.split(",")]
     threads = args.threads or max(1, (os.cpu_count() or 1) // max(counts))
     worker_args = ["--json", "--report-progress", "--steps", str(args.steps), "--warmup", str(args.warmup)]
@@ -104,7 +106,7 @@ def launch_each(script: str, args: argparse.Namespace) -> dict[int, Result]:
     worker_args += ["--threads", str(threads)]
     results = {}
     for ranks in counts:
-        texts = run_ranks(script, ranks, worker_args, "RESULT", no_progress=args.no_progress)
+        texts = run_ranks(script, ranks, worker_args, "RESULT", False, args.no_progress, hosts=args.hosts)
         results[ranks] = json.loads(texts[0])
     return results
 

@@ -265,7 +265,7 @@ def render(report: dict) -> str:
     ]
     for name, ms in report["median_step_ms"].items():
         lines.append(f"{name:<12}{ms:>11.2f} ms")
-    lines.append(f"engine / flat: {report['engine_vs_flat']}  (target <= 1.15)")
+    lines.append(f"engine / flat: {report['engine_vs_flat']}  (target <= 1.05)")
     if report["packed_vs_flat"] is not None:
         lines.append(f"packed / flat: {report['packed_vs_flat']}  (the engine on views into one buffer)")
     if report["torch_vs_flat"] is not None:
@@ -275,7 +275,7 @@ def render(report: dict) -> str:
     if report["mpi4py_vs_engine"] is not None:
         lines.append(f"mpi4py / engine: {report['mpi4py_vs_engine']}  (target >= 1)")
     for key, value in report["lone_4_byte_allreduce_us"].items():
-        target = "  (target < 50 us)" if key.startswith("engine") else ""
+        target = "  (target <= 10 us)" if key.startswith("engine") else ""
         lines.append(f"lone 4-byte allreduce, {key[:-3]}: {value} us{target}")
     return "\n".join(lines)
 

@@ -54,7 +54,7 @@ def worker(iterations: int, warmup: int) -> None:
     import hpcdl.torch as hvd
     from hpcdl.common import config
     from hpcdl.torch import _gpu
-    from hpcdl.torch._gpu_groups import Groups
+    from hpcdl.torch._gpu.groups import Groups
 
     torch.set_num_threads(1)
     hvd.init()

@@ -49,5 +49,14 @@ echo "==> $VPY -m pip install -e .[torch,tensorflow,mpi,dev]"
 "$VPY" -m pip install -q "scikit-build-core>=0.8"
 "$VPY" -m pip install -q -e ".[torch,tensorflow,mpi,dev]"
 # hpcdl.tensorflow's asynchronous graph kernel, compiled against this TensorFlow (else on first use).
-"$VPY" -m hpcdl.tensorflow._latch || echo "==> (graph kernel not built; hpcdl warns and builds on first use)"
+# What TensorFlow's import and the compiler print is shown only when the build fails.
+echo "==> building hpcdl.tensorflow's graph kernel"
+kernel_log=$(mktemp)
+if kernel=$(TF_CPP_MIN_LOG_LEVEL=3 "$VPY" -c 'from hpcdl.tensorflow._latch import prebuild; prebuild()' 2>"$kernel_log"); then
+  echo "==> graph kernel: $kernel"
+else
+  tail -n 20 "$kernel_log"
+  echo "==> (graph kernel not built; hpcdl warns and builds on first use)"
+fi
+rm -f "$kernel_log"
 echo "==> done: run the tests with '$VPY -m pytest'; try '$VENV/bin/hpcdl check-build --verbose'"

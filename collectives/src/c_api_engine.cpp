@@ -143,6 +143,13 @@ HPCDL_API int hpcdl_stop_timeline(void) {
   return set_error(engine->stop_timeline());
 }
 
+HPCDL_API int hpcdl_flight_dump(const char* reason, const char* message) {
+  int code = HPCDL_OK;
+  Engine* engine = need_engine(&code);
+  if (!engine) return code;
+  return set_error(engine->flight_dump(reason ? reason : "request", message ? message : ""));
+}
+
 // NaN when the name is unknown or the runtime is not initialised (hpcdl_last_error says which).
 HPCDL_API double hpcdl_get_knob(const char* name) {
   int code = HPCDL_OK;

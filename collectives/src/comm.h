@@ -44,6 +44,9 @@ class Comm {
   virtual int rank() const = 0;                            // rank within this comm
   virtual int size() const = 0;
   virtual const std::vector<int>& world_ranks() const = 0;  // comm rank -> world rank
+  // How an allreduce of `bytes` crosses hosts here, for the timeline and logs: "hierarchical" (shared memory
+  // within hosts, TCP between them), "flat" (one TCP mesh over members on several hosts), "" (one host, MPI).
+  virtual std::string path(size_t bytes) const { return ""; }
 
   // `what` names the operation in timeout/peer-loss messages (e.g. "allreduce 'grad.fc1.weight'").
   virtual Status allreduce(const void* send, void* recv, int64_t count, int dtype, int op, double prescale,
@@ -71,12 +74,27 @@ class Comm {
                                const std::string& what) = 0;
   virtual Status barrier(Deadline deadline, const std::string& what) = 0;
 
-  // Control plane for the engine's event-driven loop: notify_peers() wakes every other member blocked
-  // in wait_notify(); wait_notify() returns true when woken (by a peer or by notify_self()), false when
-  // `until` passed. Waiting yields the CPU (no busy spin beyond a short bounded poll).
-  virtual void notify_peers() = 0;
+  // Every member contributes `slot_bytes` bytes; `all` receives them in rank order (slot_bytes x size). The
+  // engine's control messages travel so; transports that can do it in one step override it.
+  virtual Status allgather_slots(const void* mine, void* all, size_t slot_bytes, Deadline deadline,
+                                 const std::string& what) {
+    return allgatherv(mine, all, std::vector<int64_t>(static_cast<size_t>(size()), static_cast<int64_t>(slot_bytes)),
+                      HPCDL_UINT8, deadline, what);
+  }
+
+  // The engine's doorbell. The engine's cycles are numbered alike on every member; a member that starts
+  // cycle c while its peers may be idle rings them for c. wait_notify(c, until) returns kRung when a peer
+  // rang for cycle c or a later one, kPoked when notify_self() was called, kTimeout when `until` passed;
+  // rings for earlier cycles (which the waiter took part in already) are dropped, so a ring never needs
+  // clearing. Waiting yields the CPU (no busy spin beyond a short bounded poll).
+  enum class Bell { kTimeout = 0, kRung = 1, kPoked = 2 };
+  virtual void notify_peers(uint32_t cycle) = 0;
   virtual void notify_self() = 0;
-  virtual bool wait_notify(Deadline until) = 0;
+  virtual Bell wait_notify(uint32_t cycle, Deadline until) = 0;
+  // Rings the peers for `cycle` if the next collective on this communicator has not found them all within
+  // `after`: the common case, peers that arrive on their own, then costs no wake-up. Transports that cannot
+  // watch their waits ring at once.
+  virtual void ring_if_late(uint32_t cycle, std::chrono::nanoseconds /*after*/) { notify_peers(cycle); }
 };
 
 }  // namespace hpcdl

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -45,6 +46,32 @@ Status random_secret(std::string* secret) {
   secret->clear();
   for (uint8_t b : raw) *secret += std::string{hex[b >> 4], hex[b & 15]};
   return Status::ok();
+}
+
+// Allreduces of at least this many bytes over `ranks` take the hierarchical path; 0: none (flat TCP).
+// hierarchical=1 (HPCDL_HIERARCHICAL_ALLREDUCE) makes it every allreduce above the small-message size,
+// hierarchical=0 none; unset (auto), those of at least kAutoHierarchicalBytes when the ranks span hosts and
+// some host has several of them. Below that the flat ring won on the namespace hosts of benchmarks/README.md
+// (two hosts of two ranks on two cores), where each of the path's shared-memory steps waits for a rank
+// that shares its core; where every rank has a core of its own, hierarchical=1 is worth trying.
+constexpr size_t kAutoHierarchicalBytes = 4 << 20;
+
+size_t hierarchical_min_bytes(const Options& options, const std::vector<PeerInfo>& peers,
+                              const std::vector<int>& ranks) {
+  const std::string choice = options.get("hierarchical", "auto");
+  const size_t above_small = size_t(options.get_int("small_message_bytes", 65536)) + 1;
+  std::map<std::string, int> per_host;
+  for (int r : ranks) ++per_host[peers[size_t(r)].host];
+  if (per_host.size() < 2) return 0;
+  if (choice != "auto" && !choice.empty()) return options.get_bool("hierarchical", true) ? above_small : 0;
+  for (const auto& host : per_host)
+    if (host.second > 1) return std::max(above_small, kAutoHierarchicalBytes);
+  return 0;
+}
+
+bool logs_info(const Options& options) {
+  const std::string level = options.get("log_level", "warning");
+  return level == "info" || level == "debug" || level == "trace";
 }
 
 std::vector<int> parse_ranks(const std::string& text) {
@@ -226,11 +253,14 @@ Status Runtime::start(const Options& options) {
   if (transport_ == "shm" && spans)
     return Status::error(HPCDL_ERR_INVALID, "transport=shm needs every rank on one host, but ranks span " +
                                                 std::to_string(per_host.size()) + " hosts; use auto or tcp");
+  std::vector<int> world(static_cast<size_t>(size_));
+  for (int i = 0; i < size_; ++i) world[size_t(i)] = i;
   if (transport_ == "mpi") {
     local_transport_ = cross_transport_ = "mpi";
   } else {
     local_transport_ = size_ == 1 || local_size_ == 1 ? "self" : (transport_ == "tcp" || spans ? "tcp" : "shm");
-    if (spans && transport_ != "tcp" && options_.get_bool("hierarchical", true) && local_size_ > 1) local_transport_ = "shm";
+    if (spans && transport_ != "tcp" && hierarchical_min_bytes(options_, peers_, world) > 0 && local_size_ > 1)
+      local_transport_ = "shm";
     cross_transport_ = spans ? "tcp" : "self";
   }
 
@@ -241,19 +271,26 @@ Status Runtime::start(const Options& options) {
     Status st = ensure_open_files(tcp_meshes * 2 * size_t(size_ - 1) + 6 * size_t(per_host.size()),
                                   "connections to the job's " + std::to_string(size_ - 1) + " other ranks");
     if (!st.is_ok()) return st;
-    std::vector<int> all(static_cast<size_t>(size_));
-    for (int i = 0; i < size_; ++i) all[size_t(i)] = i;
-    st = TcpComm::create(*endpoint_, peers_, all, rank_, "boot", 0, deadline, &world_boot_);
+    st = TcpComm::create(*endpoint_, peers_, world, rank_, "boot", 0, deadline, &world_boot_);
     if (!st.is_ok()) return st;
   }
-  std::vector<int> world(static_cast<size_t>(size_));
-  for (int i = 0; i < size_; ++i) world[size_t(i)] = i;
   Status st = build_process_set(0, world);
   if (!st.is_ok()) return st;
   for (const auto& ranks : parse_process_sets(options_.get("process_sets"))) {
     int id = 0;
     st = add_process_set(ranks, &id);
     if (!st.is_ok()) return st;
+  }
+  if (rank_ == 0 && spans && transport_ != "mpi" && logs_info(options_)) {  // what hpcdl run --verbose shows
+    const size_t from = hierarchical_min_bytes(options_, peers_, world);
+    const std::string line = "hpcdl: " + std::to_string(size_) + " ranks on " + std::to_string(per_host.size()) +
+                             " hosts (" + (homogeneous_ ? std::to_string(local_size_) + " per host" : "unequal") +
+                             "); allreduce across hosts: " +
+                             (from > 0 ? "hierarchical from " + std::to_string(from) +
+                                             " bytes (shared memory within a host, TCP between hosts), flat below"
+                                       : std::string("flat (TCP between every pair of ranks)")) +
+                             "; HPCDL_HIERARCHICAL_ALLREDUCE=" + options_.get("hierarchical", "auto") + "\n";
+    std::fputs(line.c_str(), stderr);
   }
   return Status::ok();
 }
@@ -371,9 +408,10 @@ Status Runtime::make_comm(const std::vector<int>& ranks, int set_id, Channel cha
     std::shared_ptr<TcpComm> tcp;
     Status st = make_tcp_comm(ranks, my, key, deadline, &tcp);
     if (!st.is_ok()) return st;
-    if (!one_host && transport_ != "tcp" && options_.get_bool("hierarchical", true)) {
+    const size_t hierarchical = hierarchical_min_bytes(options_, peers_, ranks);
+    if (!one_host && transport_ != "tcp" && hierarchical > 0) {
       std::shared_ptr<Comm> hier;
-      st = HierarchicalComm::create(*this, ranks, my, key, tcp, deadline, &hier);
+      st = HierarchicalComm::create(*this, ranks, my, key, tcp, hierarchical, deadline, &hier);
       if (!st.is_ok()) return st;
       *out = hier;
       return Status::ok();

@@ -13,11 +13,10 @@ from rich.live import Live
 from rich.table import Table
 
 from hpcdl.checkpoint.report import job_progress
-from hpcdl.cli import progress
+from hpcdl.common import progress
 from hpcdl.common.exceptions import HpcdlError
-from hpcdl.scaling import watch
 from hpcdl.scaling.cluster import load_jobs
-from hpcdl.schedulers import Scheduler, get_scheduler
+from hpcdl.schedulers import Scheduler, get_scheduler, scheduler_names, watch
 from hpcdl.schedulers.records import load_record
 from hpcdl.schedulers.submission import job_log_files, scheduler_of, tail
 
@@ -25,7 +24,9 @@ jobs_app = typer.Typer(
     help="Follow batch jobs: status, watch, cancel, logs.", no_args_is_help=True, rich_markup_mode=None
 )
 
-_SCHEDULER_HELP = "auto|slurm|pbs|cobalt|lsf|flux (default: the one hpcdl submitted the job to, else auto)."
+_SCHEDULER_HELP = (
+    f"auto|{'|'.join(scheduler_names())} (default: the one hpcdl submitted the job to, else auto)."
+)
 
 
 def _backend(job_id: str, scheduler: str) -> Scheduler:

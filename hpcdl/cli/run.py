@@ -10,15 +10,17 @@ from typing import Any, Optional
 
 import typer
 
+from hpcdl import jobenv
 from hpcdl._version import __version__
 from hpcdl.cli.helpformat import PanelledCommand
 from hpcdl.common.exceptions import HpcdlError
+from hpcdl.platforms.lsf import Jsrun
 from hpcdl.runner.elastic import ElasticOptions
 from hpcdl.runner.errors import LaunchError
 from hpcdl.runner.horovodrun import NO_EFFECT, no_effect_notes
 from hpcdl.runner.hosts import parse_hostfile, parse_hosts_arg
 from hpcdl.runner.launch import LaunchSpec, MpiOptions, launch
-from hpcdl.runner.launchers import LAUNCHER_CHOICES
+from hpcdl.runner.launchers import launcher_choices
 from hpcdl.runner.output import OutputOptions
 from hpcdl.runner.procs import HOST_KEY_POLICIES, SshOptions
 from hpcdl.runner.rank_env import parse_extra_env
@@ -71,13 +73,15 @@ def run_command(
     launcher: str = typer.Option(
         "auto",
         "--launcher",
-        help=f"What starts the ranks: {', '.join(LAUNCHER_CHOICES)}. auto: the allocation's own launcher "
-        "(srun, flux run, PALS mpiexec, aprun, jsrun/blaunch) inside one, else ssh for other hosts.",
+        help=f"What starts the ranks: {', '.join(launcher_choices())}. auto: the allocation's own launcher "
+        "inside one, else ssh for other hosts.",
     ),
     launcher_args: str = typer.Option(
-        "", "--launcher-args", help="Extra arguments for srun / flux run / mpiexec / aprun / jsrun / blaunch."
+        "", "--launcher-args", help="Extra arguments for the launcher that starts the ranks."
     ),
-    use_jsrun: bool = typer.Option(False, "--jsrun", help="Same as --launcher jsrun (horovodrun's flag)."),
+    use_jsrun: bool = typer.Option(
+        False, "--jsrun", help=f"Same as --launcher {Jsrun.name} (horovodrun's flag)."
+    ),
     use_gloo: bool = typer.Option(
         False, "--gloo", help="hpcdl's own TCP controller, the default (horovodrun's flag; not with --mpi)."
     ),
@@ -145,7 +149,7 @@ def run_command(
     start_timeout: Optional[float] = typer.Option(
         None,
         "--start-timeout",
-        help="Seconds all ranks may take to meet [HPCDL_START_TIMEOUT, HOROVOD_START_TIMEOUT; 30].",
+        help=f"Seconds all ranks may take to meet [{jobenv.START_TIMEOUT}, HOROVOD_START_TIMEOUT; 30].",
     ),
     output_filename: Optional[Path] = typer.Option(
         None, "--output-filename", help="Also write each rank's output to DIR/rank.N/{stdout,stderr}."
@@ -187,6 +191,7 @@ def run_command(
     stall_check_shutdown_time_seconds: Optional[float] = _tunable(
         "stall_check_shutdown_time_seconds", "--stall-check-shutdown-time-seconds"
     ),
+    flight_recorder_size: Optional[int] = _tunable("flight_recorder_size", "--flight-recorder-size"),
     log_level: Optional[str] = _tunable("log_level", "--log-level"),
     timeout: Optional[float] = _tunable("timeout", "--timeout", "--gloo-timeout-seconds"),
     transport: Optional[str] = _tunable("transport", "--transport"),
@@ -196,7 +201,7 @@ def run_command(
         "--network-interface",
         "--network-interfaces",
         help="Network interface(s) for TCP traffic, comma-separated or repeated (each host uses the first "
-        "it has), or an IPv4 address; also used to reach other hosts [HPCDL_IFACE].",
+        f"it has), or an IPv4 address; also used to reach other hosts [{jobenv.IFACE}].",
         rich_help_panel=_TUNING,
     ),
     small_message_bytes: Optional[int] = _tunable("small_message_bytes", "--small-message-bytes"),
@@ -273,9 +278,9 @@ def _spec_from_flags(params: dict[str, Any]) -> tuple[LaunchSpec, list[str]]:
         raise LaunchError("--gloo and --mpi choose different controllers; give one of them")
     launcher = params["launcher"]
     if params["use_jsrun"]:
-        if launcher not in ("auto", "jsrun"):
+        if launcher not in ("auto", Jsrun.name):
             raise LaunchError(f"--jsrun contradicts --launcher {launcher}; give one of them")
-        launcher = "jsrun"
+        launcher = Jsrun.name
     start_timeout = params["start_timeout"]
     if start_timeout is None:
         start_timeout = settings.pop("start_timeout", None)

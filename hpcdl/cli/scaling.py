@@ -11,15 +11,16 @@ from typing import Optional
 
 import typer
 
-from hpcdl.cli import progress
 from hpcdl.cli.submit import _pairs as env_pairs
+from hpcdl.common import progress
 from hpcdl.common.exceptions import HpcdlError
 from hpcdl.scaling import cluster, local, publish, textplot
 from hpcdl.scaling import report as report_module
 from hpcdl.scaling import study as study_module
 from hpcdl.scaling.study import StudyError, StudySpec, Workload
-from hpcdl.scaling.watch import JobStatus
+from hpcdl.schedulers import scheduler_names
 from hpcdl.schedulers.submission import GroupSubmissionError
+from hpcdl.schedulers.watch import JobStatus
 
 scaling_app = typer.Typer(
     help="Scaling studies: run a workload at several worker counts, fit T = G·f(W) + C(W), report and plot.",
@@ -135,7 +136,9 @@ def run_command(
     ),
     threshold: float = typer.Option(report_module.DEFAULT_THRESHOLD, "--threshold", help=_THRESHOLD_HELP),
     submit: bool = typer.Option(False, "--submit", help="One batch job per worker count instead of here."),
-    scheduler: Optional[str] = typer.Option(None, "--scheduler", "-s", help="--submit: auto|slurm|pbs|..."),
+    scheduler: Optional[str] = typer.Option(
+        None, "--scheduler", "-s", help=f"--submit: auto|{'|'.join(scheduler_names())}"
+    ),
     site_file: Optional[Path] = typer.Option(None, "--site", help="--submit: site file."),
     ranks_per_node: Optional[int] = typer.Option(None, "--ranks-per-node", help="--submit: ranks per node."),
     gpus: Optional[int] = typer.Option(None, "--gpus", "--gpus-per-node", help="--submit: GPUs per node."),

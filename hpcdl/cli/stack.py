@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 from rich.filesize import decimal
 
-from hpcdl.cli import progress
+from hpcdl.common import progress
 from hpcdl.common.exceptions import HpcdlError
 from hpcdl.common.output_file import write_output_file
 from hpcdl.common.sizes import parse_size

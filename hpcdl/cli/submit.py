@@ -8,7 +8,15 @@ from typing import Optional
 import typer
 
 from hpcdl.common.exceptions import HpcdlError
-from hpcdl.schedulers import ArraySpec, JobSpecError, SignalSpec, Sweep, get_scheduler, load_site
+from hpcdl.schedulers import (
+    ArraySpec,
+    JobSpecError,
+    SignalSpec,
+    Sweep,
+    get_scheduler,
+    load_site,
+    scheduler_names,
+)
 from hpcdl.schedulers.submission import submit_job, write_script
 
 
@@ -27,7 +35,10 @@ def submit_command(
         ..., metavar="COMMAND...", help="What each rank runs (a *.py file runs with --python)."
     ),
     scheduler: Optional[str] = typer.Option(
-        None, "--scheduler", "-s", help="auto|slurm|pbs|cobalt|lsf|flux (default: the site's, else auto)."
+        None,
+        "--scheduler",
+        "-s",
+        help=f"auto|{'|'.join(scheduler_names())} (default: the site's, else auto).",
     ),
     site_file: Optional[Path] = typer.Option(
         None,
@@ -52,7 +63,7 @@ def submit_command(
     partition: Optional[str] = typer.Option(
         None, "--partition", "--queue", "-p", "-q", help="Partition or queue."
     ),
-    qos: Optional[str] = typer.Option(None, "--qos", help="Quality of service (Slurm)."),
+    qos: Optional[str] = typer.Option(None, "--qos", help="Quality of service."),
     constraint: Optional[str] = typer.Option(None, "--constraint", "-C", help="Node feature constraint."),
     job_output: Optional[str] = typer.Option(
         None, "--stdout", help="Job output path; {name}, {job_id}, {array_index} are filled in."
@@ -82,7 +93,7 @@ def submit_command(
         [], "--sweep", help="NAME=V1,V2,...: one array task per combination (repeatable)."
     ),
     launcher_args: list[str] = typer.Option(
-        [], "--launcher-arg", help="Extra argument for srun/mpiexec/aprun/jsrun/flux run."
+        [], "--launcher-arg", help="Extra argument for the scheduler's launcher."
     ),
     python: Optional[str] = typer.Option(
         None,

@@ -93,41 +93,8 @@ __all__ = [
     "transport_name",
 ]
 
-# The engine's asynchronous, named operations (engine engineer's lines).
-from hpcdl.common.engine import (
-    Handle,
-    allgather_async,
-    allreduce_async,
-    alltoall_async,
-    barrier_async,
-    broadcast_async,
-    engine_knob,
-    enqueue,
-    grouped_allreduce_async,
-    join,
-    new_group_id,
-    poll,
-    reducescatter_async,
-    start_timeline,
-    stop_timeline,
-    synchronize,
-)
+# The engine's asynchronous, named operations: every name engine.__all__ lists.
+from hpcdl.common import engine as _engine
+from hpcdl.common.engine import *  # noqa: F403
 
-__all__ += [
-    "Handle",
-    "allgather_async",
-    "allreduce_async",
-    "alltoall_async",
-    "barrier_async",
-    "broadcast_async",
-    "engine_knob",
-    "enqueue",
-    "grouped_allreduce_async",
-    "join",
-    "new_group_id",
-    "poll",
-    "reducescatter_async",
-    "start_timeline",
-    "stop_timeline",
-    "synchronize",
-]
+__all__ += _engine.__all__

@@ -31,13 +31,16 @@ static inline PyObject* Py_NewRef(PyObject* obj) {
 #define MAX_DIMS 32
 #define MAX_SPLITS 4096
 
-typedef hpcdl_handle (*enqueue_fn)(const hpcdl_request*);
-typedef int (*handle_fn)(hpcdl_handle);
-typedef int (*wait_fn)(hpcdl_handle, double);
+/* The types of the functions bind() takes, from their declarations in c_api.h (the compiler checks every
+ * call against them; hpcdl.common.abi.HOTPATH lists them for bind()). */
+typedef __typeof__(&hpcdl_enqueue) enqueue_fn;
+typedef __typeof__(&hpcdl_wait) wait_fn;
+typedef __typeof__(&hpcdl_poll) handle_fn;
 
 static enqueue_fn enqueue_ptr;
 static wait_fn wait_ptr;
-static handle_fn poll_ptr, release_ptr;
+static handle_fn poll_ptr;
+static __typeof__(&hpcdl_release) release_ptr;
 static PyObject* raise_status; /* Python callable: raises the hpcdl exception for a status */
 static PyObject* error_class;   /* hpcdl.common.exceptions.HpcdlError */
 /* What allreduce() accepts without the Python helper: numpy.ndarray, and the buffer formats of the dtypes
@@ -105,7 +108,7 @@ static PyObject* bind(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   enqueue_ptr = (enqueue_fn)f[0];
   wait_ptr = (wait_fn)f[1];
   poll_ptr = (handle_fn)f[2];
-  release_ptr = (handle_fn)f[3];
+  release_ptr = (__typeof__(&hpcdl_release))f[3];
   Py_XSETREF(raise_status, Py_NewRef(args[4]));
   Py_XSETREF(error_class, Py_NewRef(args[5]));
   Py_RETURN_NONE;
@@ -496,12 +499,79 @@ static PyObject* allreduce(PyObject* self, PyObject* const* args, Py_ssize_t nar
   return h;
 }
 
+#define RUN_ARGS 12
+
+/* run(op_type, name, process_set, dtype, input, output, shape, reduce_op, prescale, postscale, root, keep):
+ * submits one operation whose output the caller owns (allreduce, broadcast, reducescatter) and waits for
+ * it, without a handle object: a blocking collective in one call. The wait releases the GIL; when the engine
+ * is idle and the response cache knows the name, the runtime runs the collective on this thread (see
+ * hpcdl_wait). input and output are addresses; `keep` owns the buffers and is kept alive past a timeout
+ * (the operation may still run then). */
+static PyObject* run(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (!bound()) return NULL;
+  if (nargs != RUN_ARGS) {
+    PyErr_Format(PyExc_TypeError, "run() takes %d arguments (%zd given)", RUN_ARGS, nargs);
+    return NULL;
+  }
+  hpcdl_request r;
+  int64_t shape[MAX_DIMS];
+  Py_ssize_t ndim = 0;
+  r.op_type = (int32_t)PyLong_AsLong(args[0]);
+  r.name = NULL;
+  if (args[1] != Py_None && (r.name = PyUnicode_AsUTF8(args[1])) == NULL) return NULL;
+  r.process_set = (int32_t)PyLong_AsLong(args[2]);
+  r.dtype = (int32_t)PyLong_AsLong(args[3]);
+  if (!address_of(args[4], 0, (void**)&r.input) || !address_of(args[5], 1, &r.output) ||
+      !int64s_of(args[6], shape, MAX_DIMS, &ndim, "shape"))
+    return bad_submission();
+  r.ndim = (int32_t)ndim;
+  r.shape = shape;
+  r.reduce_op = (int32_t)PyLong_AsLong(args[7]);
+  r.prescale = PyFloat_AsDouble(args[8]);
+  r.postscale = PyFloat_AsDouble(args[9]);
+  r.root = (int32_t)PyLong_AsLong(args[10]);
+  if (PyErr_Occurred()) return NULL;
+  r.splits = NULL;
+  r.nsplits = 0;
+  r.group_id = 0;
+  r.group_size = 0;
+  r.placement = HPCDL_PLACEMENT_HOST;
+  r.tag = 0;
+  if (PyList_GET_SIZE(orphans) > 0 && reap_orphans() < 0) return NULL;
+  hpcdl_handle id = enqueue_ptr(&r);
+  if (id <= 0) return fail((int)-id);
+  int status;
+  Py_BEGIN_ALLOW_THREADS
+  status = wait_ptr(id, -1.0);
+  Py_END_ALLOW_THREADS
+  if (status == HPCDL_ERR_TIMEOUT) {
+    /* The operation may still run: its buffers stay alive until it ends (see reap_orphans). */
+    PyObject* entry = Py_BuildValue("(LO)", (long long)id, args[11]);
+    if (entry == NULL || PyList_Append(orphans, entry) < 0) {
+      Py_XDECREF(entry);
+      return NULL;
+    }
+    Py_DECREF(entry);
+    return fail(status);
+  }
+  if (status != HPCDL_OK) {
+    PyObject* raised = fail(status); /* reads the error of this thread's last call before release clears it */
+    release_ptr(id);
+    return raised;
+  }
+  release_ptr(id);
+  Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL,
      "bind(enqueue, wait, poll, release, raise_status, error_class, array_type, formats)"},
     {"submit", (PyCFunction)(void (*)(void))submit, METH_FASTCALL,
      "submit(cls, op_type, name, process_set, dtype, input, output, shape, reduce_op, prescale, postscale, "
      "root, splits, group_id, group_size, keep, result, value, placement, tag) -> handle (a cls instance)"},
+    {"run", (PyCFunction)(void (*)(void))run, METH_FASTCALL,
+     "run(op_type, name, process_set, dtype, input, output, shape, reduce_op, prescale, postscale, root, keep): "
+     "submit an operation with a caller-owned output and wait for it"},
     {"allreduce", (PyCFunction)(void (*)(void))allreduce, METH_FASTCALL,
      "allreduce(cls, op_type, a, name, reduce_op, prescale, postscale, out, process_set) -> handle, or None "
      "when the Python helper must take the call"},

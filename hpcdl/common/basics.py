@@ -9,7 +9,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Optional, Union
 
-from hpcdl.common import config, discovery, elastic, last_words, library, mpi_library
+from hpcdl.common import config, discovery, elastic, last_words, library, mpi_library, stacks
 from hpcdl.common.exceptions import HpcdlConfigError, HpcdlError, HpcdlNotInitializedError
 
 _lock = threading.Lock()
@@ -102,7 +102,16 @@ def _start(lib: Any, resolved: config.Resolved, env: Any, static_sets: str, extr
         autotune_fixed=config.autotune_fixed(resolved),
         **extra,
     )
+    members = extra.get("members")
+    size = len(members.split(",")) if members else info.size
+    options.update(stacks.engine_options(_job_rank(info.rank, members), size))
     library.check(lib.hpcdl_init(config.options_text(options).encode()))
+
+
+def _job_rank(world_rank: int, members: Optional[str]) -> int:
+    """This process's rank in its job: its position in ``init(members=...)``'s list, if it has one."""
+    listed = [int(r) for r in members.split(",")] if members else []
+    return listed.index(world_rank) if world_rank in listed else world_rank
 
 
 def shutdown() -> None:

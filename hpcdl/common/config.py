@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from hpcdl import jobenv
 from hpcdl.common.exceptions import HpcdlConfigError
 
 _TRUE = {"1", "true", "yes", "on", "y"}
@@ -34,7 +35,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("transport", "transport", "HPCDL_TRANSPORT", None, "auto", str),
     # Which MPI library (see mpi_library): auto (the launcher's), openmpi, mpich, or a libmpi path.
     Setting("mpi", "mpi", "HPCDL_MPI", None, "auto", str),
-    Setting("iface", "iface", "HPCDL_IFACE", "HOROVOD_GLOO_IFACE", "", str),
+    Setting("iface", "iface", jobenv.IFACE, "HOROVOD_GLOO_IFACE", "", str),
     Setting(
         "small_message_bytes",
         "small_message_bytes",
@@ -51,7 +52,9 @@ SETTINGS: tuple[Setting, ...] = (
         "hierarchical",
         "HPCDL_HIERARCHICAL_ALLREDUCE",
         "HOROVOD_HIERARCHICAL_ALLREDUCE",
-        True,  # only matters when ranks span hosts: shared memory first, then TCP between hosts
+        # Only matters when ranks span hosts. Unset (None): the runtime chooses per process set, shared
+        # memory within hosts then TCP between them when a host has several members; True/False force it.
+        None,
         bool,
     ),
     Setting(
@@ -144,6 +147,8 @@ SETTINGS: tuple[Setting, ...] = (
         False,
         bool,
     ),
+    # Submissions each rank's flight recorder keeps for its dumps in the job's debug directory (0: none).
+    Setting("flight_recorder_size", "flight_recorder_size", "HPCDL_FLIGHT_RECORDER_SIZE", None, 2048, int),
     Setting(
         "dynamic_process_sets",
         "dynamic_process_sets",
@@ -252,6 +257,8 @@ def options_text(options: Mapping[str, Any]) -> str:
     """The ``key=value`` lines of hpcdl_init; rejects values that would break the format."""
     lines = []
     for key, value in options.items():
+        if value is None:  # unset: the runtime's own choice
+            continue
         text = ("1" if value else "0") if isinstance(value, bool) else str(value)
         if "\n" in text or "\r" in text:
             raise HpcdlConfigError(f"setting {key} may not contain a line break")

@@ -2,7 +2,7 @@
 
 ``HPCDL_DEBUG_DIR`` when set (``hpcdl run`` and the scripts of ``hpcdl submit`` set it for every rank),
 else ``./hpcdl-debug/<job id>``, the job id being the one its launcher or scheduler gives it
-(:data:`hpcdl.common.discovery.JOB_ID_VARIABLES`), else the rendezvous it meets at. ``hpcdl debug analyze
+(:func:`hpcdl.platforms.job_id_variables`), else the rendezvous it meets at. ``hpcdl debug analyze
 DIR`` reads them there.
 
 The files may tell others what a job does, so they are private: the directory is made 0700, files 0600,
@@ -21,6 +21,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from hpcdl import jobenv
 from hpcdl.common.discovery import job_id
 from hpcdl.common.output_file import private_directory, write_output_file
 
@@ -35,7 +36,7 @@ def job_key(environ: Mapping[str, str] | None = None) -> str:
     by one launcher process on one host)."""
     env = os.environ if environ is None else environ
     key = job_id(env)
-    for host, port in (("HPCDL_RENDEZVOUS_ADDR", "HPCDL_RENDEZVOUS_PORT"), ("MASTER_ADDR", "MASTER_PORT")):
+    for host, port in ((jobenv.RENDEZVOUS_ADDR, jobenv.RENDEZVOUS_PORT), ("MASTER_ADDR", "MASTER_PORT")):
         if not key and env.get(host) and env.get(port):
             key = f"{env[host]}-{env[port]}"
     if not key:

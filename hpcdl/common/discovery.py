@@ -34,53 +34,26 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Optional
 
+from hpcdl import jobenv, platforms
 from hpcdl.common.exceptions import HpcdlConfigError
-
-# (launcher, rank var, size var, local rank var, local size var)
-_LAUNCHERS: tuple[tuple[str, str, str, Optional[str], Optional[str]], ...] = (
-    ("hpcdl run", "HPCDL_RANK", "HPCDL_SIZE", "HPCDL_LOCAL_RANK", "HPCDL_LOCAL_SIZE"),
-    ("horovodrun", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE"),
-    (
-        "OpenMPI mpirun",
-        "OMPI_COMM_WORLD_RANK",
-        "OMPI_COMM_WORLD_SIZE",
-        "OMPI_COMM_WORLD_LOCAL_RANK",
-        "OMPI_COMM_WORLD_LOCAL_SIZE",
-    ),
-    (
-        "LSF jsrun",
-        "JSM_NAMESPACE_RANK",
-        "JSM_NAMESPACE_SIZE",
-        "JSM_NAMESPACE_LOCAL_RANK",
-        "JSM_NAMESPACE_LOCAL_SIZE",
-    ),
-    ("PALS", "PALS_RANKID", "PMI_SIZE", "PALS_LOCAL_RANKID", None),
-    ("MPICH/PMI mpiexec", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
-    ("Slurm srun", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", None),
-    ("Cray aprun", "ALPS_APP_PE", "PMI_SIZE", None, None),
-    ("Flux", "FLUX_TASK_RANK", "FLUX_JOB_SIZE", "FLUX_TASK_LOCAL_ID", None),
-    ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
-)
-
-
-# The launcher whose ranks can meet through the MPI library of that family (see mpi_library).
-_MPI_LAUNCHER = {"Open MPI": "OpenMPI mpirun", "MPICH": "MPICH/PMI mpiexec"}
+from hpcdl.errors import LaunchError
+from hpcdl.platforms.base import WALK_LENGTH
 
 
 def launcher_mpi(launcher: str) -> str:
     """The MPI family ("Open MPI", "MPICH") whose library the ranks of `launcher` use, or ""."""
-    return next((family for family, name in _MPI_LAUNCHER.items() if name == launcher), "")
+    return next((t.mpi_family for t in platforms.task_variables() if t.launcher == launcher), "")
 
 
 def mpi_launcher(family: str) -> str:
     """The launcher (as discover() names it) that starts ranks of an MPI family."""
-    return _MPI_LAUNCHER.get(family, "its own launcher")
+    found = (t.launcher for t in platforms.task_variables() if family and t.mpi_family == family)
+    return next(found, "its own launcher")
 
 
 @dataclass(frozen=True)
@@ -105,22 +78,10 @@ class Meeting:
     origin: str = ""  # the variables that named the rendezvous, for messages
 
 
-WALK_LENGTH = 16  # ports in a sequence rank 0 binds the first free one of
-_EPHEMERAL_START = 32768  # Linux's default net.ipv4.ip_local_port_range starts here
-
-
 def ports_after(base: int) -> tuple[int, ...]:
     """The ports after ``base`` (MASTER_PORT), wrapping within 1024-65535."""
     span = 65536 - 1024
     return tuple(1024 + (base + i - 1024) % span for i in range(1, WALK_LENGTH + 1))
-
-
-def slurm_ports(job_id: str, step_id: str) -> tuple[int, ...]:
-    """Consecutive ports in 20000-32767 picked by the job and step: below the ephemeral range, so that no
-    outgoing connection of the node holds one, and apart for the steps of one job."""
-    seed = int(hashlib.sha256(f"{job_id}.{step_id}".encode()).hexdigest()[:8], 16)
-    span = _EPHEMERAL_START - 20000
-    return tuple(20000 + (seed + i) % span for i in range(WALK_LENGTH))
 
 
 def _int(env: Mapping[str, str], var: str) -> int:
@@ -134,14 +95,15 @@ def _int(env: Mapping[str, str], var: str) -> int:
 def discover(env: Mapping[str, str] | None = None) -> RankInfo:
     """This process's rank, the job size and the host identity."""
     env = os.environ if env is None else env
-    host = env.get("HPCDL_HOSTNAME") or env.get("HOROVOD_HOSTNAME") or socket.gethostname()
-    for launcher, rank_var, size_var, local_var, _ in _LAUNCHERS:
+    host = jobenv.host_identity(env) or socket.gethostname()
+    for task in platforms.task_variables():
+        launcher, rank_var, size_var, local_var = task.launcher, task.rank, task.size, task.local_rank
         if rank_var not in env:
             continue
         if size_var not in env:
             raise HpcdlConfigError(
                 f"{rank_var} is set ({launcher}) but {size_var} is not, so the job size is unknown; set "
-                f"HPCDL_RANK and HPCDL_SIZE, or launch with 'hpcdl run -np N'"
+                f"{jobenv.RANK} and {jobenv.SIZE}, or launch with 'hpcdl run -np N'"
             )
         rank, size = _int(env, rank_var), _int(env, size_var)
         if size < 1 or not 0 <= rank < size:
@@ -151,55 +113,45 @@ def discover(env: Mapping[str, str] | None = None) -> RankInfo:
     return RankInfo(0, 1, host, "none", 0)
 
 
-def _first_slurm_host(nodelist: str) -> str:
-    """First host of a Slurm nodelist such as ``node[03-05,9],gpu1``."""
-    match = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
-    if not match:
-        raise HpcdlConfigError(f"cannot read SLURM_JOB_NODELIST={nodelist!r}")
-    prefix, ranges = match.group(1), match.group(2)
-    if not ranges:
-        return prefix
-    first = ranges.split(",")[0].split("-")[0]
-    return prefix + first
-
-
-# The variables naming the job a rank belongs to, by launcher or scheduler, the most specific first: the
-# batch job (Slurm, PBS, LSF, Cobalt, Flux), then an mpirun's job (PMIx namespace: Open MPI, and Slurm's
-# PMIx plugin), then torchrun's run id.
-JOB_ID_VARIABLES = (
-    "SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "COBALT_JOBID", "FLUX_JOB_ID", "PMIX_NAMESPACE",
-    "TORCHELASTIC_RUN_ID",
-)  # fmt: skip
-
-
 def job_id(env: Mapping[str, str] | None = None) -> str:
     """The launcher's or scheduler's id of this job ('' when none of them names one)."""
     env = os.environ if env is None else env
-    return next((env[name] for name in JOB_ID_VARIABLES if env.get(name)), "")
+    # The most specific first: the batch job's, then an mpirun's (PMIx namespace), then torchrun's run id.
+    return next((env[name] for name in platforms.job_id_variables() if env.get(name)), "")
 
 
 def _job_tag(env: Mapping[str, str], *parts: str) -> str:
     """What every rank of this job (and no other job) shares: the rendezvous and the launcher's job ids."""
-    ids = [env.get(name, "") for name in ("SLURM_JOB_ID", "SLURM_STEP_ID", "TORCHELASTIC_RUN_ID",
-                                          "TORCHELASTIC_RESTART_COUNT")]  # fmt: skip
+    ids = [env.get(name, "") for name in platforms.job_tag_variables()]
     return hashlib.sha256("|".join([*parts, *ids]).encode()).hexdigest()[:16]
 
 
 def _no_secret(info: RankInfo, origin: str) -> str:
     return (
-        f"HPCDL_SECRET is not set (rank {info.rank} of {info.size}, {info.launcher} launch, rendezvous from "
-        f"{origin}). Ranks that meet over TCP prove to each other that they hold the job's secret, which "
-        "must be random: anything they could derive alike from the job (its id, addresses, your user id) "
-        "the other users of the cluster can derive too. Launch with 'hpcdl run' or a script from 'hpcdl "
+        f"{jobenv.SECRET} is not set (rank {info.rank} of {info.size}, {info.launcher} launch, rendezvous "
+        f"from {origin}). Ranks that meet over TCP prove to each other that they hold the job's secret, "
+        "which must be random: anything they could derive alike from the job (its id, addresses, your user "
+        "id) the other users of the cluster can derive too. Launch with 'hpcdl run' or a script from 'hpcdl "
         "submit' (both make one), or export the same random value to every rank before starting them: "
-        "export HPCDL_SECRET=$(python3 -c 'import secrets; print(secrets.token_hex(32))')"
+        f"export {jobenv.SECRET}=$(python3 -c 'import secrets; print(secrets.token_hex(32))')"
     )
+
+
+def _meeting_point(launcher: str, env: Mapping[str, str]) -> Optional[tuple[str, tuple[int, ...], str]]:
+    """Where the ranks of `launcher` meet without being told (a Slurm step: its first node), or None."""
+    for platform in platforms.platforms():
+        if platform.meeting_point and any(task.launcher == launcher for task in platform.tasks):
+            try:
+                return platform.meeting_point(env)
+            except LaunchError as exc:
+                raise HpcdlConfigError(str(exc)) from None
+    return None
 
 
 def meeting(info: RankInfo, env: Mapping[str, str] | None = None, mpi_vendor: str = "") -> Meeting:
     """Where and how the ranks of this job meet, and the secret they prove."""
     env = os.environ if env is None else env
-    secret = env.get("HPCDL_SECRET", "")
+    secret = env.get(jobenv.SECRET, "")
     if info.size == 1:
         return Meeting("tcp", secret=secret)
 
@@ -210,22 +162,20 @@ def meeting(info: RankInfo, env: Mapping[str, str] | None = None, mpi_vendor: st
             raise HpcdlConfigError(_no_secret(info, origin))
         return Meeting("tcp", addr, ports, serve, secret, job=job, origin=origin)
 
-    if env.get("HPCDL_RENDEZVOUS_ADDR"):
-        if not env.get("HPCDL_RENDEZVOUS_PORT"):
-            raise HpcdlConfigError("HPCDL_RENDEZVOUS_ADDR is set but HPCDL_RENDEZVOUS_PORT is not")
-        port = _int(env, "HPCDL_RENDEZVOUS_PORT")
-        serve = env.get("HPCDL_RENDEZVOUS_SERVE", "").strip().lower() in ("1", "true", "yes", "on")
-        return tcp(
-            env["HPCDL_RENDEZVOUS_ADDR"], (port,), serve, "HPCDL_RENDEZVOUS_ADDR/HPCDL_RENDEZVOUS_PORT"
-        )
+    if env.get(jobenv.RENDEZVOUS_ADDR):
+        if not env.get(jobenv.RENDEZVOUS_PORT):
+            raise HpcdlConfigError(f"{jobenv.RENDEZVOUS_ADDR} is set but {jobenv.RENDEZVOUS_PORT} is not")
+        port = _int(env, jobenv.RENDEZVOUS_PORT)
+        origin = f"{jobenv.RENDEZVOUS_ADDR}/{jobenv.RENDEZVOUS_PORT}"
+        return tcp(env[jobenv.RENDEZVOUS_ADDR], (port,), jobenv.serves(env), origin)
     if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
         ports = ports_after(_int(env, "MASTER_PORT"))
         return tcp(env["MASTER_ADDR"], ports, True, "MASTER_ADDR/MASTER_PORT")
-    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
-    if info.launcher == "Slurm srun" and nodelist and env.get("SLURM_JOB_ID"):
-        ports = slurm_ports(env["SLURM_JOB_ID"], env.get("SLURM_STEP_ID", ""))
-        return tcp(_first_slurm_host(nodelist), ports, True, "the Slurm step's first node")
-    if _MPI_LAUNCHER.get(mpi_vendor) == info.launcher:  # launched by an MPI hpcdl can use
+    untold = _meeting_point(info.launcher, env)
+    if untold is not None:
+        addr, ports, origin = untold
+        return tcp(addr, ports, True, origin)
+    if mpi_vendor and launcher_mpi(info.launcher) == mpi_vendor:  # launched by an MPI hpcdl can use
         return Meeting("mpi", secret=secret)
     hint = ""
     if launcher_mpi(info.launcher):
@@ -237,5 +187,6 @@ def meeting(info: RankInfo, env: Mapping[str, str] | None = None, mpi_vendor: st
         f"rank {info.rank} of {info.size} ({info.launcher}) does not know where to meet the other "
         f"ranks{hint}. "
         "Launch with 'hpcdl run -np N', or set MASTER_ADDR and MASTER_PORT (rank 0's host and a port) "
-        "for every rank, or set HPCDL_RENDEZVOUS_ADDR/HPCDL_RENDEZVOUS_PORT to a running rendezvous server."
+        f"for every rank, or set {jobenv.RENDEZVOUS_ADDR}/{jobenv.RENDEZVOUS_PORT} to a running rendezvous "
+        "server."
     )

@@ -14,12 +14,13 @@ import os
 import time
 from typing import Any
 
+from hpcdl import jobenv
 from hpcdl.common import handshake
 from hpcdl.common.exceptions import HpcdlAuthError, HpcdlConfigError, HpcdlError
 
-DRIVER_ENV = "HPCDL_ELASTIC_DRIVER"  # host:port of the launcher's driver
-WORKER_ENV = "HPCDL_ELASTIC_WORKER"  # this worker's number in the job
-TIMEOUT_ENV = "HPCDL_ELASTIC_TIMEOUT"  # how long a worker waits for its next round (--elastic-timeout)
+DRIVER_ENV = jobenv.ELASTIC_DRIVER
+WORKER_ENV = jobenv.ELASTIC_WORKER
+TIMEOUT_ENV = jobenv.ELASTIC_TIMEOUT
 POLL_INTERVAL = 1.0  # round_changed() asks the driver at most this often
 
 _joined_round = 0
@@ -38,7 +39,7 @@ def _request(message: dict[str, Any], timeout: float) -> dict[str, Any]:
     try:
         answer = handshake.request(
             (host, int(port)),
-            os.environ.get("HPCDL_SECRET", ""),
+            os.environ.get(jobenv.SECRET, ""),
             {**message, "worker": _worker()},
             timeout,
             where,
@@ -72,12 +73,10 @@ def join_next_round(timeout: float) -> dict[str, str]:
     answer = _request({"op": "assign", "after": _joined_round}, timeout + 10.0)
     _joined_round = _last_seen_round = int(answer["round"])
     return {
-        "HPCDL_RANK": str(answer["rank"]),
-        "HPCDL_SIZE": str(answer["size"]),
-        "HPCDL_HOSTNAME": str(answer["host"]),
-        "HPCDL_RENDEZVOUS_ADDR": str(answer["addr"]),
-        "HPCDL_RENDEZVOUS_PORT": str(answer["port"]),
-        "HPCDL_RENDEZVOUS_SERVE": "0",
+        jobenv.RANK: str(answer["rank"]),
+        jobenv.SIZE: str(answer["size"]),
+        jobenv.HOSTNAME: str(answer["host"]),
+        **jobenv.rendezvous_env(str(answer["addr"]), int(answer["port"]), None, serve=False),
     }
 
 

@@ -24,21 +24,22 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from hpcdl.common import _hotpath
-from hpcdl.common.exceptions import ERR_INTERNAL, ERR_INVALID, HpcdlError, error_for
+from hpcdl.common import _hotpath, abi
+from hpcdl.common.abi import Status
+from hpcdl.common.exceptions import HpcdlError, error_for
 from hpcdl.common.library import load
 from hpcdl.common.ops import reducescatter_rows
 from hpcdl.common.types import Buffer, DType, OpType, Placement, ReduceOp, buffer_formats, dtype_of
 
+# hpcdl.common exports these (DeviceBatch and DeviceQueue serve the GPU path's executor only).
 __all__ = [
-    "DeviceBatch",
-    "DeviceQueue",
     "Handle",
     "allgather_async",
     "allreduce_async",
     "alltoall_async",
     "barrier_async",
     "broadcast_async",
+    "dump_flight_recorder",
     "engine_knob",
     "enqueue",
     "grouped_allreduce_async",
@@ -51,36 +52,22 @@ __all__ = [
     "synchronize",
 ]
 
-_OK = 0
+_OK = int(Status.OK)
 _ALLREDUCE = OpType.ALLREDUCE  # a module global: looking a member up on its enum class costs ~0.1 us
 
 
-_declared = False
-_declare_lock = threading.Lock()
+_bound = False
+_bind_lock = threading.Lock()
 
 
 def _lib() -> ctypes.CDLL:
-    global _declared
+    """The runtime, with ``_hotpath`` bound to it (once)."""
+    global _bound
     lib = load()
-    if not _declared:
-        with _declare_lock:
-            i64, p = ctypes.c_int64, ctypes.POINTER
-            lib.hpcdl_output.argtypes = [i64, p(ctypes.c_void_p), p(i64), p(i64)]
-            lib.hpcdl_received_splits.argtypes = [i64, p(i64), ctypes.c_int]
-            lib.hpcdl_join_result.argtypes = [i64]
-            lib.hpcdl_start_timeline.argtypes = [ctypes.c_char_p, ctypes.c_int]
-            lib.hpcdl_get_knob.argtypes = [ctypes.c_char_p]
-            lib.hpcdl_get_knob.restype = ctypes.c_double
-            lib.hpcdl_new_group_id.argtypes = [ctypes.c_int]
-            lib.hpcdl_last_error.restype = ctypes.c_char_p
-            lib.hpcdl_process_set_size.argtypes = [ctypes.c_int]
-            lib.hpcdl_process_set_rank.argtypes = [ctypes.c_int]
-            lib.hpcdl_device_next.argtypes = [ctypes.c_double, p(i64), ctypes.c_int]
-            lib.hpcdl_device_done.argtypes = [i64, ctypes.c_int, ctypes.c_char_p, p(i64)]
-            hot = (lib.hpcdl_enqueue, lib.hpcdl_wait, lib.hpcdl_poll, lib.hpcdl_release)
-            addresses = (ctypes.cast(f, ctypes.c_void_p).value for f in hot)
-            _hotpath.bind(*addresses, _raise, HpcdlError, np.ndarray, buffer_formats())
-            _declared = True
+    if not _bound:
+        with _bind_lock:
+            _hotpath.bind(*abi.addresses(lib, abi.HOTPATH), _raise, HpcdlError, np.ndarray, buffer_formats())
+            _bound = True
     return lib
 
 
@@ -216,12 +203,48 @@ def submit(
     own tensors; whoever owns them keeps them alive until the handle completes (or passes them in
     ``keep``). ``placement=Placement.DEVICE`` submits device data, which the engine only negotiates: the
     batch comes back through :class:`DeviceQueue` with ``tag`` (> 0) naming the operation."""
-    if not _declared:
+    if not _bound:
         _lib()
     return _hotpath.submit(
         Handle, op_type, name, process_set, dtype, input_ptr, output_ptr, shape, reduce_op, prescale,
         postscale, root, splits, group_id, group_size, keep, result, value, placement, tag,
     )  # fmt: skip
+
+
+def run(
+    op_type: OpType,
+    name: Optional[str],
+    process_set: int,
+    dtype: DType,
+    input_ptr: int,
+    output_ptr: int,
+    shape: Sequence[int],
+    reduce_op: ReduceOp = ReduceOp.SUM,
+    prescale: float = 1.0,
+    postscale: float = 1.0,
+    root: int = 0,
+    keep: Any = None,
+) -> None:
+    """Submit an operation whose output the caller owns (allreduce, broadcast, reducescatter) and wait for
+    it: a blocking collective, with no handle. When the engine is idle and the response cache knows the
+    name, the runtime negotiates and runs it on the calling thread (the direct path of c_api.h's engine).
+    ``keep`` owns the buffers; it stays alive past a timeout, while the operation may still run."""
+    if not _bound:
+        _lib()
+    _hotpath.run(
+        op_type,
+        name,
+        process_set,
+        dtype,
+        input_ptr,
+        output_ptr,
+        shape,
+        reduce_op,
+        prescale,
+        postscale,
+        root,
+        keep,
+    )
 
 
 def new_group_id(process_set: int = 0) -> int:
@@ -275,7 +298,7 @@ def allreduce_async(
         out = np.empty_like(a)
     elif out is not a and (out.shape != a.shape or out.dtype != a.dtype or not out.flags.c_contiguous):
         raise HpcdlError("out must be a C-contiguous array with the input's shape and dtype")
-    if not _declared:
+    if not _bound:
         _lib()
     return _hotpath.submit(
         Handle,
@@ -461,6 +484,15 @@ def stop_timeline() -> None:
         _raise(status)
 
 
+def dump_flight_recorder(message: str = "") -> None:
+    """Write this rank's flight recorder (its recent operations and its stacks) to
+    ``<debug dir>/flight.rank<R>.json`` now (see :mod:`hpcdl.common.debug_dir`); nothing in a job of one
+    process without ``HPCDL_DEBUG_DIR``."""
+    status = _lib().hpcdl_flight_dump(b"request", message.encode(errors="replace"))
+    if status != _OK:
+        _raise(status)
+
+
 def engine_knob(name: str) -> float:
     """Current value of an engine knob: fusion_threshold, cycle_time_ms, small_message_bytes,
     cache_capacity (changes over time under autotune)."""
@@ -475,8 +507,7 @@ def engine_knob(name: str) -> float:
 
 # ---- the device executor's end --------------------------------------------------------------------------
 
-_HEADER_WORDS = 13
-_FUSED, _TIMED = 1, 2
+_HEADER_WORDS = abi.DEVICE_HEADER_WORDS
 
 
 @dataclass(frozen=True)
@@ -518,8 +549,8 @@ class DeviceBatch:
             root=words[5],
             set_size=words[7],
             set_rank=words[8],
-            fused=bool(words[9] & _FUSED),
-            timed=bool(words[9] & _TIMED),
+            fused=bool(words[9] & abi.DEVICE_FUSED),
+            timed=bool(words[9] & abi.DEVICE_TIMED),
             prescale=scales[0],
             postscale=scales[1],
             tags=tuple(body[0::2]),
@@ -544,7 +575,7 @@ class DeviceQueue:
             length = lib.hpcdl_device_next(float(timeout), self._words, len(self._words))
             if length >= 0:
                 return DeviceBatch.decode(self._words[:length]) if length else None
-            if -length == ERR_INVALID and self._words[0] > len(self._words):
+            if -length == Status.ERR_INVALID and self._words[0] > len(self._words):
                 self._words = (ctypes.c_int64 * int(self._words[0]))()  # a batch longer than the buffer
                 continue
             _raise(-length)
@@ -557,7 +588,7 @@ class DeviceQueue:
         after a failed one) with ``error``. ``times_ns``: the ``time.monotonic_ns()`` of its start, the
         collective's start and end, and its end, for the timeline."""
         times = (ctypes.c_int64 * 4)(*times_ns) if times_ns is not None else None
-        status = ERR_INTERNAL if error is not None else _OK
+        status = Status.ERR_INTERNAL if error is not None else _OK
         message = error.encode(errors="replace") if error is not None else None
         code = _lib().hpcdl_device_done(batch.id, status, message, times)
         if code != _OK:

@@ -7,9 +7,8 @@ about an argument are also ``ValueError``s, as Horovod raises those.
 
 from __future__ import annotations
 
-
-class HpcdlError(RuntimeError):
-    """Base class of every error hpcdl raises on purpose."""
+from hpcdl.common.abi import Status
+from hpcdl.errors import HpcdlError
 
 
 class LibraryNotFoundError(HpcdlError):
@@ -70,30 +69,17 @@ class HpcdlUnsupportedError(HpcdlError):
     """The build lacks what was asked for (e.g. transport='mpi' without MPI compiled in)."""
 
 
-# Status codes of c_api.h.
-OK = 0
-ERR_INVALID = 1
-ERR_NOT_INITIALIZED = 2
-ERR_TIMEOUT = 3
-ERR_PEER_LOST = 4
-ERR_MISMATCH = 5
-ERR_AUTH = 6
-ERR_UNSUPPORTED = 7
-ERR_SHUTDOWN = 8
-ERR_INTERNAL = 9
-ERR_JOINED = 11
-
 _BY_CODE: dict[int, type[HpcdlError]] = {
-    ERR_INVALID: HpcdlConfigError,
-    ERR_NOT_INITIALIZED: HpcdlNotInitializedError,
-    ERR_TIMEOUT: HpcdlTimeoutError,
-    ERR_PEER_LOST: HpcdlInternalError,
-    ERR_MISMATCH: HpcdlMismatchError,
-    ERR_AUTH: HpcdlAuthError,
-    ERR_UNSUPPORTED: HpcdlUnsupportedError,
-    ERR_SHUTDOWN: HpcdlShutdownError,
-    ERR_INTERNAL: HpcdlInternalError,
-    ERR_JOINED: HpcdlJoinError,
+    Status.ERR_INVALID: HpcdlConfigError,
+    Status.ERR_NOT_INITIALIZED: HpcdlNotInitializedError,
+    Status.ERR_TIMEOUT: HpcdlTimeoutError,
+    Status.ERR_PEER_LOST: HpcdlInternalError,
+    Status.ERR_MISMATCH: HpcdlMismatchError,
+    Status.ERR_AUTH: HpcdlAuthError,
+    Status.ERR_UNSUPPORTED: HpcdlUnsupportedError,
+    Status.ERR_SHUTDOWN: HpcdlShutdownError,
+    Status.ERR_INTERNAL: HpcdlInternalError,
+    Status.ERR_JOINED: HpcdlJoinError,
 }
 
 

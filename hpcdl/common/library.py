@@ -14,9 +14,8 @@ import json
 import os
 from pathlib import Path
 
+from hpcdl.common import abi
 from hpcdl.common.exceptions import LibraryNotFoundError
-
-ABI_VERSION = 2
 
 
 def library_path() -> Path:
@@ -52,64 +51,12 @@ def load() -> ctypes.CDLL:
         ) from exc
     lib.hpcdl_abi_version.restype = ctypes.c_int
     found = lib.hpcdl_abi_version()
-    if found != ABI_VERSION:
+    if found != abi.VERSION:
         raise LibraryNotFoundError(
-            f"{path} has ABI version {found}, this hpcdl expects {ABI_VERSION}; reinstall hpcdl"
+            f"{path} has ABI version {found}, this hpcdl expects {abi.VERSION}; reinstall hpcdl"
         )
-    lib.hpcdl_build_info.restype = ctypes.c_char_p
-    _declare(lib)
+    abi.declare(lib)
     return lib
-
-
-def _declare(lib: ctypes.CDLL) -> None:
-    """ctypes signatures of the data-plane half of c_api.h (the engine module declares its own)."""
-    c = ctypes
-    i64p = c.POINTER(c.c_int64)
-    i32p = c.POINTER(c.c_int32)
-    signatures = {
-        "hpcdl_last_error": (c.c_char_p, []),
-        "hpcdl_init": (c.c_int, [c.c_char_p]),
-        "hpcdl_shutdown": (c.c_int, []),
-        "hpcdl_is_initialized": (c.c_int, []),
-        "hpcdl_rank": (c.c_int, []),
-        "hpcdl_size": (c.c_int, []),
-        "hpcdl_local_rank": (c.c_int, []),
-        "hpcdl_local_size": (c.c_int, []),
-        "hpcdl_cross_rank": (c.c_int, []),
-        "hpcdl_cross_size": (c.c_int, []),
-        "hpcdl_is_homogeneous": (c.c_int, []),
-        "hpcdl_transport_name": (c.c_char_p, [c.c_int]),
-        "hpcdl_mpi_enabled": (c.c_int, []),
-        "hpcdl_mpi_threads_supported": (c.c_int, []),
-        "hpcdl_rendezvous_server_start": (c.c_int64, [c.c_char_p, c.c_int, c.c_char_p, c.c_int]),
-        "hpcdl_rendezvous_server_port": (c.c_int, [c.c_int64]),
-        "hpcdl_rendezvous_server_arrived": (c.c_int, [c.c_int64, i32p, c.c_int]),
-        "hpcdl_rendezvous_server_stop": (c.c_int, [c.c_int64]),
-        "hpcdl_object_key": (c.c_int, [c.POINTER(c.c_uint8)]),
-        "hpcdl_object_sequence": (c.c_int64, [c.c_int, c.c_char_p]),
-        "hpcdl_allreduce": (
-            c.c_int,
-            [c.c_void_p, c.c_void_p, c.c_int64, c.c_int, c.c_int, c.c_double, c.c_double, c.c_int],
-        ),
-        "hpcdl_allgather": (c.c_int, [c.c_void_p, c.c_int64, c.c_void_p, i64p, c.c_int, c.c_int]),
-        "hpcdl_broadcast": (c.c_int, [c.c_void_p, c.c_int64, c.c_int, c.c_int, c.c_int]),
-        "hpcdl_alltoall": (c.c_int, [c.c_void_p, i64p, c.c_void_p, i64p, c.c_int, c.c_int]),
-        "hpcdl_reducescatter": (
-            c.c_int,
-            [c.c_void_p, c.c_void_p, i64p, c.c_int, c.c_int, c.c_double, c.c_double, c.c_int],
-        ),
-        "hpcdl_barrier": (c.c_int, [c.c_int]),
-        "hpcdl_add_process_set": (c.c_int, [i32p, c.c_int]),
-        "hpcdl_remove_process_set": (c.c_int, [c.c_int]),
-        "hpcdl_process_set_rank": (c.c_int, [c.c_int]),
-        "hpcdl_process_set_size": (c.c_int, [c.c_int]),
-        "hpcdl_process_set_ranks": (c.c_int, [c.c_int, i32p, c.c_int]),
-        "hpcdl_process_set_ids": (c.c_int, [i32p, c.c_int]),
-    }
-    for name, (restype, argtypes) in signatures.items():
-        fn = getattr(lib, name)
-        fn.restype = restype
-        fn.argtypes = argtypes
 
 
 def last_error() -> str:

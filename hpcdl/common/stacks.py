@@ -14,13 +14,14 @@ from __future__ import annotations
 import faulthandler
 import os
 import signal
-import stat
 import threading
 import time
 from pathlib import Path
 from typing import IO, Optional
 
 from hpcdl.common.debug_dir import debug_dir
+from hpcdl.common.exceptions import HpcdlError
+from hpcdl.common.output_file import private_directory
 
 STACK_SIGNAL = signal.SIGRTMIN + 3
 
@@ -32,23 +33,11 @@ def stack_path(rank: int) -> Path:
     return debug_dir() / f"stacks.rank{int(rank)}.txt"
 
 
-def private_directory(directory: Path) -> Path:
-    """Create ``directory`` (mode 0700) if needed and check it is a real directory of this user, so that
-    no file of the job is written through another user's link or into another user's directory."""
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = os.lstat(directory)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-        raise PermissionError(
-            f"{directory} is not a directory of this user; set HPCDL_DEBUG_DIR to a directory of your own"
-        )
-    return directory
-
-
 def install(rank: int) -> None:
     """Register the stack dump of every thread on :data:`STACK_SIGNAL`, written to :func:`stack_path`."""
     global _file
     path = stack_path(rank)
-    private_directory(path.parent)
+    private_directory(path.parent, "debug directory (HPCDL_DEBUG_DIR)")
     # Appending: whoever empties the file for a new dump need not move this descriptor's offset back.
     flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
     new = os.fdopen(os.open(path, flags, 0o600), "w+")
@@ -107,7 +96,7 @@ def engine_options(rank: int, size: int) -> dict[str, object]:
         return {}
     try:
         install(rank)
-    except OSError as exc:
+    except (OSError, HpcdlError) as exc:
         print(f"hpcdl WARNING: no stack dumps for stall reports: {exc}", flush=True)
         return {}
     return {

@@ -1,68 +1,16 @@
-"""Enums mirrored from ``collectives/include/hpcdl/c_api.h`` and a raw buffer view for the runtime."""
+"""The runtime's enums (bound once, in :mod:`hpcdl.common.abi`), NumPy's view of its dtypes, and a raw buffer
+view for the runtime."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import IntEnum
 
 import numpy as np
 
+from hpcdl.common.abi import DType, OpType, Placement, ReduceOp
 
-class DType(IntEnum):
-    UINT8 = 0
-    INT8 = 1
-    INT16 = 2
-    INT32 = 3
-    INT64 = 4
-    FLOAT16 = 5
-    BFLOAT16 = 6
-    FLOAT32 = 7
-    FLOAT64 = 8
-    BOOL = 9
+__all__ = ["Buffer", "DType", "OpType", "Placement", "ReduceOp", "buffer_formats", "dtype_of"]
 
-    @property
-    def itemsize(self) -> int:
-        return _ITEMSIZE[self]
-
-
-class ReduceOp(IntEnum):
-    SUM = 0
-    AVERAGE = 1
-    MIN = 2
-    MAX = 3
-    PRODUCT = 4
-
-
-class OpType(IntEnum):
-    ALLREDUCE = 0
-    ALLGATHER = 1
-    BROADCAST = 2
-    ALLTOALL = 3
-    REDUCESCATTER = 4
-    BARRIER = 5
-    JOIN = 6
-
-
-class Placement(IntEnum):
-    """Where an engine operation's data lives: HOST, moved by the engine's data plane; DEVICE, moved by
-    the caller's executor from the batches the engine hands over (see c_api.h, hpcdl_device_next)."""
-
-    HOST = 0
-    DEVICE = 1
-
-
-_ITEMSIZE = {
-    DType.UINT8: 1,
-    DType.INT8: 1,
-    DType.INT16: 2,
-    DType.INT32: 4,
-    DType.INT64: 8,
-    DType.FLOAT16: 2,
-    DType.BFLOAT16: 2,
-    DType.FLOAT32: 4,
-    DType.FLOAT64: 8,
-    DType.BOOL: 1,
-}
 
 _FROM_NUMPY = {
     np.dtype(np.uint8): DType.UINT8,

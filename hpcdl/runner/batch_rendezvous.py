@@ -29,6 +29,7 @@ import sys
 import time
 from collections.abc import Mapping
 
+from hpcdl import jobenv
 from hpcdl.common.exceptions import HpcdlError
 from hpcdl.runner.allocation import detect_allocation
 from hpcdl.runner.errors import LaunchError
@@ -41,8 +42,8 @@ PARENT_POLL_SECONDS = 0.5
 def advertised_address(environ: Mapping[str, str]) -> str:
     """The address the ranks reach this host at: HPCDL_IFACE's, else the one this host routes towards the
     first other host of the allocation, else (one node, or names that do not resolve here) its name."""
-    if environ.get("HPCDL_IFACE"):
-        return interface_address(environ["HPCDL_IFACE"])
+    if environ.get(jobenv.IFACE):
+        return interface_address(environ[jobenv.IFACE])
     try:
         allocation = detect_allocation(environ)
     except LaunchError:
@@ -70,7 +71,7 @@ def listen_address(advertised: str) -> str:
 def socket_interface(environ: Mapping[str, str], address: str) -> str:
     """The interface the ranks' torch.distributed should use, as this host sees it (``-``: unknown)."""
     return (
-        meeting_interface({"HPCDL_IFACE": environ.get("HPCDL_IFACE", ""), "HPCDL_RENDEZVOUS_ADDR": address})
+        meeting_interface({jobenv.IFACE: environ.get(jobenv.IFACE, ""), jobenv.RENDEZVOUS_ADDR: address})
         or "-"
     )
 
@@ -80,7 +81,7 @@ def probe(environ: Mapping[str, str]) -> int:
     with socket.socket() as free:
         free.bind(("", 0))
         port = free.getsockname()[1]
-    print(socket.gethostname(), port, socket_interface(environ, environ.get("HPCDL_RENDEZVOUS_ADDR", "")))
+    print(socket.gethostname(), port, socket_interface(environ, environ.get(jobenv.RENDEZVOUS_ADDR, "")))
     return 0
 
 
@@ -93,9 +94,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def serve(args: argparse.Namespace) -> int:
-    secret = os.environ.get("HPCDL_SECRET", "")
+    secret = os.environ.get(jobenv.SECRET, "")
     if not secret:
-        print("hpcdl: the rendezvous server needs HPCDL_SECRET in its environment", file=sys.stderr)
+        print(f"hpcdl: the rendezvous server needs {jobenv.SECRET} in its environment", file=sys.stderr)
         return 1
     from hpcdl.common.rendezvous import RendezvousServer
 
@@ -105,16 +106,16 @@ def serve(args: argparse.Namespace) -> int:
     for signum in (signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):  # the ranks' checkpoint signals
         signal.signal(signum, signal.SIG_IGN)
     parent = os.getppid()
-    fixed = os.environ.get("HPCDL_RENDEZVOUS_PORT", "")
+    fixed = os.environ.get(jobenv.RENDEZVOUS_PORT, "")
     if fixed and not fixed.isdigit():
-        print(f"hpcdl: HPCDL_RENDEZVOUS_PORT={fixed!r} is not a port number", file=sys.stderr)
+        print(f"hpcdl: {jobenv.RENDEZVOUS_PORT}={fixed!r} is not a port number", file=sys.stderr)
         return 1
     try:
         address = advertised_address(os.environ)
         server = RendezvousServer(args.size, secret, listen_address(address), int(fixed or 0))
         server.start()
     except (HpcdlError, OSError, ValueError) as exc:
-        where = f"port {fixed} (your HPCDL_RENDEZVOUS_PORT) on " if fixed else ""
+        where = f"port {fixed} (your {jobenv.RENDEZVOUS_PORT}) on " if fixed else ""
         advice = "; choose another port or unset it to let the server pick a free one" if fixed else ""
         print(
             f"hpcdl: cannot host the job's rendezvous on {where}{socket.gethostname()}: {exc}{advice}",

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from hpcdl.common.exceptions import HpcdlError
+from hpcdl.errors import LaunchError
 
-
-class LaunchError(HpcdlError):
-    """Bad hosts, hostfile, flags or environment; the message says what to change."""
+__all__ = ["LaunchError"]

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from hpcdl import jobenv, platforms
 from hpcdl.common import debug_dir, handshake, stacks
 from hpcdl.runner.allocation import Allocation, detect_allocation
 from hpcdl.runner.board import BoardServer
@@ -53,11 +54,6 @@ from hpcdl.runner.tunables import tunable_environment
 
 DEFAULT_START_TIMEOUT = 30.0
 BOARD_CLIENT_SOURCE = Path(handshake.__file__).read_text()
-# Inherited values that would point ranks at another job's rendezvous.
-_JOB_SPECIFIC = (
-    "HPCDL_RENDEZVOUS_ADDR", "HPCDL_RENDEZVOUS_PORT", "HPCDL_RENDEZVOUS_SERVE", "HPCDL_SECRET",
-    "HPCDL_ELASTIC_DRIVER", "HPCDL_ELASTIC_WORKER", "HPCDL_ELASTIC_TIMEOUT",
-)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -93,7 +89,7 @@ def resolve_start_timeout(explicit: float | None, environ: Mapping[str, str]) ->
     if explicit is not None:
         value, source = explicit, "--start-timeout"
     else:
-        for name in ("HPCDL_START_TIMEOUT", "HOROVOD_START_TIMEOUT"):
+        for name in (jobenv.START_TIMEOUT, "HOROVOD_START_TIMEOUT"):
             if environ.get(name):
                 try:
                     value, source = float(environ[name]), name
@@ -230,9 +226,10 @@ class _Job:
 
 
 def _service_node_hosts(launcher: str, hosts: list[HostSlots], from_allocation: bool) -> list[HostSlots]:
-    """aprun and jsrun start ranks on compute nodes only; the node they run on (a MOM or launch node that
-    LSF lists in LSB_MCPU_HOSTS) gets none."""
-    if launcher not in ("aprun", "jsrun") or not from_allocation:
+    """Launchers that run from a service node (aprun, jsrun) start ranks on compute nodes only; the node they
+    run on (a MOM or launch node that LSF lists in its allocation) gets none."""
+    native = platforms.native_launchers().get(launcher)
+    if native is None or not native.from_service_node or not from_allocation:
         return hosts
     here = socket.gethostname().split(".", 1)[0]
     return [h for h in hosts if h.name.split(".", 1)[0] != here] or hosts
@@ -241,7 +238,7 @@ def _service_node_hosts(launcher: str, hosts: list[HostSlots], from_allocation: 
 def launch(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> int:
     """Run the job to its end; return the exit code for the launcher."""
     environ = {
-        k: v for k, v in (os.environ if environ is None else environ).items() if k not in _JOB_SPECIFIC
+        k: v for k, v in (os.environ if environ is None else environ).items() if k not in jobenv.JOB_SPECIFIC
     }
     if not spec.command:
         raise LaunchError("no command to run; write it after the options: hpcdl run -np 2 python train.py")
@@ -264,6 +261,8 @@ def launch(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> int:
     if launcher == "local" and remote_hosts:
         raise LaunchError(f"--launcher local runs every rank here, but {remote_hosts[0]} is another host")
     common_env = {**rank_settings_env(spec), **debug_env(spec, environ)}
+    if spec.verbose and not any(environ.get(v) for v in ("HPCDL_LOG_LEVEL", "HOROVOD_LOG_LEVEL")):
+        common_env.setdefault("HPCDL_LOG_LEVEL", "info")  # rank 0 says how its collectives cross hosts
     rendezvous_addr = _rendezvous_address(spec, remote_hosts)
     router = OutputRouter(spec.output, num_proc)
     if spec.verbose:
@@ -284,7 +283,7 @@ def launch(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> int:
     master = torch_master(slots, local_hosts, user, rendezvous_addr, job_secret)
     common_env.update(master.env)
     if rendezvous is None:  # rank 0 hosts one at MASTER_ADDR, or says why it cannot (not: no secret)
-        common_env["HPCDL_SECRET"] = job_secret
+        common_env[jobenv.SECRET] = job_secret
     job = _Job(
         spec, slots, local_hosts, environ, common_env, rendezvous, _ssh_options(spec, start_timeout),
         start_timeout, master,
@@ -367,11 +366,7 @@ def _start_rank(job: _Job, slot: RankSlot, router: OutputRouter, remote: RemoteS
 def _rendezvous_env(rendezvous: Rendezvous | None) -> dict[str, str]:
     if rendezvous is None:
         return {}
-    return {
-        "HPCDL_RENDEZVOUS_ADDR": rendezvous.addr,
-        "HPCDL_RENDEZVOUS_PORT": str(rendezvous.port),
-        "HPCDL_SECRET": rendezvous.secret,
-    }
+    return jobenv.rendezvous_env(rendezvous.addr, rendezvous.port, rendezvous.secret)
 
 
 def _start_step(job: _Job, launcher: NativeLauncher, step: list[str], router: OutputRouter) -> JobProcess:
@@ -412,8 +407,8 @@ def _start_mpirun(job: _Job, router: OutputRouter) -> JobProcess:
     placed = placement(job.slots)
     rank_env = {**job.common_env, **_rendezvous_env(job.rendezvous)}
     if job.master.board_address:
-        rank_env["HPCDL_MASTER_BOARD"] = job.master.board_address
-        rank_env["HPCDL_START_TIMEOUT"] = f"{job.start_timeout:g}"
+        rank_env[jobenv.MASTER_BOARD] = job.master.board_address
+        rank_env[jobenv.START_TIMEOUT] = f"{job.start_timeout:g}"
     token = new_token()
     command = build_mpi_command(
         flavor,
@@ -466,9 +461,9 @@ def _launch_elastic(spec: LaunchSpec, options: ElasticOptions, environ: dict[str
     common_env = {
         **rank_settings_env(spec),
         **debug_env(spec, environ),
-        "HPCDL_ELASTIC_DRIVER": f"{addr}:{driver.port}",
-        "HPCDL_ELASTIC_TIMEOUT": str(options.timeout),
-        "HPCDL_SECRET": secret,
+        jobenv.ELASTIC_DRIVER: f"{addr}:{driver.port}",
+        jobenv.ELASTIC_TIMEOUT: str(options.timeout),
+        jobenv.SECRET: secret,
     }
     router = OutputRouter(spec.output, options.max_np)
     ssh = _ssh_options(spec, start_timeout)
@@ -477,7 +472,7 @@ def _launch_elastic(spec: LaunchSpec, options: ElasticOptions, environ: dict[str
         print(f"hpcdl run: elastic workers start with launcher {launcher}", file=sys.stderr)
 
     def start_worker(number: int, host: str) -> JobProcess:
-        identity = {"HPCDL_ELASTIC_WORKER": str(number), "HPCDL_HOSTNAME": host, "HOROVOD_HOSTNAME": host}
+        identity = {jobenv.ELASTIC_WORKER: str(number), jobenv.HOSTNAME: host, jobenv.HOROVOD_HOSTNAME: host}
         where: RemoteStart | None = start_remote
         if where is None and not is_local_host(host):
             where = ssh
@@ -502,8 +497,9 @@ def _worker_start(spec: LaunchSpec, launcher: str, environ: Mapping[str, str]) -
         return None
     native = make_native(launcher, environ, spec.launcher_args)
     if native.worker_argv("HOST") is None:
+        able = [name for name, cls in platforms.native_launchers().items() if cls({}).worker_argv("HOST")]
         raise LaunchError(
             f"--launcher {launcher} cannot start one worker at a time, which elastic jobs need; "
-            "use srun, flux, mpiexec (PALS), blaunch or ssh"
+            f"use {', '.join(able)} or ssh"
         )
     return LauncherStart(native.worker_argv, native.name)

@@ -10,13 +10,13 @@ import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from hpcdl.platforms.mpi import VERSION_TIMEOUT_SECONDS, version_output
 from hpcdl.runner.errors import LaunchError
 from hpcdl.runner.hosts import HostSlots
 from hpcdl.runner.procs import SshOptions
 from hpcdl.runner.rank_env import FORWARDED_NAMES, FORWARDED_PREFIXES
 from hpcdl.runner.tagged import Tagged, TagReader
 
-VERSION_TIMEOUT_SECONDS = 20.0
 OPENMPI, MPICH = "Open MPI", "MPICH/Hydra"
 # Per-rank identity comes from the MPI launcher; inherited values would be wrong.
 _RANK_VARIABLES = tuple(
@@ -26,14 +26,6 @@ _RANK_VARIABLES = tuple(
 )
 _OPENMPI_TAG = re.compile(rb"^\[\d+,(\d+)\]<(stdout|stderr)>:(.*)$", re.DOTALL)
 _MPICH_TAG = re.compile(rb"^\[(\d+)\] (.*)$", re.DOTALL)
-
-
-def version_output(program: str) -> str:
-    """What ``PROGRAM --version`` prints (stdout, then stderr); OSError or TimeoutExpired if it cannot."""
-    done = subprocess.run(
-        [program, "--version"], capture_output=True, text=True, timeout=VERSION_TIMEOUT_SECONDS, check=False
-    )
-    return done.stdout + done.stderr
 
 
 def detect_flavor(mpirun: str) -> str:
@@ -99,7 +91,11 @@ def build_mpi_command(
     if flavor == OPENMPI:
         argv = [mpirun, *(["--allow-run-as-root"] if is_root else []), "--tag-output"]
         argv += ["-np", str(num_proc), "-H", host_list, "-bind-to", "none", "-map-by", "slot"]
-        argv += ["-mca", "pml", "ob1", "-mca", "btl", "self,tcp" if tcp else "^openib"]
+        # Open MPI refuses a parameter given twice: the user's --mpi-args choice replaces hpcdl's default.
+        given = _mca_names(extra_args)
+        for name, value in (("pml", "ob1"), ("btl", "self,tcp" if tcp else "^openib")):
+            if name not in given:
+                argv += ["-mca", name, value]
         if network_interface:
             argv += ["-mca", "btl_tcp_if_include", network_interface]
             argv += ["-mca", "oob_tcp_if_include", network_interface]
@@ -116,6 +112,12 @@ def build_mpi_command(
     argv += shlex.split(extra_args)
     argv += wrapped_command
     return MpiCommand(argv, env, shown_env + shlex.join(argv))
+
+
+def _mca_names(args: str) -> set[str]:
+    """The MCA parameters an Open MPI argument string sets (``-mca NAME VALUE`` or ``--mca NAME VALUE``)."""
+    words = shlex.split(args)
+    return {words[i + 1] for i, word in enumerate(words[:-1]) if word in ("-mca", "--mca")}
 
 
 def mpi_reader(flavor: str, token: str) -> TagReader:

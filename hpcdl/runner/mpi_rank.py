@@ -21,10 +21,12 @@ import sys
 import threading
 from typing import BinaryIO
 
+from hpcdl import jobenv
+from hpcdl.platforms import mpi
 from hpcdl.runner.rank_agent import learn_master_port, oom_kill_count, oom_report, socket_interface_env
 
 # The variables naming an MPI rank's world rank, by MPI (Open MPI, then MPICH/Hydra and Intel MPI).
-_RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK")
+_RANK_VARIABLES = tuple(task.rank for task in mpi.PLATFORM.tasks if task.mpi_family)
 
 
 def _relay_lines(pipe: BinaryIO, fd: int) -> None:
@@ -36,10 +38,8 @@ def _relay_lines(pipe: BinaryIO, fd: int) -> None:
 def _master_port(env: dict[str, str]) -> tuple[socket.socket | None, str]:
     """(the holder to keep, MASTER_PORT) from the launcher's board; OSError when that fails."""
     rank = int(next((env[name] for name in _RANK_VARIABLES if env.get(name)), "0"))
-    timeout = float(env.get("HPCDL_START_TIMEOUT", "30"))
-    holder, port = learn_master_port(
-        env.pop("HPCDL_MASTER_BOARD"), env.get("HPCDL_SECRET", ""), rank, timeout
-    )
+    timeout = float(env.get(jobenv.START_TIMEOUT, "30"))
+    holder, port = learn_master_port(env.pop(jobenv.MASTER_BOARD), env.get(jobenv.SECRET, ""), rank, timeout)
     return holder, str(port)
 
 
@@ -48,7 +48,7 @@ def main(argv: list[str]) -> int:
     env = dict(os.environ)
     env.update(socket_interface_env(env))
     holder = None  # rank 0's reservation of MASTER_PORT, held while the rank runs
-    if env.get("HPCDL_MASTER_BOARD"):
+    if env.get(jobenv.MASTER_BOARD):
         try:
             holder, env["MASTER_PORT"] = _master_port(env)
         except OSError as exc:

@@ -1,15 +1,14 @@
-"""Which hosts are this machine, and which address of this machine other hosts can reach."""
+"""Which hosts are this machine, and which address of this machine other hosts can reach (an interface's
+address is looked up by the rank agent's :func:`~hpcdl.runner.rank_agent.ipv4_of`, which runs where hpcdl
+is not installed)."""
 
 from __future__ import annotations
 
-import fcntl
 import ipaddress
 import socket
-import struct
 
 from hpcdl.runner.errors import LaunchError
-
-_SIOCGIFADDR = 0x8915  # Linux ioctl: IPv4 address of an interface
+from hpcdl.runner.rank_agent import ipv4_of
 
 
 def resolve(host: str) -> list[str]:
@@ -46,15 +45,13 @@ def interface_address(iface: str) -> str:
         return str(ipaddress.IPv4Address(iface))
     except ValueError:
         pass
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        try:
-            packed = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR, struct.pack("256s", iface[:15].encode()))
-        except OSError:
-            names = ", ".join(name for _, name in socket.if_nameindex())
-            raise LaunchError(
-                f"--network-interface {iface}: no such interface with an IPv4 address here; have: {names}"
-            ) from None
-    return socket.inet_ntoa(packed[20:24])
+    address = ipv4_of(iface)
+    if address is None:
+        names = ", ".join(name for _, name in socket.if_nameindex())
+        raise LaunchError(
+            f"--network-interface {iface}: no such interface with an IPv4 address here; have: {names}"
+        )
+    return address
 
 
 def address_towards(host: str) -> str:

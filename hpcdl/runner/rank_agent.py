@@ -131,7 +131,7 @@ def encode_stacks(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
-def _ipv4_of(iface: str) -> str | None:
+def ipv4_of(iface: str) -> str | None:
     """The (primary) IPv4 address of interface `iface`, or None when it has none."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         try:
@@ -142,7 +142,7 @@ def _ipv4_of(iface: str) -> str | None:
 
 
 def _has_ipv4(iface: str) -> bool:
-    return _ipv4_of(iface) is not None
+    return ipv4_of(iface) is not None
 
 
 def choose_interface(interfaces: list[str]) -> dict[str, str]:
@@ -171,7 +171,7 @@ def interface_towards(host: str) -> str | None:
 
 
 def _interface_holding(address: str) -> str | None:
-    return next((name for _, name in socket.if_nameindex() if _ipv4_of(name) == address), None)
+    return next((name for _, name in socket.if_nameindex() if ipv4_of(name) == address), None)
 
 
 def meeting_interface(env: Mapping[str, str]) -> str | None:

@@ -6,6 +6,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from hpcdl import jobenv
 from hpcdl.runner.errors import LaunchError
 from hpcdl.runner.hosts import RankSlot
 
@@ -54,9 +55,7 @@ def rank_variables(slot: RankSlot, rendezvous: Rendezvous | None) -> dict[str, s
     for prefix in ("HPCDL_", "HOROVOD_"):
         env.update({prefix + name: str(value) for name, value in values.items()})
     if rendezvous is not None:
-        env["HPCDL_RENDEZVOUS_ADDR"] = rendezvous.addr
-        env["HPCDL_RENDEZVOUS_PORT"] = str(rendezvous.port)
-        env["HPCDL_SECRET"] = rendezvous.secret
+        env.update(jobenv.rendezvous_env(rendezvous.addr, rendezvous.port, rendezvous.secret))
     return env
 
 

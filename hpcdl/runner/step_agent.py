@@ -24,6 +24,7 @@ import sys
 import threading
 from typing import BinaryIO
 
+from hpcdl import jobenv
 from hpcdl.runner.hosts import HostSlots, RankSlot, assign_ranks, parse_hosts_arg
 from hpcdl.runner.rank_agent import (
     choose_interface,
@@ -133,7 +134,7 @@ def main(argv: list[str]) -> int:
     if args.master_board:
         try:
             holder, port = learn_master_port(
-                args.master_board, env["HPCDL_SECRET"], slot.rank, args.start_timeout
+                args.master_board, env[jobenv.SECRET], slot.rank, args.start_timeout
             )
         except OSError as exc:
             out.line("err", f"hpcdl run: rank {slot.rank}: {exc}".encode())

@@ -175,7 +175,10 @@ class Supervisor:
             return
         arrived = set(self.rendezvous.arrived())
         if not arrived or len(arrived) == len(self.slots):
-            return  # nobody uses the rendezvous (a plain program) or everybody met
+            # Nobody uses the rendezvous (a plain program) or everybody met: a later round (ranks that shut
+            # down and initialise again) starts its own clock.
+            self._first_arrival = None
+            return
         now = time.monotonic()
         self._first_arrival = self._first_arrival or now
         if now - self._first_arrival < self.start_timeout:

@@ -78,6 +78,8 @@ TUNABLES: tuple[Tunable, ...] = (
             "Warn about ranks that have not submitted a tensor for this long.", _number, minimum=0),
     Tunable("stall_check_shutdown_time_seconds", float, "stall_shutdown_time_seconds",
             "Shut down after a stall this long (0: never).", _number, minimum=0),
+    Tunable("flight_recorder_size", int, "flight_recorder_size",
+            "Recent operations each rank's flight recorder keeps for its dumps (0 disables it).", minimum=0),
     Tunable("log_level", str, "log_level", "Runtime log level.", str.lower, choices=LOG_LEVELS),
     Tunable("timeout", float, "timeout", "Deadline in seconds of every blocking wait in the runtime.",
             _number, minimum=0),

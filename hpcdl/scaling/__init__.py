@@ -1,7 +1,7 @@
 """Scaling studies: measure how a workload scales with the number of workers and read it against the model
 T(W) = G·f(W) + C(W) (``hpcdl scaling run|collect|report``).
 
-- :mod:`~hpcdl.scaling.steps`: :class:`StepTimer`, the step-time helper for training scripts;
+- :mod:`~hpcdl.common.steps`: :class:`StepTimer`, the step-time helper for training scripts;
 - :mod:`~hpcdl.scaling.study`: the study's definition and directory;
 - :mod:`~hpcdl.scaling.local` / :mod:`~hpcdl.scaling.cluster`: running the points through ``hpcdl run``
   here, or as batch jobs through :mod:`hpcdl.schedulers`;
@@ -14,7 +14,7 @@ Importing this package imports neither torch nor matplotlib.
 
 from __future__ import annotations
 
-from hpcdl.scaling.steps import StepTimer
+from hpcdl.common.steps import StepTimer
 from hpcdl.scaling.study import StudyError, StudySpec, Workload
 
 __all__ = ["StepTimer", "StudyError", "StudySpec", "Workload"]

@@ -15,12 +15,11 @@ from pathlib import Path
 from typing import Optional
 
 from hpcdl.common.output_file import write_output_file
-from hpcdl.scaling import watch
-from hpcdl.scaling.steps import REPEAT_VARIABLE
+from hpcdl.common.steps import REPEAT_VARIABLE
 from hpcdl.scaling.study import JOBS_FILE, StudyError, StudySpec, mark_failed, point_dir
-from hpcdl.scaling.watch import JobStatus, WatchedJob
-from hpcdl.schedulers import JobSpec, Scheduler, SiteConfig, Sweep, get_scheduler, load_site
+from hpcdl.schedulers import JobSpec, Scheduler, SiteConfig, Sweep, get_scheduler, load_site, watch
 from hpcdl.schedulers.submission import GroupSubmissionError, Submitted, prepare_job, submit_group
+from hpcdl.schedulers.watch import JobStatus, WatchedJob
 
 
 @dataclass(frozen=True)

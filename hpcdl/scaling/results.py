@@ -3,7 +3,7 @@ measured split of a step into compute and communication, each with its spread ov
 
 A run's step time is the mean over its measured steps (warm-up discarded) of the mean over ranks; its
 communication is the time the ranks waited for collectives inside those steps (measured by the
-:class:`~hpcdl.scaling.steps.StepTimer`), and compute the rest. A point is the mean over its repeats, with
+:class:`~hpcdl.common.steps.StepTimer`), and compute the rest. A point is the mean over its repeats, with
 their sample standard deviation, minimum and maximum. When a script reports no steps, whole runs are timed
 (the slowest rank's run) and the split is not available.
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from hpcdl.scaling.steps import RankSteps, StepRecordError, read_run_steps, read_run_times
+from hpcdl.common.steps import RankSteps, StepRecordError, read_run_steps, read_run_times
 from hpcdl.scaling.study import StudyError, StudySpec, plan, repeat_dir
 
 

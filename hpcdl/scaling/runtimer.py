@@ -19,7 +19,7 @@ from typing import Optional
 
 from hpcdl.common.discovery import discover
 from hpcdl.common.output_file import write_output_file
-from hpcdl.scaling.steps import run_directory, run_file
+from hpcdl.common.steps import run_directory, run_file
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from hpcdl.common.steps import RankSteps, StepRecordError, read_run_steps
 from hpcdl.common.timeline import COLLECTIVE_PHASES, load_events
-from hpcdl.scaling.steps import RankSteps, StepRecordError, read_run_steps
 from hpcdl.scaling.study import StudyError
 
 COMPUTE, WAIT = "compute", "waiting for collectives"

@@ -2,7 +2,7 @@
 
 A study is a directory. ``study.json`` holds the definition; each point (one worker count) has
 ``points/W<N>/``, and each repetition of it ``points/W<N>/repeat-<r>/`` with the ranks' step records
-(:mod:`hpcdl.scaling.steps`). Runs of a rank get the study's contract in their environment
+(:mod:`hpcdl.common.steps`). Runs of a rank get the study's contract in their environment
 (``HPCDL_SCALING_DIR``, ``HPCDL_SCALING_REPEAT``, ``HPCDL_SCALING_BATCH``, ...), and placeholders
 ``{workers}``, ``{batch}``, ``{global_batch}`` and ``{NAME}`` of ``--param NAME=...`` in a user's command
 are filled in per point.
@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hpcdl._version import __version__
+from hpcdl.common import steps
 from hpcdl.common.exceptions import HpcdlError
 from hpcdl.common.output_file import write_output_file
-from hpcdl.scaling import steps
 
 FORMAT = 1
 STUDY_FILE = "study.json"

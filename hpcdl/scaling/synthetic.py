@@ -2,7 +2,7 @@
 
 Trains a built-in model (:mod:`hpcdl.scaling.models`) on random images the Horovod way
 (``hpcdl.torch.DistributedOptimizer``, parameters broadcast from rank 0) and reports every step through
-:class:`~hpcdl.scaling.steps.StepTimer`, so its records are the same as a user's script would write.
+:class:`~hpcdl.common.steps.StepTimer`, so its records are the same as a user's script would write.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Optional
 
-from hpcdl.scaling.steps import StepTimer
+from hpcdl.common.steps import StepTimer
 
 
 def parse(argv: Optional[list[str]]) -> argparse.Namespace:

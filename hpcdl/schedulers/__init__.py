@@ -3,7 +3,8 @@ and follow it (status, cancel, logs)."""
 
 from __future__ import annotations
 
-from hpcdl.schedulers.base import JobState, Scheduler, ScriptParts
+from hpcdl.platforms import scheduler_names
+from hpcdl.schedulers.base import JobState, Scheduler
 from hpcdl.schedulers.cobalt import Cobalt
 from hpcdl.schedulers.errors import (
     JobSpecError,
@@ -17,12 +18,12 @@ from hpcdl.schedulers.job import ArraySpec, JobSpec, SignalSpec, Sweep, parse_wa
 from hpcdl.schedulers.lsf import Lsf
 from hpcdl.schedulers.pbs import Pbs
 from hpcdl.schedulers.registry import SCHEDULERS, detect_scheduler, get_scheduler
-from hpcdl.schedulers.site import SCHEDULER_NAMES, SiteConfig, load_site
+from hpcdl.schedulers.render import ScriptParts
+from hpcdl.schedulers.site import SiteConfig, load_site
 from hpcdl.schedulers.slurm import Slurm
 
 __all__ = [
     "SCHEDULERS",
-    "SCHEDULER_NAMES",
     "ArraySpec",
     "Cobalt",
     "Flux",
@@ -45,4 +46,5 @@ __all__ = [
     "get_scheduler",
     "load_site",
     "parse_walltime",
+    "scheduler_names",
 ]

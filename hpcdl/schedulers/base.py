@@ -10,14 +10,14 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Optional
 
 from hpcdl.checkpoint import contract
 from hpcdl.schedulers.errors import JobSpecError, SchedulerError, ScriptCheckError
 from hpcdl.schedulers.job import JobSpec, SignalSpec
-from hpcdl.schedulers.render import render_parts
+from hpcdl.schedulers.render import ScriptParts, render_parts
 from hpcdl.schedulers.shell import check_value, quote, shell_word
 from hpcdl.schedulers.site import SiteConfig
 
@@ -26,31 +26,6 @@ PLACEHOLDERS = ("name", "job_id", "array_index")
 
 # Seconds the script waits for its rendezvous server's address line (a Python start on a busy file system).
 RENDEZVOUS_START_TIMEOUT_S = 120
-
-
-@dataclass
-class ScriptParts:
-    """Everything a batch template lays out; strings are final shell text (quoted where needed)."""
-
-    scheduler: str
-    directives: list[str]
-    exports: list[tuple[str, str]]
-    modules: list[str]
-    setup: list[str]
-    python: str  # the interpreter of hpcdl's helpers and of a *.py command, as one shell word
-    python_origin: str  # why that one (a comment)
-    secret_command: str
-    debug_dir_command: str
-    rendezvous_command: str
-    rendezvous_timeout_s: int
-    master_probe_command: Optional[str]
-    launch: str
-    sweep_variable: Optional[str] = None
-    sweep_cases: list[tuple[int, list[tuple[str, str]]]] = field(default_factory=list)
-    signal: Optional[str] = None
-    signal_timer_s: Optional[int] = None
-    requeue_command: Optional[str] = None
-    workdir_command: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -124,6 +99,8 @@ class Scheduler(ABC):
     array_base: ClassVar[int] = 0
     job_id_variable: ClassVar[str] = ""  # the job's id in its environment
     can_requeue: ClassVar[bool] = True
+    # Folders searched for its template before templates/batch (a backend that ships its own).
+    template_dirs: ClassVar[tuple[Path, ...]] = ()
     # What --checkpoint asks for unless --signal or the site's checkpoint_signal says otherwise: the warning
     # signal and how long before the walltime (the time to reach a commit point and write the checkpoint).
     checkpoint_signal: ClassVar[SignalSpec] = SignalSpec("USR2", 120)
@@ -133,10 +110,16 @@ class Scheduler(ABC):
     def detect(cls) -> bool:
         """Whether this scheduler's submit command is on PATH."""
 
+    @classmethod
+    def claims(cls) -> bool:
+        """Whether this process runs inside one of this scheduler's jobs and it is here, so that it wins over
+        the others found on PATH (Flux inside an instance, even within another scheduler's job)."""
+        return False
+
     # ---- rendering ------------------------------------------------------------------------------
     def render(self, job: JobSpec, site: SiteConfig) -> str:
         """The batch script for ``job``; raises ScriptCheckError if the scheduler would reject it."""
-        script = render_parts(self.parts(job, site))
+        script = render_parts(self.parts(job, site), self.template_dirs)
         problems = self.validate(script, site)
         if problems:
             raise ScriptCheckError(self.name, problems)

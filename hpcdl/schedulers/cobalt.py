@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 from typing import Optional
 
+from hpcdl.platforms import cobalt as facts
 from hpcdl.schedulers import lint
 from hpcdl.schedulers.base import JobState, Scheduler, run_command
 from hpcdl.schedulers.errors import JobSpecError, JobUnknownError, SchedulerError
 from hpcdl.schedulers.job import JobSpec
-from hpcdl.schedulers.probe import qsub_flavour
+from hpcdl.schedulers.probe import qsub_version
 from hpcdl.schedulers.site import SiteConfig
 
 _STATES = {
@@ -24,6 +26,84 @@ _STATES = {
     "killing": "CANCELLED",
     "done": "COMPLETED",
 }
+
+
+# ---- Cobalt (ALCF Theta) with ALPS aprun -------------------------------------------------------------
+
+_COBALT_VALUE = {
+    "-n",
+    "--nodecount",
+    "-t",
+    "--time",
+    "-q",
+    "--queue",
+    "-A",
+    "--project",
+    "--attrs",
+    "-O",
+    "--outputprefix",
+    "-o",
+    "--output",
+    "-e",
+    "--error",
+    "--env",
+    "-M",
+    "--notify",
+    "--dependencies",
+    "--proccount",
+    "--mode",
+    "-i",
+    "--inputfile",
+}
+_COBALT_FLAGS = {"--disable_preboot"}
+_COBALT_TIME = re.compile(r"^(\d+|\d+:[0-5]\d:[0-5]\d)$")
+_COBALT_ATTRS = re.compile(r"^\w+=[\w.-]+(:\w+=[\w.-]+)*$")
+_APRUN_VALUE = {"-n", "-N", "-d", "-cc", "-j", "-e", "-S", "-r", "-p", "-m", "-L"}
+_APRUN_FLAGS = {"-b", "-q", "-ss", "-T"}
+
+
+def check_script(script: str, cpus_per_node: Optional[int] = None) -> list[str]:
+    found, problems = lint.directives(script, "#COBALT")
+    nodes: Optional[int] = None
+    for line, name, value in lint.options(found, _COBALT_VALUE, _COBALT_FLAGS, problems, "qsub (Cobalt)"):
+        value = value or ""
+        if name in ("-n", "--nodecount"):
+            nodes = lint.int_or_none(value)
+            if not nodes:
+                problems.append(f"line {line}: -n {value} must be a positive node count")
+        elif name in ("-t", "--time") and not _COBALT_TIME.match(value):
+            problems.append(f"line {line}: -t {value} must be minutes or HH:MM:SS")
+        elif name == "--attrs" and not _COBALT_ATTRS.match(value):
+            problems.append(f"line {line}: --attrs {value} must be KEY=VALUE[:KEY=VALUE...]")
+        elif name == "--env" and not all("=" in item for item in value.split(":")):
+            problems.append(f"line {line}: --env {value} must be VAR=VALUE[:VAR=VALUE...]")
+    if nodes is None:
+        problems.append("no #COBALT -n NODES: Cobalt needs the node count")
+    for argv in lint.launch_lines(script, "aprun"):
+        values, unknown = lint.flag_values(argv, _APRUN_VALUE, _APRUN_FLAGS)
+        problems += [f"aprun: unknown option {u!r}" for u in unknown]
+        total, per_node, depth = (
+            lint.int_or_none(values.get("-n")),
+            lint.int_or_none(values.get("-N")),
+            lint.int_or_none(values.get("-d")) or 1,
+        )
+        if total is None or per_node is None:
+            problems.append("aprun needs -n TOTAL_RANKS and -N RANKS_PER_NODE")
+            continue
+        if nodes is not None and total > nodes * per_node:
+            problems.append(
+                f"aprun -n {total} -N {per_node} needs {-(-total // per_node)} nodes; the job has {nodes}"
+            )
+        if nodes is not None and total <= (nodes - 1) * per_node:
+            problems.append(f"aprun -n {total} -N {per_node} leaves nodes of the {nodes}-node job idle")
+        if depth > 1 and values.get("-cc") != "depth":
+            problems.append(f"aprun -d {depth} without -cc depth packs threads onto one core; add -cc depth")
+        threads = lint.int_or_none(values.get("-j")) or 1
+        if cpus_per_node and per_node * depth > cpus_per_node * threads:
+            problems.append(
+                f"aprun -N {per_node} -d {depth} needs {per_node * depth} CPUs; a node has {cpus_per_node}"
+            )
+    return problems
 
 
 def parse_cobalt_qsub_answer(text: str) -> str:
@@ -46,19 +126,21 @@ def parse_cobalt_qstat(job_id: str, text: str) -> list[JobState]:
 
 
 class Cobalt(Scheduler):
-    name = "cobalt"
-    rank_variable = "${ALPS_APP_PE:?not started by aprun}"
+    name = facts.PLATFORM.name
+    rank_variable = f"${{{facts.RANK}:?not started by aprun}}"
     array_variable = None  # Cobalt has no job arrays
-    job_id_variable = "COBALT_JOBID"
+    job_id_variable = facts.JOB_ID
     can_requeue = False
 
     def local_rank(self, job: JobSpec) -> str:
         # ALPS gives only the global rank; aprun places ranks block-wise, -N per node.
-        return f"$(( ALPS_APP_PE % {job.resolved_ranks_per_node} ))"
+        return f"$(( {facts.RANK} % {job.resolved_ranks_per_node} ))"
 
     @classmethod
     def detect(cls) -> bool:
-        return qsub_flavour() == "cobalt"
+        if shutil.which("qsub") is None:
+            return False
+        return bool(shutil.which("cqstat") or shutil.which("partlist")) or "cobalt" in qsub_version()
 
     def check_supported(self, job: JobSpec) -> None:
         if job.requeue:
@@ -109,7 +191,7 @@ class Cobalt(Scheduler):
         return ["aprun", "-n", "1", "-N", "1"]
 
     def validate(self, script: str, site: SiteConfig) -> list[str]:
-        return lint.check_cobalt(script, site.cpus_per_node)
+        return check_script(script, site.cpus_per_node)
 
     def submit(self, script: Path, workdir: Path) -> str:
         argv = ["qsub", "--mode", "script", str(script)]

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 from pathlib import Path
 from typing import Optional
 
+from hpcdl.platforms import flux as facts
 from hpcdl.schedulers import lint
 from hpcdl.schedulers.base import JobState, Scheduler, run_command
 from hpcdl.schedulers.errors import JobSpecError, JobUnknownError, SchedulerError
@@ -20,6 +23,92 @@ _STATES = {
     "CLEANUP": "RUNNING",
 }
 _RESULTS = {"COMPLETED": "COMPLETED", "FAILED": "FAILED", "CANCELED": "CANCELLED", "TIMEOUT": "TIMEOUT"}
+
+
+# ---- Flux ----------------------------------------------------------------------------------------------
+
+_FLUX_VALUE = {
+    "-N",
+    "--nodes",
+    "-n",
+    "--ntasks",
+    "-c",
+    "--cores-per-task",
+    "-g",
+    "--gpus-per-task",
+    "-t",
+    "--time-limit",
+    "-q",
+    "--queue",
+    "-B",
+    "--bank",
+    "--job-name",
+    "--output",
+    "--error",
+    "--cc",
+    "--bcc",
+    "--signal",
+    "-S",
+    "--setattr",
+    "--requires",
+    "--urgency",
+    "--dependency",
+    "--env",
+    "--conf",
+    "-o",
+    "--setopt",
+}
+_FLUX_FLAGS = {"--exclusive", "-x"}
+_FLUX_DURATION = re.compile(r"^\d+(\.\d+)?[smhd]?$")
+_FLUX_IDSET = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
+_FLUX_SIGNAL = re.compile(r"^(SIG)?[A-Z0-9]+(@\d+(\.\d+)?[smhd]?)?$")
+_FLUX_RUN_VALUE = {
+    "-N",
+    "--nodes",
+    "-n",
+    "--ntasks",
+    "-c",
+    "--cores-per-task",
+    "-g",
+    "--gpus-per-task",
+    "--tasks-per-node",
+    "--taskmap",
+    "-o",
+    "--setopt",
+    "--label-io",
+}
+_FLUX_RUN_FLAGS = {"-x", "--exclusive", "-l"}
+
+
+def check_script(script: str) -> list[str]:
+    found, problems = lint.directives(script, "# flux:")
+    nodes: Optional[int] = None
+    for line, name, value in lint.options(found, _FLUX_VALUE, _FLUX_FLAGS, problems, "flux batch"):
+        value = value or ""
+        if name in ("-N", "--nodes"):
+            nodes = lint.int_or_none(value)
+            if not nodes:
+                problems.append(f"line {line}: -N {value} must be a positive node count")
+        elif name in ("-t", "--time-limit") and not _FLUX_DURATION.match(value):
+            problems.append(f"line {line}: -t {value} is not a Flux duration (e.g. 90s, 30m, 2h, 1d)")
+        elif name in ("--cc", "--bcc") and not _FLUX_IDSET.match(value):
+            problems.append(f"line {line}: {name}={value} is not a Flux idset (e.g. 0-9 or 1,3,5)")
+        elif name == "--signal" and not _FLUX_SIGNAL.match(value):
+            problems.append(f"line {line}: --signal={value} is not SIG[@DURATION]")
+    if nodes is None:
+        problems.append("no '# flux: -N NODES': flux batch needs the node count of the instance")
+    for argv in lint.launch_lines(script, "flux"):
+        if len(argv) < 2 or argv[1] != "run":
+            continue
+        values, unknown = lint.flag_values(argv[1:], _FLUX_RUN_VALUE, _FLUX_RUN_FLAGS)
+        problems += [f"flux run: unknown option {u!r}" for u in unknown]
+        run_nodes = lint.int_or_none(values.get("-N", values.get("--nodes")))
+        tasks = lint.int_or_none(values.get("-n", values.get("--ntasks")))
+        if nodes is not None and run_nodes is not None and run_nodes > nodes:
+            problems.append(f"flux run -N {run_nodes} asks for more nodes than the batch job has ({nodes})")
+        if run_nodes is not None and tasks is not None and tasks < run_nodes:
+            problems.append(f"flux run -n {tasks} is fewer tasks than nodes (-N {run_nodes})")
+    return problems
 
 
 def flux_duration(seconds: int) -> str:
@@ -49,16 +138,20 @@ def parse_flux_jobs(job_id: str, text: str) -> list[JobState]:
 
 
 class Flux(Scheduler):
-    name = "flux"
-    rank_variable = "${FLUX_TASK_RANK:?not started by flux run}"
-    local_rank_variable = "${FLUX_TASK_LOCAL_ID:?not started by flux run}"
-    array_variable = "FLUX_JOB_CC"
-    job_id_variable = "FLUX_JOB_ID"
+    name = facts.PLATFORM.name
+    rank_variable = f"${{{facts.RANK}:?not started by flux run}}"
+    local_rank_variable = f"${{{facts.LOCAL_RANK}:?not started by flux run}}"
+    array_variable = facts.ARRAY_INDEX
+    job_id_variable = facts.JOB_ID
     can_requeue = False
 
     @classmethod
     def detect(cls) -> bool:
         return shutil.which("flux") is not None
+
+    @classmethod
+    def claims(cls) -> bool:
+        return bool(os.environ.get(facts.URI)) and cls.detect()
 
     def check_supported(self, job: JobSpec) -> None:
         if job.array and (job.array.step > 1 or job.array.max_concurrent):
@@ -129,7 +222,7 @@ class Flux(Scheduler):
         return None, None  # flux signals the batch script itself (--signal)
 
     def validate(self, script: str, site: SiteConfig) -> list[str]:
-        return lint.check_flux(script)
+        return check_script(script)
 
     def submit(self, script: Path, workdir: Path) -> str:
         return parse_flux_batch_answer(

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
+from hpcdl.platforms import lsf as facts
 from hpcdl.schedulers import lint
 from hpcdl.schedulers.base import JobState, Scheduler, run_command
 from hpcdl.schedulers.errors import JobSpecError, JobUnknownError, SchedulerError
@@ -25,6 +26,114 @@ _STATES = {
     "ZOMBI": "FAILED",
     "UNKWN": "UNKNOWN",
 }
+
+
+# ---- LSF with jsrun (Summit-style) -------------------------------------------------------------------
+
+_LSF_VALUE = {
+    "-P",
+    "-W",
+    "-nnodes",
+    "-n",
+    "-J",
+    "-o",
+    "-e",
+    "-q",
+    "-alloc_flags",
+    "-G",
+    "-u",
+    "-env",
+    "-R",
+    "-w",
+    "-wa",
+    "-wt",
+    "-b",
+    "-app",
+    "-sla",
+    "-U",
+    "-cwd",
+    "-outdir",
+    "-M",
+    "-m",
+    "-L",
+    "-We",
+}
+_LSF_FLAGS = {"-r", "-rn", "-B", "-N", "-x", "-I", "-K"}
+_LSF_TIME = re.compile(r"^(\d+|\d+:[0-5]?\d)$")
+_LSF_NAME = re.compile(r"^([^\[\]\s]+)(\[(\d+)(-(\d+)(:\d+)?)?(,(\d+)(-(\d+)(:\d+)?)?)*\])?(%\d+)?$")
+_JSRUN_VALUE = {
+    "-n",
+    "--nrs",
+    "-a",
+    "--tasks_per_rs",
+    "-c",
+    "--cpu_per_rs",
+    "-g",
+    "--gpu_per_rs",
+    "-r",
+    "--rs_per_host",
+    "-b",
+    "--bind",
+    "--smpiargs",
+    "-d",
+    "--launch_distribution",
+    "-l",
+    "--latency_priority",
+    "-E",
+    "--env",
+    "--erf_input",
+}
+_JSRUN_FLAGS: set[str] = set()
+
+
+def check_script(
+    script: str, gpus_per_node: Optional[int] = None, cpus_per_node: Optional[int] = None
+) -> list[str]:
+    found, problems = lint.directives(script, "#BSUB")
+    nodes: Optional[int] = None
+    for line, name, value in lint.options(found, _LSF_VALUE, _LSF_FLAGS, problems, "bsub"):
+        value = value or ""
+        if name == "-nnodes":
+            nodes = lint.int_or_none(value)
+            if not nodes:
+                problems.append(f"line {line}: -nnodes {value} must be a positive node count")
+        elif name in ("-W", "-We") and not _LSF_TIME.match(value):
+            problems.append(f"line {line}: {name} {value} must be [HOURS:]MINUTES")
+        elif name == "-J":
+            match = _LSF_NAME.match(value)
+            if not match:
+                problems.append(f"line {line}: -J {value!r} must be NAME or NAME[START-END[:STEP]][%LIMIT]")
+            elif match.group(2) and re.search(r"[\[,]0(\D|$)", match.group(2)):
+                problems.append(f"line {line}: -J {value}: LSF array indices start at 1")
+        elif name == "-wt" and not _LSF_TIME.match(value):
+            problems.append(f"line {line}: -wt {value} must be [HOURS:]MINUTES")
+    if nodes is None:
+        problems.append("no #BSUB -nnodes NODES: jsrun jobs need the node count")
+    for argv in lint.launch_lines(script, "jsrun"):
+        values, unknown = lint.flag_values(argv, _JSRUN_VALUE, _JSRUN_FLAGS)
+        problems += [f"jsrun: unknown option {u!r}" for u in unknown]
+        sets = lint.int_or_none(values.get("-n", values.get("--nrs")))
+        per_host = lint.int_or_none(values.get("-r", values.get("--rs_per_host")))
+        gpus = lint.int_or_none(values.get("-g", values.get("--gpu_per_rs"))) or 0
+        cpus = lint.int_or_none(values.get("-c", values.get("--cpu_per_rs"))) or 1
+        if sets is None or per_host is None:
+            problems.append("jsrun needs -n RESOURCE_SETS and -r RESOURCE_SETS_PER_HOST")
+            continue
+        if nodes is not None and sets > nodes * per_host:
+            problems.append(
+                f"jsrun -n {sets} -r {per_host} needs {-(-sets // per_host)} nodes; the job has {nodes}"
+            )
+        if gpus_per_node is not None and gpus * per_host > gpus_per_node:
+            problems.append(
+                f"jsrun -g {gpus} -r {per_host} needs {gpus * per_host} GPUs per node; "
+                f"nodes have {gpus_per_node}"
+            )
+        if cpus_per_node is not None and cpus * per_host > cpus_per_node:
+            problems.append(
+                f"jsrun -c {cpus} -r {per_host} needs {cpus * per_host} CPUs per node; "
+                f"nodes have {cpus_per_node}"
+            )
+    return problems
 
 
 def lsf_time(seconds: int) -> str:
@@ -54,11 +163,11 @@ def parse_bjobs(job_id: str, text: str) -> list[JobState]:
 
 
 class Lsf(Scheduler):
-    name = "lsf"
-    rank_variable = "${JSM_NAMESPACE_RANK:?not started by jsrun}"
-    local_rank_variable = "${JSM_NAMESPACE_LOCAL_RANK:?not started by jsrun}"
-    job_id_variable = "LSB_JOBID"
-    array_variable = "LSB_JOBINDEX"
+    name = facts.PLATFORM.name
+    rank_variable = f"${{{facts.RANK}:?not started by jsrun}}"
+    local_rank_variable = f"${{{facts.LOCAL_RANK}:?not started by jsrun}}"
+    job_id_variable = facts.JOB_ID
+    array_variable = facts.ARRAY_INDEX
     array_base = 1
 
     @classmethod
@@ -138,7 +247,7 @@ class Lsf(Scheduler):
         return job.walltime_seconds - job.signal.seconds, requeue
 
     def validate(self, script: str, site: SiteConfig) -> list[str]:
-        return lint.check_lsf(script, site.gpus_per_node, site.cpus_per_node)
+        return check_script(script, site.gpus_per_node, site.cpus_per_node)
 
     def submit(self, script: Path, workdir: Path) -> str:
         out = run_command(["bsub"], "submit the job to LSF", stdin=script.read_text(), cwd=workdir)

@@ -1,4 +1,5 @@
-"""Tell apart the batch systems that install a command called ``qsub``."""
+"""What the ``qsub`` on PATH says it is: PBS and Cobalt both install a command called ``qsub``, and each
+backend's ``detect`` reads this answer for its own mark."""
 
 from __future__ import annotations
 
@@ -8,21 +9,14 @@ import subprocess
 _PROBE_TIMEOUT_S = 10.0
 
 
-def qsub_flavour() -> str:
-    """``pbs`` or ``cobalt`` for the ``qsub`` on PATH ('' when none, or another, e.g. Slurm's PBS wrapper)."""
+def qsub_version() -> str:
+    """``qsub --version`` in lower case ('' when there is no qsub, or it does not answer)."""
     if shutil.which("qsub") is None:
         return ""
-    if shutil.which("cqstat") or shutil.which("partlist"):
-        return "cobalt"
     try:
         done = subprocess.run(
             ["qsub", "--version"], capture_output=True, text=True, timeout=_PROBE_TIMEOUT_S, check=False
         )
     except (OSError, subprocess.TimeoutExpired):
         return ""
-    text = (done.stdout + done.stderr).lower()
-    if "pbs_version" in text:
-        return "pbs"
-    if "cobalt" in text:
-        return "cobalt"
-    return ""
+    return (done.stdout + done.stderr).lower()

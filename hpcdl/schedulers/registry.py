@@ -1,39 +1,55 @@
-"""The scheduler backends by name, and which one this machine has."""
+"""The scheduler backends by name, read from the platform registry (:mod:`hpcdl.platforms`: a platform
+with a batch-script backend names it), and which one this machine has."""
 
 from __future__ import annotations
 
-import os
+import importlib
+from collections.abc import Iterator, Mapping
 
+from hpcdl import platforms
 from hpcdl.schedulers.base import Scheduler
-from hpcdl.schedulers.cobalt import Cobalt
 from hpcdl.schedulers.errors import SchedulerError
-from hpcdl.schedulers.flux import Flux
-from hpcdl.schedulers.lsf import Lsf
-from hpcdl.schedulers.pbs import Pbs
-from hpcdl.schedulers.slurm import Slurm
 
-SCHEDULERS: dict[str, type[Scheduler]] = {
-    "slurm": Slurm,
-    "pbs": Pbs,
-    "cobalt": Cobalt,
-    "lsf": Lsf,
-    "flux": Flux,
-}
-# Slurm before PBS/Cobalt: Slurm's PBS wrappers also install a qsub. Flux last unless we are inside an
-# instance (FLUX_URI), where it wins even within another scheduler's job.
-_DETECTION_ORDER: tuple[type[Scheduler], ...] = (Slurm, Lsf, Pbs, Cobalt, Flux)
+
+def backend(name: str) -> type[Scheduler]:
+    """The backend class of the platform called `name` (imported on first use)."""
+    module, _, attribute = platforms.get(name).scheduler.partition(":")
+    cls = getattr(importlib.import_module(module), attribute)
+    if not (isinstance(cls, type) and issubclass(cls, Scheduler)):
+        raise TypeError(f"platform {name!r} names {module}:{attribute}, which is no Scheduler")
+    return cls
+
+
+class _Backends(Mapping[str, type[Scheduler]]):
+    """Every registered scheduler backend by name, as the registry holds them now."""
+
+    def __getitem__(self, name: str) -> type[Scheduler]:
+        if name not in platforms.scheduler_names():
+            raise KeyError(name)
+        return backend(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(platforms.scheduler_names())
+
+    def __len__(self) -> int:
+        return len(platforms.scheduler_names())
+
+
+SCHEDULERS: Mapping[str, type[Scheduler]] = _Backends()
 
 
 def detect_scheduler() -> str:
     """The scheduler to submit to here; a SchedulerError naming what was looked for when none is found."""
-    if os.environ.get("FLUX_URI") and Flux.detect():
-        return Flux.name
-    for backend in _DETECTION_ORDER:
-        if backend.detect():
-            return backend.name
+    found = [p for p in platforms.by_priority() if p.scheduler]
+    backends = [backend(p.name) for p in found]
+    chosen = next((b for b in backends if b.claims()), None) or next(
+        (b for b in backends if b.detect()), None
+    )
+    if chosen is not None:
+        return chosen.name
     raise SchedulerError(
-        "no batch scheduler found on PATH (looked for sbatch, bsub, qsub from PBS or Cobalt, flux); "
-        "load the scheduler's module, or name one with --scheduler slurm|pbs|cobalt|lsf|flux (--dry-run "
+        f"no batch scheduler found on PATH (looked for {', '.join(p.submit_program for p in found)}); "
+        f"load the scheduler's module, or name one with --scheduler {'|'.join(SCHEDULERS)} (--dry-run "
         "renders a script without submitting)"
     )
 

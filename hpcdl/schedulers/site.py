@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 import yaml
 
+from hpcdl import platforms
 from hpcdl.schedulers.errors import JobSpecError, SiteConfigError
 from hpcdl.schedulers.job import (
     DEFAULT_PYTHON_ORIGIN,
@@ -27,13 +28,12 @@ from hpcdl.schedulers.job import (
 from hpcdl.schedulers.shell import check_directive_value, check_value
 
 SYSTEM_SITE_FILE = Path("/etc/hpcdl/site.yaml")
-SCHEDULER_NAMES = ("slurm", "pbs", "cobalt", "lsf", "flux")
 
 # key -> (type, meaning); the single source for validation and for the error listing valid keys.
 SCHEMA: dict[str, tuple[type, str]] = {
-    "scheduler": (str, f"auto or one of {', '.join(SCHEDULER_NAMES)}"),
+    "scheduler": (str, f"auto or one of {', '.join(platforms.scheduler_names())}"),
     "account": (str, "account / project charged"),
-    "partition": (str, "partition (Slurm) or queue (PBS, Cobalt, LSF, Flux)"),
+    "partition": (str, "partition or queue"),
     "qos": (str, "quality of service"),
     "constraint": (str, "node feature constraint"),
     "gpus_per_node": (int, "GPUs on one node (the default request and the limit)"),
@@ -44,8 +44,8 @@ SCHEMA: dict[str, tuple[type, str]] = {
     "modules": (list, "modules loaded before the launch"),
     "setup": (list, "shell lines run before the launch"),
     "env": (dict, "environment variables set for every rank"),
-    "launcher_args": (list, "extra arguments for the launcher (srun, mpiexec, aprun, jsrun, flux run)"),
-    "extra_directives": (list, "extra scheduler directives, without the #SBATCH/#PBS/... prefix"),
+    "launcher_args": (list, "extra arguments for the scheduler's launcher"),
+    "extra_directives": (list, "extra scheduler directives, without their prefix (#SBATCH ...)"),
     "pbs_chunk_resources": (list, "site-defined PBS chunk resources such as system=polaris"),
     "python": (
         str,
@@ -141,10 +141,11 @@ class SiteConfig:
         return config
 
     def _check_values(self) -> None:
-        if self.scheduler not in ("auto", *SCHEDULER_NAMES):
+        names = platforms.scheduler_names()
+        if self.scheduler not in ("auto", *names):
             raise SiteConfigError(
                 f"{self.origin('scheduler')}: scheduler {self.scheduler!r} is not known; "
-                f"use auto or one of {', '.join(SCHEDULER_NAMES)}"
+                f"use auto or one of {', '.join(names)}"
             )
         for key in ("gpus_per_node", "cpus_per_node", "max_nodes"):
             value = getattr(self, key)

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
+from hpcdl.platforms import slurm as facts
 from hpcdl.schedulers import lint
 from hpcdl.schedulers.base import JobState, Scheduler, run_command
 from hpcdl.schedulers.errors import JobUnknownError, SchedulerError
@@ -41,6 +42,83 @@ _STATES = {
 }
 
 
+# ---- Slurm (a real sbatch --test-only also checks these in the integration tests) ---------------
+
+_SLURM_VALUE = {
+    "--job-name",
+    "--nodes",
+    "--ntasks",
+    "--ntasks-per-node",
+    "--cpus-per-task",
+    "--gpus-per-node",
+    "--gpus",
+    "--gpus-per-task",
+    "--cpus-per-gpu",
+    "--mem-per-gpu",
+    "--gres",
+    "--time",
+    "--account",
+    "--partition",
+    "--qos",
+    "--constraint",
+    "--output",
+    "--error",
+    "--array",
+    "--signal",
+    "--open-mode",
+    "--mem",
+    "--mem-per-cpu",
+    "--reservation",
+    "--mail-type",
+    "--mail-user",
+    "--chdir",
+    "--export",
+    "--dependency",
+    "--licenses",
+    "--gpu-bind",
+    "--distribution",
+    "--exclude",
+    "--nodelist",
+    "--time-min",
+    "--begin",
+    "--comment",
+    "--hint",
+    "--switches",
+    "--cluster",
+    "--clusters",
+    "--threads-per-core",
+    "--tmp",
+    "--wckey",
+    "--network",
+    "--nice",
+}
+_SLURM_FLAGS = {"--requeue", "--no-requeue", "--exclusive", "--overcommit", "--oversubscribe", "--hold"}
+_SLURM_TIME = re.compile(
+    r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+|\d+-\d+:\d{1,2}|\d+-\d+:\d{1,2}:\d{1,2})$"
+)
+_SLURM_SIGNAL = re.compile(r"^(?:[RB]{1,2}:)?(?:SIG)?[A-Z0-9]+(?:@\d+)?$")
+_SLURM_ARRAY = re.compile(r"^(\d+(-\d+(:\d+)?)?)(,\d+(-\d+(:\d+)?)?)*(%\d+)?$")
+
+
+def check_script(script: str) -> list[str]:
+    found, problems = lint.directives(script, "#SBATCH")
+    for line, name, value in lint.options(found, _SLURM_VALUE, _SLURM_FLAGS, problems, "sbatch"):
+        if name == "--time" and not _SLURM_TIME.match(value or ""):
+            problems.append(
+                f"line {line}: --time={value} is not a Slurm time (MM, MM:SS, HH:MM:SS, D-HH:MM:SS)"
+            )
+        if name == "--signal" and not _SLURM_SIGNAL.match(value or ""):
+            problems.append(f"line {line}: --signal={value} is not [B:]SIG[@SECONDS]")
+        if name == "--array" and not _SLURM_ARRAY.match(value or ""):
+            problems.append(f"line {line}: --array={value} is not a Slurm index list (0-9, 1,3,5, 0-9:2%4)")
+        if (
+            name in ("--nodes", "--ntasks-per-node", "--cpus-per-task", "--gpus-per-node")
+            and lint.int_or_none(value) is None
+        ):
+            problems.append(f"line {line}: {name}={value} must be a whole number")
+    return problems
+
+
 def slurm_time(seconds: int) -> str:
     days, rest = divmod(seconds, 86400)
     return f"{days}-{format_clock(rest)}" if days else format_clock(rest)
@@ -53,11 +131,11 @@ def _unanswered(job_id: str, exc: SchedulerError) -> SchedulerError:
 
 
 class Slurm(Scheduler):
-    name = "slurm"
-    rank_variable = "${SLURM_PROCID:?not started by srun}"
-    local_rank_variable = "${SLURM_LOCALID:?not started by srun}"
-    array_variable = "SLURM_ARRAY_TASK_ID"
-    job_id_variable = "SLURM_JOB_ID"
+    name = facts.PLATFORM.name
+    rank_variable = f"${{{facts.RANK}:?not started by srun}}"
+    local_rank_variable = f"${{{facts.LOCAL_RANK}:?not started by srun}}"
+    array_variable = facts.ARRAY_INDEX
+    job_id_variable = facts.JOB_ID
     # Slurm sends --signal up to 60 s earlier than asked (its event resolution): more lead than elsewhere.
     checkpoint_signal = SignalSpec("USR2", 180)
 
@@ -128,7 +206,7 @@ class Slurm(Scheduler):
         return None, f'scontrol requeue "${self.job_id_variable}"' if job.requeue else None
 
     def validate(self, script: str, site: SiteConfig) -> list[str]:
-        return lint.check_slurm(script)
+        return check_script(script)
 
     def submit(self, script: Path, workdir: Path) -> str:
         out = run_command(["sbatch", "--parsable", str(script)], "submit the job to Slurm", cwd=workdir)

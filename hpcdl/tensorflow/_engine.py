@@ -3,9 +3,9 @@
 TensorFlow hands these functions NumPy arrays: eagerly the tensors' own memory, inside a graph the
 arguments of a ``tf.numpy_function``. Every function submits all of its operations (so the engine
 negotiates and fuses them in one cycle) and returns them as a :class:`Started` batch without waiting:
-eagerly the caller finishes it at once; in a graph a waiter thread waits for it while TensorFlow's executor
-goes on (see ``mpi_ops._run``). Every wait has the runtime's deadline, whose error names the ranks and the
-tensor that were missing, and every handle is released however the batch ends.
+eagerly the caller finishes it at once; in a graph the latch kernel's library waits for its handles while
+TensorFlow's executor goes on (see ``mpi_ops._run``). Every wait has the runtime's deadline, whose error
+names the ranks and the tensor that were missing, and every handle is released however the batch ends.
 """
 
 from __future__ import annotations
@@ -78,6 +78,10 @@ class Started:
         self._handles = handles
         self._collect = collect
         self.error: Optional[BaseException] = None
+
+    def ids(self) -> list[int]:
+        """The runtime's handles of the operations (for a waiter outside Python)."""
+        return [handle.id for handle in self._handles]
 
     def wait(self) -> None:
         try:

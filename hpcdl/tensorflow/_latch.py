@@ -1,13 +1,15 @@
 """The asynchronous ``HpcdlLatch`` kernel (``latch_op.cc``): compiled against the installed TensorFlow on
-first use, cached, and loaded; and the waiter threads that open latches.
+first use, cached, and loaded, with the Python end of its waits (:class:`Kernel`).
 
-A graph's collective is submitted by one op, waited for by a latch (which holds no executor thread) and
-read by a third op (see ``mpi_ops._run``). The kernel is built once per TensorFlow version and compiler
-into ``$XDG_CACHE_HOME/hpcdl/tensorflow`` (``~/.cache/...``), under a file lock, so that the ranks of a
-host build it once; ``python -m hpcdl.tensorflow._latch`` builds it ahead of time (``scripts/setup.sh``
-does). Where it cannot be built (no C++ compiler, no TensorFlow headers), graph-mode collectives wait
-inside their op as before, which a graph whose collectives each rank's executor may run in a different
-order can deadlock until the engine's deadline: hpcdl warns once, saying what to install.
+A graph's collective is submitted by one op, which hands the engine handles to the kernel's library
+(:meth:`Kernel.watch`), waited for by a latch (which holds no executor thread while others may need it; the
+library's own threads wait, without Python) and read by a third op (see ``mpi_ops._run``). The kernel is
+built once per TensorFlow version and compiler into ``$XDG_CACHE_HOME/hpcdl/tensorflow`` (``~/.cache/...``),
+under a file lock, so that the ranks of a host build it once; :func:`prebuild` builds it ahead of time
+(``scripts/setup.sh`` does). Where it cannot be built (no C++ compiler, no TensorFlow headers),
+graph-mode collectives wait inside their op as before, which a graph whose collectives each rank's
+executor may run in a different order can deadlock until the engine's deadline: hpcdl warns once, saying
+what to install.
 """
 
 from __future__ import annotations
@@ -15,24 +17,25 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import hashlib
-import itertools
 import os
-import queue
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import tensorflow as tf
 
+from hpcdl.common import library
+
 _SOURCE = Path(__file__).with_name("latch_op.cc")
 _lock = threading.Lock()
-Opener = Callable[[int, int, Optional[bytes]], int]
-_loaded: Optional[tuple[Any, Opener]] = None
+_loaded: Optional[Kernel] = None
+# (token, hpcdl status or Kernel.ORPHAN, message) -> the TensorFlow code and message to fail the latch with
+Handler = Callable[[int, int, str], Optional[tuple[int, str]]]
 _failed: Optional[str] = None
 
 
@@ -87,19 +90,99 @@ def build() -> Path:
     return target
 
 
-def load() -> Optional[tuple[Any, Opener]]:
-    """(the op module, ``open(token, TensorFlow error code or 0, message)``), building the kernel if
-    needed; None where it cannot be built (warned once)."""
+class Kernel:
+    """The loaded library: the latch op (``ops.hpcdl_latch``) and the calls that feed its waits.
+
+    The submitting op hands a collective's engine handles over with :meth:`watch`; the library's threads
+    wait for them and finish the latch. A failure comes back, on one Python thread, to the handler given to
+    :meth:`serve`, which words it; the latch then fails with the TensorFlow code and message it returns.
+    ``inline``: whether a latch may wait on its executor thread (TensorFlow runs kernels on at least two
+    threads, see ``latch_op.cc``)."""
+
+    ORPHAN = -1  # an event: the operations of a cancelled latch ended (release them)
+
+    def __init__(self, path: Path) -> None:
+        self.ops = tf.load_op_library(str(path))
+        lib = ctypes.CDLL(str(path))
+        runtime = library.load()
+        i64, text = ctypes.c_int64, ctypes.c_char_p
+        lib.hpcdl_tf_bind.argtypes = [ctypes.c_void_p] * 3
+        lib.hpcdl_tf_bind.restype = None
+        lib.hpcdl_tf_bind(
+            *(
+                ctypes.cast(getattr(runtime, f), ctypes.c_void_p)
+                for f in ("hpcdl_wait", "hpcdl_poll", "hpcdl_last_error")
+            )
+        )
+        self._watch = lib.hpcdl_tf_watch
+        self._watch.argtypes = [i64, ctypes.POINTER(i64), ctypes.c_int, i64, ctypes.c_int, ctypes.c_int, text]
+        self._watch.restype = None
+        self._open = lib.hpcdl_tf_open
+        self._open.argtypes = [i64, ctypes.c_int, text]
+        self._open.restype = ctypes.c_int
+        self._next = lib.hpcdl_tf_next_event
+        self._next.argtypes = [ctypes.c_double, ctypes.POINTER(i64), ctypes.c_char_p, ctypes.c_int]
+        self._next.restype = ctypes.c_int
+        self._serving = False
+        self.inline = _executor_threads() >= 2
+
+    def watch(self, token: int, handles: Sequence[int], graph: int, graph_ops: int) -> None:
+        """The latch of ``token`` completes when ``handles`` have ended; ``graph_ops``: how many submitting
+        ops the graph ``graph`` (any id) holds, so that the library knows which latch of an execution is its
+        last (0: unknown)."""
+        ids = (ctypes.c_int64 * len(handles))(*handles)
+        self._watch(token, ids, len(handles), graph, graph_ops, 0, None)
+
+    def fail(self, token: int, code: int, message: str) -> None:
+        """The latch of ``token`` fails with ``code`` (a TensorFlow error code) and ``message`` when it runs
+        (its collective was never submitted)."""
+        self._watch(token, None, 0, 0, 0, code, message.encode(errors="replace"))
+
+    def serve(self, handler: Handler) -> None:
+        """Start the thread that hands the library's events to ``handler(token, status, message)``: status
+        :attr:`ORPHAN` (the handler returns None), or the hpcdl status a watched operation failed with (the
+        handler returns the TensorFlow code and message to fail its latch with)."""
+        with _lock:
+            if not self._serving:
+                threading.Thread(
+                    target=self._events, args=(handler,), name="hpcdl-tf-latch", daemon=True
+                ).start()
+                self._serving = True
+
+    def _events(self, handler: Handler) -> None:
+        token = ctypes.c_int64()
+        message = ctypes.create_string_buffer(1 << 16)
+        while True:
+            status = self._next(60.0, ctypes.byref(token), message, len(message))
+            if status == 0:
+                continue
+            try:
+                failure = handler(token.value, status, message.value.decode(errors="replace"))
+            except Exception as exc:  # a bug: fail the step rather than leave it waiting for its deadline
+                failure = (tf.errors.INTERNAL, f"hpcdl.tensorflow: {exc!r}")
+            if failure is not None:
+                self._open(token.value, failure[0], failure[1].encode(errors="replace"))
+
+
+def _executor_threads() -> int:
+    """The threads of TensorFlow's inter-op pool, which runs a graph's kernels (its default: one per core
+    this process may use)."""
+    configured = tf.config.threading.get_inter_op_parallelism_threads()
+    from_environment = os.environ.get("TF_NUM_INTEROP_THREADS", "")
+    if configured > 0:
+        return int(configured)
+    if from_environment.strip().isdigit() and int(from_environment) > 0:
+        return int(from_environment)
+    return len(os.sched_getaffinity(0))
+
+
+def load() -> Optional[Kernel]:
+    """The kernel, built if needed; None where it cannot be built (warned once)."""
     global _loaded, _failed
     with _lock:
         if _loaded is None and _failed is None:
             try:
-                path = build()
-                module = tf.load_op_library(str(path))
-                opener = ctypes.CDLL(str(path)).hpcdl_tf_open
-                opener.argtypes = [ctypes.c_int64, ctypes.c_int, ctypes.c_char_p]
-                opener.restype = ctypes.c_int
-                _loaded = (module, opener)
+                _loaded = Kernel(build())
             except (OSError, RuntimeError, tf.errors.OpError) as exc:
                 _failed = str(exc)
                 warnings.warn(
@@ -113,37 +196,9 @@ def load() -> Optional[tuple[Any, Opener]]:
         return _loaded
 
 
-class Waiters:
-    """Threads that run blocking jobs (waits with the engine's deadline) for the latches: one per job in
-    flight, reused, so no job waits behind another."""
-
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._free = 0
-        self._names = itertools.count()
-
-    def run(self, job: Callable[[], None]) -> None:
-        with self._lock:
-            if self._free > 0:
-                self._free -= 1
-            else:
-                name = f"hpcdl-tf-waiter-{next(self._names)}"
-                threading.Thread(target=self._serve, name=name, daemon=True).start()
-        self._jobs.put(job)
-
-    def _serve(self) -> None:
-        while True:
-            job = self._jobs.get()
-            try:
-                job()
-            finally:
-                with self._lock:
-                    self._free += 1
-
-
-if __name__ == "__main__":
+def prebuild() -> None:
+    """Build the kernel now (``scripts/setup.sh``), printing its path; exits saying why it cannot."""
     try:
         print(build())
     except RuntimeError as exc:
-        sys.exit(f"hpcdl: cannot build the TensorFlow graph kernel: {exc}")
+        raise SystemExit(f"hpcdl: cannot build the TensorFlow graph kernel: {exc}") from None

@@ -32,7 +32,7 @@ def broadcast_variables(
     names = (
         [f"broadcast_variables.{i}" for i in range(len(variables))]
         if tf.executing_eagerly()
-        else _names("Broadcast", None, values)
+        else _names("Broadcast", None, values, process_set)
     )
     received = _broadcast(values, names, root, process_set)
     assignments = [v.assign(r) for v, r in zip(variables, received)]

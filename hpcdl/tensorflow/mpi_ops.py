@@ -3,34 +3,27 @@
 Eagerly, an op hands NumPy views of its tensors to the engine and waits. Inside a graph (a
 ``tf.function``, or a TensorFlow 1 graph run by a session) an op is three: a stateful
 ``tf.numpy_function`` that submits the collective to the engine without waiting, the asynchronous
-``HpcdlLatch`` kernel (``latch_op.cc``), which holds no executor thread until a waiter thread has seen the
-operation end (with the engine's deadline), and a ``tf.numpy_function`` that reads the result. So every
-collective of a graph reaches the engine whatever order each rank's executor runs them in, and the engine
-orders and fuses them, as Horovod's asynchronous kernels let it. Outputs get the static shapes known when
-tracing. Nothing works under XLA (``jit_compile=True``), which compiles no Python: such a trace is refused
-with what to do.
+``HpcdlLatch`` kernel (``latch_op.cc``), which completes when the operation ended (waited for with the
+engine's deadline by the kernel's own threads, or by the executor thread of the last collective of an
+execution, which then cannot keep any other from being submitted), and a ``tf.numpy_function`` that reads
+the result. So every collective of a graph reaches the engine whatever order each rank's executor runs
+them in, and the engine orders and fuses them, as Horovod's asynchronous kernels let it. Outputs get the
+static shapes known when tracing. Nothing works under XLA (``jit_compile=True``), which compiles no
+Python: such a trace is refused with what to do.
 
 Gradients follow Horovod 0.28 (``tf.custom_gradient``): allreduce's gradient is the same allreduce of the
 incoming gradient; allgather's the Average-allreduce of it, sliced to this rank's rows; broadcast's the
 Average-allreduce on the root and zeros elsewhere; alltoall's the reverse alltoall; reducescatter's the
 allgather of it (times the set size for Sum, times the scale factors).
 
-Names. Eagerly an unnamed operation is named by the engine's deterministic counter. In a graph, Horovod
-names it after its tensor, whose name comes from counters of every op the graph holds, so ranks whose
-graphs differ anywhere before it (a rank-dependent branch, one more ``tf.gradients`` call) disagree. hpcdl
-names it by its position among the collectives of its outermost graph (``<graph>.collective_<k>``, the
-same for a ``tf.function`` traced on every rank): names agree whenever the ranks create the same
-collectives in the same order, whatever else their graphs hold. When they do not, the shifted names meet
-collectives of another kind or shape and the engine fails them at once; the error then says to pass
-``name=``.
+Names of unnamed operations: see ``_graph_names``.
 """
 
 from __future__ import annotations
 
 import itertools
-import re
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -38,10 +31,16 @@ import tensorflow as tf
 from tensorflow.python.ops import control_flow_util
 
 from hpcdl.common import basics, elastic
-from hpcdl.common.exceptions import HpcdlError, HpcdlMismatchError, HpcdlTimeoutError, HpcdlUnsupportedError
+from hpcdl.common.exceptions import (
+    HpcdlError,
+    HpcdlMismatchError,
+    HpcdlTimeoutError,
+    HpcdlUnsupportedError,
+    error_for,
+)
 from hpcdl.common.process_sets import ProcessSet, global_process_set, id_of
 from hpcdl.common.reduce_ops import Adasum, Average, Product, Sum, check_op
-from hpcdl.tensorflow import _engine, _errors, _latch
+from hpcdl.tensorflow import _engine, _errors, _graph_names, _latch
 from hpcdl.tensorflow._dtypes import reduction_dtype, wire_of
 
 Tensors = Sequence[Any]
@@ -50,9 +49,8 @@ Tensors = Sequence[Any]
 # ---- running engine work on tensors ------------------------------------------------------------------
 
 
-_PENDING: dict[int, _engine.Started] = {}
+_PENDING: dict[int, tuple[_engine.Started, list[str]]] = {}  # token -> (its operations, their auto names)
 _TOKENS = itertools.count(1)
-_WAITERS = _latch.Waiters()
 
 
 def _failure(exc: BaseException, auto_names: Sequence[str]) -> BaseException:
@@ -60,15 +58,15 @@ def _failure(exc: BaseException, auto_names: Sequence[str]) -> BaseException:
     named graph operation adds what to do about it to the engine's message."""
     if auto_names and isinstance(exc, (HpcdlMismatchError, HpcdlTimeoutError)):
         exc = type(exc)(
-            f"{exc}\n{', '.join(auto_names)} was named automatically, by its position among the collectives "
-            "of its graph, and the ranks did not create the same collectives in the same order there (a "
-            "rank-dependent branch or loop). Pass name='...' (the same on every rank) to the collectives "
-            "that only some ranks create, or make every rank build the same ones."
+            f"{exc}\n{', '.join(auto_names)} was named automatically, by its position among the unnamed "
+            "collectives of its graph, which works when every rank creates and runs the same ones in the "
+            "same order there. Pass name='...' (the same on every rank) to the collectives that only some "
+            "ranks create or run (a rank-dependent branch or loop), or make every rank build the same ones."
         )
     return _errors.as_tensorflow(exc)
 
 
-def _explained(result: Callable[[], list[np.ndarray]], auto_names: Sequence[str]) -> list[np.ndarray]:
+def _explained(result: Callable[[], Any], auto_names: Sequence[str]) -> Any:
     """``result()``, its failure raised as :func:`_failure` makes it."""
     try:
         return result()
@@ -76,29 +74,49 @@ def _explained(result: Callable[[], list[np.ndarray]], auto_names: Sequence[str]
         raise _failure(exc, auto_names) from None
 
 
+class _Submitters:
+    """How many submitting ops a graph holds, read when they run: the latch of an execution's last one may
+    wait on its executor thread (see ``latch_op.cc``)."""
+
+    count = 0
+
+
+_SUBMITTERS: weakref.WeakKeyDictionary[Any, _Submitters] = weakref.WeakKeyDictionary()
+
+
+def _on_failure(token: int, status: int, message: str) -> Optional[tuple[int, str]]:
+    """A watched collective failed (``status``: its hpcdl status) or, with ``Kernel.ORPHAN``, ended after
+    its latch was cancelled: release its operations; the TensorFlow code and message to fail its latch
+    with, if it failed."""
+    started, auto_names = _PENDING.pop(token)
+    started.release()
+    if status == _latch.Kernel.ORPHAN:
+        return None
+    return _errors.code_and_message(_failure(error_for(status, message), auto_names))
+
+
 def _submit(
     start: Callable[..., _engine.Started],
     arrays: Sequence[np.ndarray],
-    auto_names: Sequence[str],
-    opener: _latch.Opener,
+    auto_names: list[str],
+    census: Optional[_graph_names.Census],
+    kernel: _latch.Kernel,
+    submitters: _Submitters,
 ) -> np.ndarray:
-    """Submit without waiting; a waiter thread waits and opens the token's latch (with the error a failed
-    operation raises, when it failed: then the reading op does not run)."""
-    started = _explained(lambda: start(*arrays), auto_names)
+    """Submit without waiting and hand the operations to the kernel's library, which opens the token's
+    latch when they end (a failed one through :func:`_on_failure`: then the reading op does not run). When
+    the ranks' unnamed collectives disagree (``census``), nothing is submitted and the latch fails."""
     token = next(_TOKENS)
-    _PENDING[token] = started
-
-    def wait_and_open() -> None:
-        started.wait()
-        if started.error is None:
-            if opener(token, 0, None) < 0:  # its step was cancelled: no reading op will release it
-                _PENDING.pop(token).release()
-            return
-        code, text = _errors.code_and_message(_failure(started.error, auto_names))
-        _PENDING.pop(token).release()  # the failed latch stops the step before the reading op
-        opener(token, code, text.encode(errors="replace"))
-
-    _WAITERS.run(wait_and_open)
+    if census is not None:
+        try:
+            census.check()
+        except HpcdlError as exc:
+            kernel.fail(token, *_errors.code_and_message(_failure(exc, auto_names)))
+            return np.asarray(token, dtype=np.int64)
+    started = _explained(lambda: start(*arrays), auto_names)
+    _PENDING[token] = (started, auto_names)
+    kernel.serve(_on_failure)
+    kernel.watch(token, started.ids(), id(submitters), submitters.count if kernel.inline else 0)
     return np.asarray(token, dtype=np.int64)
 
 
@@ -109,10 +127,11 @@ def _run(
     dtypes: Sequence[tf.DType],
     shapes: Sequence[Any],
     names: Sequence[Optional[str]] = (),
+    process_set: int = 0,
 ) -> list[tf.Tensor]:
     """``start`` the engine work on NumPy views of ``inputs`` and return its outputs: at once when eager,
     else as the ops described in the module's doc, whose outputs get ``shapes``."""
-    auto_names = [n for n in names if n is not None and _is_auto(n)]
+    auto_names = [n for n in names if n is not None and _graph_names.is_auto(n)]
     if tf.executing_eagerly():
         arrays = [np.asarray(t) for t in inputs]
         return [tf.convert_to_tensor(out) for out in _explained(start(*arrays).finish, auto_names)]
@@ -122,26 +141,35 @@ def _run(
             "hpcdl's TensorFlow ops reach the engine through tf.numpy_function. Use "
             "tf.function(jit_compile=False), or model.compile(..., jit_compile=False) with Keras"
         )
-    loaded = _latch.load()
-    if loaded is None:  # no kernel: wait inside the op
+    census = _graph_names.census(process_set) if auto_names else None
+    kernel = _latch.load()
+    if kernel is None:  # no kernel: wait inside the op
+
+        def run(*arrays: np.ndarray) -> list[np.ndarray]:
+            if census is not None:
+                census.check()
+            return start(*arrays).finish()
+
         outputs = tf.numpy_function(
-            lambda *arrays: _explained(start(*arrays).finish, auto_names),
+            lambda *arrays: _explained(lambda: run(*arrays), auto_names),
             list(inputs),
             list(dtypes),
             stateful=True,
             name=f"Hpcdl{kind}",
         )
     else:
+        submitters = _SUBMITTERS.setdefault(tf.compat.v1.get_default_graph(), _Submitters())
+        submitters.count += 1
         [token] = tf.numpy_function(
-            lambda *arrays: _submit(start, arrays, auto_names, loaded[1]),
+            lambda *arrays: _submit(start, arrays, auto_names, census, kernel, submitters),
             list(inputs),
             [tf.int64],
             stateful=True,
             name=f"Hpcdl{kind}",
         )
-        ready = loaded[0].hpcdl_latch(token, name=f"Hpcdl{kind}Latch")
+        ready = kernel.ops.hpcdl_latch(token, name=f"Hpcdl{kind}Latch")
         outputs = tf.numpy_function(
-            lambda t: _explained(_PENDING.pop(int(t)).result, auto_names),
+            lambda t: _explained(_PENDING.pop(int(t))[0].result, auto_names),
             [ready],
             list(dtypes),
             stateful=True,
@@ -178,42 +206,17 @@ def _rows(tensor: tf.Tensor, what: str) -> None:
         )
 
 
-def _normalize_name(name: str) -> str:
-    """Normalizes an operation name to TensorFlow's rules (as Horovod does)."""
-    return re.sub("[^a-zA-Z0-9_]", "_", name)
-
-
-_AUTO = ".collective_"
-_SEQUENCES: weakref.WeakKeyDictionary[tf.Graph, Iterator[int]] = weakref.WeakKeyDictionary()
-
-
-def _is_auto(name: str) -> bool:
-    return _AUTO in name
-
-
-def _outermost(graph: Any) -> Any:
-    while isinstance(getattr(graph, "outer_graph", None), tf.Graph):
-        graph = graph.outer_graph
-    return graph
-
-
-def _auto_name() -> str:
-    """The next collective's name in the current graph: ``<graph>.collective_<k>``, ``k`` counting the
-    collectives of the outermost graph (a tf.function's, whose name is the Python function's)."""
-    graph = _outermost(tf.compat.v1.get_default_graph())
-    counter = _SEQUENCES.setdefault(graph, itertools.count())
-    label = re.sub(r"_\d+$", "", _normalize_name(graph.name)) if hasattr(graph, "outer_graph") else "graph"
-    return f"{label}{_AUTO}{next(counter)}"
-
-
-def _names(kind: str, name: Optional[str], tensors: Sequence[tf.Tensor]) -> list[Optional[str]]:
-    """The engine names of one operation (one tensor) or of a group's members."""
+def _names(
+    kind: str, name: Optional[str], tensors: Sequence[tf.Tensor], process_set: ProcessSet
+) -> list[Optional[str]]:
+    """The engine names of one operation (one tensor) or of a group's members (``name`` None: see
+    ``_graph_names``)."""
     if name is not None and not isinstance(name, str):
         raise _errors.invalid_argument(f"name must be a string or None, got {name!r}")
     if not name:
         if tf.executing_eagerly():
             return [None] * len(tensors)
-        name = _auto_name()
+        name = _graph_names.auto_name(id_of(process_set))
     if len(tensors) == 1:
         return [name]
     return [f"{name}.{i}" for i in range(len(tensors))]
@@ -321,7 +324,7 @@ def _reductions(
     def start(*arrays: np.ndarray) -> _engine.Started:
         return run(arrays, wires, names, how)
 
-    reduced = _run(kind, start, widened, [t.dtype for t in widened], shapes, names)
+    reduced = _run(kind, start, widened, [t.dtype for t in widened], shapes, names, ps)
     return [r if r.dtype == d else tf.cast(r, d) for r, d in zip(reduced, originals)]
 
 
@@ -337,7 +340,7 @@ def _product_in_rank_order(
         return _engine.allgather(arrays, wires, names, ps, placed)
 
     shapes = [tf.TensorShape([None]).concatenate(t.shape) for t in tensors]
-    gathered = _run("Allreduce", start, stacked, [t.dtype for t in stacked], shapes, names)
+    gathered = _run("Allreduce", start, stacked, [t.dtype for t in stacked], shapes, names, ps)
     return [tf.reduce_prod(g, axis=0) for g in gathered]
 
 
@@ -375,7 +378,7 @@ def _allreduce_group(
     def backward(dys: list[tf.Tensor]) -> list[Optional[tf.Tensor]]:
         def reduce(wanted: list[int]) -> list[tf.Tensor]:
             chosen = [dys[i] for i in wanted]
-            names = _names("Allreduce", None, chosen)
+            names = _names("Allreduce", None, chosen, process_set)
             return _allreduce_group(
                 chosen, names, op, prescale_factor, postscale_factor, process_set, grouped
             )
@@ -399,7 +402,7 @@ def _grouped_allreduce(
 ) -> list[tf.Tensor]:
     """Reduce a list of tensors as one atomic group over the ranks of ``process_set``."""
     tensors = _tensors(tensors, "grouped_allreduce")
-    names = _names("Allreduce", name, tensors)
+    names = _names("Allreduce", name, tensors, process_set)
     return _allreduce_group(
         tensors, names, check_op(op), prescale_factor, postscale_factor, process_set, grouped=True
     )
@@ -416,7 +419,7 @@ def _allreduce(
 ) -> tf.Tensor:
     """Reduce ``tensor`` over the ranks of ``process_set`` (shape and dtype must agree on every rank)."""
     tensors = [_tensor(tensor, "allreduce")]
-    names = _names("Allreduce", name, tensors)
+    names = _names("Allreduce", name, tensors, process_set)
     op = check_op(op)
     return _allreduce_group(tensors, names, op, prescale_factor, postscale_factor, process_set, False)[0]
 
@@ -462,7 +465,7 @@ def _grouped_reducescatter(
 ) -> list[tf.Tensor]:
     """Reduce each tensor over the set and keep this rank's block of rows, as one group."""
     tensors = _tensors(tensors, "grouped_reducescatter")
-    names = _names("Reducescatter", name, tensors)
+    names = _names("Reducescatter", name, tensors, process_set)
     return _reducescatter_group(tensors, names, check_op(op), prescale_factor, postscale_factor, process_set)
 
 
@@ -478,7 +481,7 @@ def _reducescatter(
     """Reduce ``tensor`` over the set and keep this rank's block of rows (the first ``rows % size`` ranks
     get one row more)."""
     tensors = [_tensor(tensor, "reducescatter")]
-    names = _names("Reducescatter", name, tensors)
+    names = _names("Reducescatter", name, tensors, process_set)
     op = check_op(op)
     return _reducescatter_group(tensors, names, op, prescale_factor, postscale_factor, process_set)[0]
 
@@ -511,7 +514,7 @@ def _allgather_group(
 
     def forward(xs: list[tf.Tensor]) -> list[tf.Tensor]:
         shapes = [tf.TensorShape([None]).concatenate(t.shape[1:]) for t in xs]
-        return _run("Allgather", start, xs, [t.dtype for t in xs], shapes, names)
+        return _run("Allgather", start, xs, [t.dtype for t in xs], shapes, names, ps)
 
     def backward(dys: list[tf.Tensor]) -> list[Optional[tf.Tensor]]:
         return _gradients(dys, lambda wanted: [_my_rows(dys[i], tensors[i], process_set) for i in wanted])
@@ -527,7 +530,7 @@ def allgather(
 ) -> tf.Tensor:
     """Concatenate ``tensor`` from every rank of the set along dimension 0 (which may differ per rank)."""
     tensors = [_tensor(tensor, "allgather")]
-    return _allgather_group(tensors, _names("Allgather", name, tensors), process_set)[0]
+    return _allgather_group(tensors, _names("Allgather", name, tensors, process_set), process_set)[0]
 
 
 def grouped_allgather(
@@ -538,7 +541,7 @@ def grouped_allgather(
 ) -> list[tf.Tensor]:
     """Allgather a list of tensors as one group."""
     tensors = _tensors(tensors, "grouped_allgather")
-    return _allgather_group(tensors, _names("Allgather", name, tensors), process_set)
+    return _allgather_group(tensors, _names("Allgather", name, tensors, process_set), process_set)
 
 
 # ---- broadcast ----------------------------------------------------------------------------------------
@@ -566,7 +569,7 @@ def _broadcast(
         return _engine.broadcast(arrays, wires, names, root, ps)
 
     shapes = [t.shape for t in tensors]
-    return _run("Broadcast", start, tensors, [t.dtype for t in tensors], shapes, names)
+    return _run("Broadcast", start, tensors, [t.dtype for t in tensors], shapes, names, ps)
 
 
 def broadcast(
@@ -579,7 +582,7 @@ def broadcast(
     """``tensor`` as it is on global rank ``root_rank``, on every rank of the set."""
     tensor = _tensor(tensor, "broadcast")
     root = _check_root(root_rank, process_set)
-    names = _names("Broadcast", name, [tensor])
+    names = _names("Broadcast", name, [tensor], process_set)
 
     def gradient(dy: tf.Tensor) -> tf.Tensor:
         reduced = _allreduce(dy, op=Average, process_set=process_set)
@@ -606,7 +609,7 @@ def broadcast_(
         raise _errors.invalid_argument("broadcast_ works in place and takes a list of tf.Variable")
     root = _check_root(root_rank, process_set)
     values = [tf.convert_to_tensor(v) for v in variables]
-    names = _names("Broadcast", name, values)
+    names = _names("Broadcast", name, values, process_set)
     received = _broadcast(values, names, root, process_set)
     return [v.assign(r) for v, r in zip(variables, received)]
 
@@ -651,7 +654,7 @@ def alltoall(
     ps = id_of(process_set)
     set_size = basics.process_set_size(ps)
     wire = wire_of(tensor.dtype)
-    [op_name] = _names("Alltoall", name, [tensor])
+    [op_name] = _names("Alltoall", name, [tensor], process_set)
     known = _static_splits(splits) if splits is not None else None
     if tensor.shape[0] is not None and (splits is None or known is not None):
         _checked_splits(known, int(tensor.shape[0]), set_size)
@@ -664,7 +667,7 @@ def alltoall(
 
     def forward(xs: list[tf.Tensor]) -> list[tf.Tensor]:
         shapes = [tf.TensorShape([None]).concatenate(tensor.shape[1:]), tf.TensorShape([set_size])]
-        return _run("Alltoall", start, xs, [tensor.dtype, tf.int32], shapes, [op_name])
+        return _run("Alltoall", start, xs, [tensor.dtype, tf.int32], shapes, [op_name], ps)
 
     def backward(dys: list[tf.Tensor]) -> list[Optional[tf.Tensor]]:
         def reverse(wanted: list[int]) -> list[tf.Tensor]:

@@ -213,6 +213,39 @@ def allreduce_one(tensor: torch.Tensor, output: torch.Tensor, name: Optional[str
     return _handles.register_engine_handle(handle)
 
 
+def allreduce_now(
+    tensor: torch.Tensor,
+    output: torch.Tensor,
+    name: Optional[str],
+    op: int,
+    prescale: float,
+    postscale: float,
+    process_set: ProcessSet,
+) -> bool:
+    """The blocking allreduce of a contiguous CPU tensor into ``output`` (a fresh contiguous tensor, or the
+    tensor itself): one call into the runtime, which runs the collective on this thread when the engine is
+    idle and knows the name (its direct path). False, with nothing submitted, where the general launcher must
+    take the call (another layout or device, the GPU path, Adasum)."""
+    if op == Adasum or not tensor.is_contiguous() or tensor.device.type != "cpu" or _gpu.takes((tensor,)):
+        return False
+    address = tensor.data_ptr()
+    engine.run(
+        _ALLREDUCE,
+        name,
+        id_of(process_set),
+        runtime_dtype(tensor),
+        address,
+        address if output is tensor else output.data_ptr(),
+        tensor.shape or (1,),  # a 0-d tensor travels as one element
+        runtime_op(op),
+        float(prescale),
+        float(postscale),
+        0,
+        (tensor, output),
+    )
+    return True
+
+
 def allreduce_async(
     tensor: torch.Tensor,
     average: Optional[bool] = None,

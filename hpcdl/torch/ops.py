@@ -59,8 +59,16 @@ def allreduce(
     ``compression`` (e.g. ``hvd.Compression.fp16``) shrinks what travels; the result has the input's dtype.
     Differentiable: the gradient is the same allreduce of the incoming gradient.
     """
-    how = Reduction(resolve_op(op, average), prescale_factor, postscale_factor, process_set)
     check_tensor(tensor, "allreduce")
+    reduce_op = resolve_op(op, average)
+    if compression is Compression.none and not (tensor.requires_grad and torch.is_grad_enabled()):
+        # Nothing to differentiate: the collective alone, in one call (a loss or metric average).
+        output = new_output(tensor)
+        if _a.allreduce_now(
+            tensor, output, check_name(name), reduce_op, prescale_factor, postscale_factor, process_set
+        ):
+            return output
+    how = Reduction(reduce_op, prescale_factor, postscale_factor, process_set)
     compressed, ctx = compression.compress(tensor)
     return compression.decompress(_Allreduce.apply(how, check_name(name), compressed), ctx)
 
@@ -75,6 +83,11 @@ def allreduce_(
     process_set: ProcessSet = global_process_set,
 ) -> torch.Tensor:
     """In-place ``allreduce``: ``tensor`` receives the result and is returned."""
+    reduce_op = resolve_op(op, average)
+    if isinstance(tensor, torch.Tensor) and _a.allreduce_now(
+        tensor, tensor, check_name(name), reduce_op, prescale_factor, postscale_factor, process_set
+    ):
+        return tensor
     return synchronize(
         _a.allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
     )

@@ -14,7 +14,7 @@ import pytest
 from multihost_checks import assert_spread, occupy, reports, write_report
 from slurm_cluster import SlurmCluster, missing_requirements, pals_mpiexec, running_cluster
 
-from hpcdl.common import discovery
+from hpcdl.platforms import slurm
 
 _MISSING = missing_requirements()
 pytestmark = pytest.mark.skipif(_MISSING is not None, reason=f"no Slurm test cluster: {_MISSING}")
@@ -106,7 +106,7 @@ def test_slurm_fallback_starts_while_another_program_holds_its_ports(
     assert held.returncode == 0, held.stderr
     job_id = held.stdout.strip()
     assert cluster.hosts is not None
-    ports = [*discovery.slurm_ports(job_id, "0")[:2], 20000 + int(job_id) % 20000]
+    ports = [*slurm.step_ports(job_id, "0")[:2], 20000 + int(job_id) % 20000]
     holder = occupy(cluster.hosts, "node1", ports)
     try:
         assert cluster.run(["scontrol", "release", job_id]).returncode == 0

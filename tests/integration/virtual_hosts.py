@@ -370,3 +370,31 @@ class VirtualHosts:
                 logs = " ".join(p.read_text() for p in (self.workdir / "ssh").glob("sshd.*.log"))
                 raise RuntimeError(f"ssh {source} -> {pending[0]} does not work: {last}; sshd logs: {logs}")
             time.sleep(0.1)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python tests/integration/virtual_hosts.py [--hosts host1,host2] -- COMMAND...``: run COMMAND on the
+    first of these hosts (each reaches the others by name, over ssh too) and remove them afterwards; for
+    benchmarks across hosts on one machine, e.g. ``... -- hpcdl bench allreduce --hosts host1:1,host2:1``."""
+    import argparse
+    import sys
+    import tempfile
+
+    parser = argparse.ArgumentParser(prog="virtual_hosts.py", description=main.__doc__)
+    parser.add_argument("--hosts", default="host1,host2", help="comma list of names (default host1,host2)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("give the command to run after --")
+    missing = missing_requirements()
+    if missing:
+        parser.error(f"no virtual hosts: {missing}")
+    names = [name for name in args.hosts.split(",") if name]
+    workdir = tempfile.TemporaryDirectory(prefix="hpcdl-vh-")
+    with workdir, VirtualHosts(Path(workdir.name), names) as hosts:
+        return hosts.popen(names[0], command, stdin=sys.stdin).wait()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

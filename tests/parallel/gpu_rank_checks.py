@@ -406,7 +406,7 @@ def _die_when_the_next_allreduce_runs() -> None:
     allreduce, which every rank has submitted and the engine decided: the others' collective is then in
     flight, waiting for a peer that is gone (as a NCCL kernel would)."""
     from hpcdl.common.types import OpType
-    from hpcdl.torch import _gpu_collectives
+    from hpcdl.torch._gpu import collectives as _gpu_collectives
 
     def die(*args: object) -> None:
         os.kill(os.getpid(), signal.SIGKILL)

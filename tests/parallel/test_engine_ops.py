@@ -45,7 +45,7 @@ def test_core_behaviour_on_three_ranks() -> None:
     messages = [results(done.stdout, rank, "mismatch") for rank in range(3)]
     assert messages[0] == messages[1] == messages[2]
     shape = next(m for m in messages[0] if m.startswith("shape"))
-    assert "'bad.shape'" in shape and "ranks 0, 1 have [3]" in shape and "rank 2 has [4]" in shape
+    assert "'bad.shape': shape [3] on ranks 0-1, [4] on rank 2." in shape, shape
     assert [m.split(":")[0] for m in messages[0]] == [
         "shape",
         "dtype",
@@ -56,10 +56,9 @@ def test_core_behaviour_on_three_ranks() -> None:
         "shape",
     ]
     rows = messages[0][-1]
-    assert "'bad.rows'" in rows and "rank 0 has rank 2 with trailing dimensions [3]" in rows, rows
-    assert "ranks 1, 2 have rank 2 with trailing dimensions [2]" in rows, rows
+    assert "'bad.rows': shape [*, 3] on rank 0, [*, 2] on ranks 1-2." in rows, rows
     scaling = messages[0][3]
-    assert "rank 0 has prescale 1, postscale 1" in scaling and "ranks 1, 2 have prescale 2" in scaling, (
+    assert "scaling (prescale 1, postscale 1) on rank 0, (prescale 2, postscale 1) on ranks 1-2" in scaling, (
         scaling
     )
 

@@ -106,7 +106,7 @@ def test_a_shape_mismatch_names_the_rank_that_differs(tmp_path: Path) -> None:
     done, lines, _ = run_job(3, "shape", tmp_path, CULPRIT="2")
     assert done.returncode == 1, done.stderr
     mismatch = (
-        "HpcdlMismatchError: mismatched shape for allreduce 'grad.0': ranks 0, 1 have [4]; rank 2 has [5]."
+        "HpcdlMismatchError: mismatched shape for allreduce 'grad.0': shape [4] on ranks 0-1, [5] on rank 2."
     )
     assert mismatch in lines[0] and " failed first, with " in lines[0], lines
     first = int(lines[0].split()[3])

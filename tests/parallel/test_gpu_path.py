@@ -68,13 +68,13 @@ def test_every_mismatch_raises_the_same_error_on_every_rank() -> None:
     assert per_rank[0] == per_rank[1] == per_rank[2]
     messages = {r["case"]: r["message"] for r in per_rank[0]}
     assert "mismatched shape for allreduce 'bad.shape'" in messages["shape"]
-    assert "ranks 0, 1 have [3]; rank 2 has [4]" in messages["shape"]
-    assert "ranks 0, 1 have float32; rank 2 has float64" in messages["dtype"]
-    assert "ranks 0, 1 have sum; rank 2 has max" in messages["reduction"]
-    assert "ranks 0, 1 have root rank 0; rank 2 has root rank 1" in messages["root"]
-    assert "ranks 0, 1 have allreduce; rank 2 has allgather" in messages["operation"]
+    assert "shape [3] on ranks 0-1, [4] on rank 2" in messages["shape"]
+    assert "dtype float32 on ranks 0-1, float64 on rank 2" in messages["dtype"]
+    assert "reduction sum on ranks 0-1, max on rank 2" in messages["reduction"]
+    assert "root 0 on ranks 0-1, 1 on rank 2" in messages["root"]
+    assert "operation allreduce on ranks 0-1, allgather on rank 2" in messages["operation"]
     assert "mismatched placement for allreduce 'bad.placement'" in messages["placement"]
-    assert "rank 2 has a host tensor" in messages["placement"]
+    assert "a host tensor (engine data plane) on rank 2" in messages["placement"]
 
 
 def test_jobs_started_and_ended_back_to_back() -> None:

@@ -28,7 +28,7 @@ REPO = HERE.parent.parent
 def run_checks(script: str, scenario: str, ranks: int, env: dict[str, str] | None = None) -> None:
     """Run one scenario of a checks script on `ranks` ranks; every rank must pass every check it announced
     (``EXPECT name,...``)."""
-    env = dict(os.environ, HPCDL_TIMEOUT="60", TF_CPP_MIN_LOG_LEVEL="3", **(env or {}))
+    env = {**os.environ, "HPCDL_TIMEOUT": "60", "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})}
     program = [sys.executable, str(HERE / script), scenario]
     command = [sys.executable, "-m", "hpcdl", "run", "-np", str(ranks), *program]
     result = subprocess.run(command, capture_output=True, text=True, timeout=280, cwd=REPO, env=env)

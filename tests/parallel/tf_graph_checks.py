@@ -12,6 +12,7 @@ keras_rank_checks.run_checks).
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from typing import Any, Callable
@@ -132,6 +133,71 @@ def check_unmatched_unnamed_collective_fails_at_once_saying_to_name_it() -> None
     hvd.barrier()
 
 
+def check_collective_only_some_ranks_create_fails_at_once_naming_them() -> None:
+    """In a tf.function, rank 0 alone creates a second unnamed allreduce (a Python branch on the rank),
+    after the one every rank creates: every rank must fail at once (the engine's deadline is 60 s),
+    naming the ranks' counts, the collective rank 0 alone created, and saying to pass name=. Last of its
+    scenario: the unnamed collectives of this process's tf.functions disagree from now on."""
+    r = hvd.rank()
+
+    @tf.function
+    def step(x: tf.Tensor) -> tf.Tensor:
+        out = hvd.allreduce(x, op=hvd.Sum)
+        if r == 0:
+            out += hvd.allreduce(x * 2.0, op=hvd.Sum)
+        return out
+
+    step.get_concrete_function(tf.TensorSpec([3], tf.float64))
+    hvd.barrier()
+    started = time.monotonic()
+    message = _raises(tf.errors.FailedPreconditionError, lambda: step(tf.ones([3], tf.float64))).message
+    assert time.monotonic() - started < 20, f"took {time.monotonic() - started:.0f} s"
+    counts = dict(re.findall(r"rank (\d+): (\d+)", message))
+    assert set(counts) == {str(k) for k in range(hvd.size())}, message
+    assert all(int(counts["0"]) == int(n) + 1 for k, n in counts.items() if k != "0"), message
+    assert re.search(r"graph\.collective_\d+ \(only on rank 0\)", message), message
+    assert "name=" in message, message
+    hvd.barrier()
+
+
+def check_collective_only_some_ranks_run_fails_at_the_deadline_naming_them() -> None:
+    """A tf.cond branch holding an unnamed allreduce is taken on rank 0 only (every rank created it): rank
+    0 must fail at the engine's deadline (3 s in this scenario) naming the ranks that did not submit it and
+    the collective, saying to pass name=; the others finish their step. They wait for rank 0's verdict
+    (a file) before the next collective, so that they are not counted missing in it."""
+    n, r = hvd.size(), hvd.rank()
+    verdict = os.path.join(os.environ["HPCDL_CHECKS_DIR"], "rank0-failed")
+
+    @tf.function
+    def step(x: tf.Tensor) -> tf.Tensor:
+        shared = hvd.allreduce(x, op=hvd.Sum)
+        return tf.cond(
+            tf.equal(hvd.rank(), 0), lambda: hvd.allreduce(shared * 2.0, op=hvd.Sum), lambda: shared
+        )
+
+    step.get_concrete_function(tf.TensorSpec([3], tf.float64))
+    hvd.barrier()
+    started = time.monotonic()
+    if r == 0:
+        error = _raises(tf.errors.DeadlineExceededError, lambda: step(tf.ones([3], tf.float64)))
+        elapsed = time.monotonic() - started
+        assert 2.5 < elapsed < 15, f"failed after {elapsed:.1f} s, the deadline is 3 s"
+        missing = re.search(
+            r"allreduce '(graph\.collective_\d+)': ranks? ([\d, ]+) (has|have) not", error.message
+        )
+        assert missing, error.message
+        assert sorted(int(k) for k in missing.group(2).split(",")) == list(range(1, n)), error.message
+        assert f"{missing.group(1)} was named automatically" in error.message and "name=" in error.message
+        with open(verdict, "w"):
+            pass
+    else:
+        assert_close(step(tf.ones([3], tf.float64)), np.full(3, float(n)), "the shared allreduce", 0)
+        while not os.path.exists(verdict):
+            assert time.monotonic() - started < 30, "rank 0 did not fail at the deadline"
+            time.sleep(0.05)
+    hvd.barrier()
+
+
 def _raises(error: type, run: Callable[[], Any]) -> BaseException:
     try:
         run()
@@ -184,7 +250,9 @@ SCENARIOS = {
         check_unmatched_unnamed_collective_fails_at_once_saying_to_name_it,
         check_failures_raise_horovods_tensorflow_errors,
         check_sync_batch_normalization_uses_the_global_batch,
-    ]
+        check_collective_only_some_ranks_create_fails_at_once_naming_them,
+    ],
+    "deadline": [check_collective_only_some_ranks_run_fails_at_the_deadline_naming_them],
 }
 
 

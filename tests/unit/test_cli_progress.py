@@ -7,7 +7,7 @@ import io
 import pytest
 from rich.console import Console
 
-from hpcdl.cli import progress
+from hpcdl.common import progress
 
 
 class _Tty(io.StringIO):

@@ -45,3 +45,12 @@ def test_options_text_and_autotune_fixed() -> None:
     assert config.autotune_fixed(resolved) == "small_message_bytes,fusion_threshold"
     with pytest.raises(HpcdlConfigError, match="line break"):
         config.options_text({"timeline": "a\nrank=3"})
+
+
+def test_hierarchical_allreduce_is_the_runtimes_choice_unless_set() -> None:
+    """Unset, no option reaches the runtime (it chooses per process set); set, it forces either path."""
+    assert config.resolve({}, {}).get("hierarchical") is None
+    assert "hierarchical" not in config.options_text(config.resolve({}, {}).values)
+    assert config.resolve({}, {"HOROVOD_HIERARCHICAL_ALLREDUCE": "1"}).get("hierarchical") is True
+    forced = config.resolve({"hierarchical_allreduce": False}, {"HPCDL_HIERARCHICAL_ALLREDUCE": "1"})
+    assert "hierarchical=0\n" in config.options_text(forced.values)

@@ -6,6 +6,7 @@ import pytest
 
 from hpcdl.common import discovery
 from hpcdl.common.exceptions import HpcdlConfigError
+from hpcdl.platforms import slurm as slurm_platform
 
 LAUNCHERS = [
     ({"HPCDL_RANK": "3", "HPCDL_SIZE": "4"}, "hpcdl run"),
@@ -68,7 +69,7 @@ def test_meeting_places_in_order() -> None:
     assert (meet.addr, meet.ports, meet.serve) == ("10.0.0.2", tuple(range(6001, 6017)), True)
     slurm = {"SLURM_JOB_NODELIST": "gpu[07-09,12],cpu1", "SLURM_JOB_ID": "123456", "HPCDL_SECRET": "ab"}
     meet = discovery.meeting(info("Slurm srun"), slurm)
-    assert (meet.addr, meet.ports, meet.serve) == ("gpu07", discovery.slurm_ports("123456", ""), True)
+    assert (meet.addr, meet.ports, meet.serve) == ("gpu07", slurm_platform.step_ports("123456", ""), True)
     assert discovery.meeting(info("OpenMPI mpirun"), {}, mpi_vendor="Open MPI").bootstrap == "mpi"
     assert discovery.meeting(info("MPICH/PMI mpiexec"), {}, mpi_vendor="MPICH").bootstrap == "mpi"
 
@@ -85,7 +86,7 @@ def test_walked_ports_are_the_same_on_every_rank_and_leave_master_port_to_torch(
 
 
 def test_slurm_ports_lie_below_the_ephemeral_range_and_differ_per_step() -> None:
-    steps = [discovery.slurm_ports("4242", str(step)) for step in range(3)]
+    steps = [slurm_platform.step_ports("4242", str(step)) for step in range(3)]
     for ports in steps:
         assert len(set(ports)) == discovery.WALK_LENGTH and all(20000 <= p < 32768 for p in ports)
     assert len({ports[0] for ports in steps}) == 3
@@ -95,7 +96,7 @@ def test_slurm_rendezvous_is_on_the_first_node_of_the_step() -> None:
     env = {"SLURM_JOB_NODELIST": "node[1-4]", "SLURM_STEP_NODELIST": "node[3-4]", "SLURM_JOB_ID": "9",
            "SLURM_STEP_ID": "2", "HPCDL_SECRET": "ab"}  # fmt: skip
     meet = discovery.meeting(info("Slurm srun"), env)
-    assert (meet.addr, meet.ports) == ("node3", discovery.slurm_ports("9", "2"))
+    assert (meet.addr, meet.ports) == ("node3", slurm_platform.step_ports("9", "2"))
 
 
 def test_no_meeting_place_says_how_to_launch() -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from hpcdl.common import stacks
+from hpcdl.common.output_file import OutputFileError
 
 
 def a_function_of_the_user(rank: int) -> str | None:
@@ -50,5 +51,5 @@ def test_a_linked_debug_directory_is_refused(tmp_path: Path, monkeypatch: pytest
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "debug").symlink_to(tmp_path / "elsewhere")
     monkeypatch.setenv("HPCDL_DEBUG_DIR", str(tmp_path / "debug"))
-    with pytest.raises(PermissionError, match="not a directory of this user"):
+    with pytest.raises(OutputFileError, match="debug directory"):
         stacks.install(0)

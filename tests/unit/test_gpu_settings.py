@@ -15,7 +15,7 @@ from hpcdl.common.exceptions import HpcdlConfigError
 from hpcdl.common.types import DType, OpType, ReduceOp
 from hpcdl.runner.tunables import TUNABLES
 from hpcdl.torch import _gpu
-from hpcdl.torch._gpu_lanes import phase_times
+from hpcdl.torch._gpu.lanes import phase_times
 
 
 def test_gpu_operations_offers_the_gloo_stand_in() -> None:

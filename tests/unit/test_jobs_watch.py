@@ -11,8 +11,7 @@ import pytest
 from rich.console import Console
 
 from hpcdl.cli import jobs as jobs_cli
-from hpcdl.scaling import watch
-from hpcdl.schedulers import JobState, JobUnknownError, SchedulerError
+from hpcdl.schedulers import JobState, JobUnknownError, SchedulerError, watch
 from hpcdl.schedulers.records import JobRecord
 
 

@@ -6,12 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from hpcdl.runner.allocation import (
-    detect_allocation,
-    expand_counts,
-    expand_hostlist,
-    parse_flux_resources,
-)
+from hpcdl.platforms.flux import parse_resources
+from hpcdl.platforms.hostlist import expand_hostlist
+from hpcdl.platforms.slurm import expand_counts
+from hpcdl.runner.allocation import detect_allocation, host_slots
 from hpcdl.runner.errors import LaunchError
 from hpcdl.runner.hosts import HostSlots
 
@@ -96,13 +94,13 @@ def test_cobalt_partname_and_nodefile(tmp_path: Path) -> None:
 
 def test_flux_resource_list_parsing() -> None:
     text = "2 64 8 tioga[1-2]\n1 32 0 cpu7\n"
-    assert parse_flux_resources(text, None) == [
+    assert host_slots(parse_resources(text), None) == [
         HostSlots("tioga1", 4),
         HostSlots("tioga2", 4),
         HostSlots("cpu7", 32),
     ]
     with pytest.raises(LaunchError, match="cannot read flux resource line"):
-        parse_flux_resources("up tioga1\n", None)
+        parse_resources("up tioga1\n")
 
 
 def test_slurm_wins_over_others(tmp_path: Path) -> None:

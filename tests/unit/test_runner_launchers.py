@@ -9,19 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from hpcdl.platforms.cobalt import Aprun
+from hpcdl.platforms.flux import FluxRun
+from hpcdl.platforms.lsf import Blaunch, Jsrun
+from hpcdl.platforms.pbs import PalsMpiexec
+from hpcdl.platforms.slurm import Srun
 from hpcdl.runner.allocation import Allocation
 from hpcdl.runner.errors import LaunchError
 from hpcdl.runner.hosts import HostSlots, assign_ranks
-from hpcdl.runner.launchers import (
-    Aprun,
-    Blaunch,
-    FluxRun,
-    Jsrun,
-    PalsMpiexec,
-    Srun,
-    choose_launcher,
-    placement,
-)
+from hpcdl.runner.launchers import choose_launcher, placement
 from hpcdl.runner.step_agent import find_slot
 from hpcdl.runner.tagged import Tagged, step_agent_reader
 

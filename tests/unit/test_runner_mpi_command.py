@@ -55,6 +55,13 @@ def test_openmpi_tcp_and_non_root() -> None:
     assert argv[argv.index("btl") + 1] == "self,tcp"
 
 
+def test_openmpi_transport_given_in_mpi_args_replaces_the_default() -> None:
+    """mpirun refuses an MCA parameter listed twice ("MCA parameters can only be listed once")."""
+    argv = _build(OPENMPI, extra_args="--mca btl self,vader,tcp -mca btl_tcp_sndbuf 4194304").argv
+    assert _after(argv, "-mca").count("btl") + _after(argv, "--mca").count("btl") == 1
+    assert argv[argv.index("btl") + 1] == "self,vader,tcp" and _after(argv, "-mca").count("pml") == 1
+
+
 def test_mpich_line() -> None:
     command = _build(MPICH, network_interface="eth1")
     argv = command.argv

@@ -41,10 +41,10 @@ def test_unresolvable_host() -> None:
 
 def _other_interface() -> str | None:
     """An interface of this machine with an IPv4 address other than the loopback, or None."""
-    from hpcdl.runner.rank_agent import _ipv4_of
+    from hpcdl.runner.rank_agent import ipv4_of
 
     return next(
-        (name for _, name in socket.if_nameindex() if name != "lo" and _ipv4_of(name) is not None), None
+        (name for _, name in socket.if_nameindex() if name != "lo" and ipv4_of(name) is not None), None
     )
 
 

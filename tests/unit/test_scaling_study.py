@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from hpcdl.common.steps import StepRecordError, StepTimer, parameter_bytes, read_rank_steps
 from hpcdl.scaling import costmodel, publish, report, textplot
 from hpcdl.scaling.results import RunResult, collect, summarize
-from hpcdl.scaling.steps import StepRecordError, StepTimer, parameter_bytes, read_rank_steps
 from hpcdl.scaling.study import StudyError, StudySpec, Workload, create, load, mark_failed, plan, repeat_dir
 
 

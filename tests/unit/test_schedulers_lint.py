@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcdl.schedulers import JobSpecError, SiteConfig, get_scheduler, lint
+from hpcdl.schedulers import JobSpecError, SiteConfig, cobalt, flux, get_scheduler, lsf, pbs, slurm
 from hpcdl.schedulers.job import ArraySpec, SignalSpec, Sweep
 
 GOLDEN = Path(__file__).parent / "golden" / "batch"
@@ -47,14 +47,14 @@ PBS = golden("pbs-gpu-train.sh")
     ],
 )
 def test_pbs_checker_rejects(change: tuple[str, str], problem: str) -> None:
-    problems = lint.check_pbs(with_lines(PBS, change))
+    problems = pbs.check_script(with_lines(PBS, change))
     assert any(problem in p for p in problems), problems
 
 
 def test_pbs_site_defined_chunk_resources_are_accepted_when_declared() -> None:
     script = with_lines(PBS, ("ompthreads=8", "ompthreads=8:system=polaris"))
-    assert any("unknown resource 'system'" in p for p in lint.check_pbs(script))
-    assert lint.check_pbs(script, {"system"}) == []
+    assert any("unknown resource 'system'" in p for p in pbs.check_script(script))
+    assert pbs.check_script(script, {"system"}) == []
     site = SiteConfig.from_mapping(
         {"pbs_chunk_resources": ["system=polaris"], "extra_directives": ["-l filesystems=home:eagle"]}, "site"
     )
@@ -63,7 +63,7 @@ def test_pbs_site_defined_chunk_resources_are_accepted_when_declared() -> None:
 
 
 def test_pbs_select_with_several_chunk_kinds() -> None:
-    chunks, problems = lint.parse_select("1:ncpus=64:ngpus=4+3:ncpus=32:mem=16gb", set())
+    chunks, problems = pbs.parse_select("1:ncpus=64:ngpus=4+3:ncpus=32:mem=16gb", set())
     assert problems == [] and [c.count for c in chunks] == [1, 3] and chunks[1].resources["mem"] == "16gb"
 
 
@@ -85,13 +85,13 @@ COBALT = golden("cobalt-gpu-train.sh")
     ],
 )
 def test_cobalt_checker_rejects(change: tuple[str, str], problem: str) -> None:
-    problems = lint.check_cobalt(with_lines(COBALT, change))
+    problems = cobalt.check_script(with_lines(COBALT, change))
     assert any(problem in p for p in problems), problems
 
 
 def test_cobalt_checker_knows_the_node_size() -> None:
-    assert lint.check_cobalt(COBALT, cpus_per_node=64) == []
-    assert any("needs 32 CPUs; a node has 16" in p for p in lint.check_cobalt(COBALT, cpus_per_node=16))
+    assert cobalt.check_script(COBALT, cpus_per_node=64) == []
+    assert any("needs 32 CPUs; a node has 16" in p for p in cobalt.check_script(COBALT, cpus_per_node=16))
 
 
 # ---- LSF -------------------------------------------------------------------------------------------
@@ -110,13 +110,13 @@ LSF = golden("lsf-gpu-train.sh")
     ],
 )
 def test_lsf_checker_rejects(change: tuple[str, str], problem: str) -> None:
-    problems = lint.check_lsf(with_lines(LSF, change))
+    problems = lsf.check_script(with_lines(LSF, change))
     assert any(problem in p for p in problems), problems
 
 
 def test_lsf_checker_knows_gpus_per_node() -> None:
-    assert lint.check_lsf(LSF, gpus_per_node=4) == []
-    assert any("needs 4 GPUs per node; nodes have 2" in p for p in lint.check_lsf(LSF, gpus_per_node=2))
+    assert lsf.check_script(LSF, gpus_per_node=4) == []
+    assert any("needs 4 GPUs per node; nodes have 2" in p for p in lsf.check_script(LSF, gpus_per_node=2))
 
 
 # ---- Flux ------------------------------------------------------------------------------------------
@@ -137,7 +137,7 @@ FLUX = golden("flux-gpu-train.sh")
     ],
 )
 def test_flux_checker_rejects(change: tuple[str, str], problem: str) -> None:
-    problems = lint.check_flux(with_lines(FLUX, change))
+    problems = flux.check_script(with_lines(FLUX, change))
     assert any(problem in p for p in problems), problems
 
 
@@ -154,12 +154,12 @@ SLURM = golden("slurm-gpu-train.sh")
     ],
 )
 def test_slurm_checker_rejects(change: tuple[str, str], problem: str) -> None:
-    problems = lint.check_slurm(with_lines(SLURM, change))
+    problems = slurm.check_script(with_lines(SLURM, change))
     assert any(problem in p for p in problems), problems
 
 
 def test_a_script_without_interpreter_line_is_rejected() -> None:
-    assert any("#! interpreter" in p for p in lint.check_slurm(SLURM.replace("#!/bin/bash\n", "")))
+    assert any("#! interpreter" in p for p in slurm.check_script(SLURM.replace("#!/bin/bash\n", "")))
 
 
 # ---- what a scheduler cannot express is refused before rendering -------------------------------------

@@ -10,9 +10,9 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from hpcdl.cli import progress
 from hpcdl.cli.main import app
 from hpcdl.cli.stack import _BuildDisplay
+from hpcdl.common import progress
 from hpcdl.common.exceptions import HpcdlError
 from hpcdl.common.sizes import parse_size
 from hpcdl.stack.builder import PackageStep

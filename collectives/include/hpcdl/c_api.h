@@ -124,7 +124,8 @@ HPCDL_API const char* hpcdl_build_info(void);
  *   small_message_bytes           below this, latency-optimal algorithms; at/above, ring
  *   shm_chunk_bytes               shared-memory staging buffer per rank and step
  *   shm_stores=auto|cached|streaming  how ranks write staged chunks (auto: measured, see staging_stores.h)
- *   hierarchical=0|1              intra-host then inter-host allreduce/allgather when ranks span hosts
+ *   hierarchical=auto|0|1         large allreduces within hosts, then across, when ranks span hosts (auto,
+ *                                 the default: when some host has several ranks of the process set)
  *   fusion_threshold              engine fusion buffer bytes (0 disables fusion)
  *   cycle_time_ms                 engine cycle time (float)
  *   cache_capacity                engine response cache entries (0 disables)
@@ -136,6 +137,11 @@ HPCDL_API const char* hpcdl_build_info(void);
  *   dynamic_process_sets=0|1
  *   members                       ','-separated world ranks: after the rendezvous of every rank, this
  *                                 process's job is these ranks only, numbered by position (init(comm=[...]))
+ *   debug_dir                     the job's directory for diagnostic files (flight recorder dumps); "": none
+ *   flight_recorder_size          submissions the flight recorder keeps (0 disables it)
+ *   stack_fd, stack_signal, stack_thread   where this process's Python stacks are written when it raises
+ *                                 stack_signal, and the main thread's id as the dump names it: stall reports
+ *                                 and timeouts show the main thread of each rank they wait for
  *   log_level=trace|debug|info|warning|error
  */
 HPCDL_API int hpcdl_init(const char* options);
@@ -294,6 +300,13 @@ HPCDL_API int hpcdl_stop_timeline(void);
 /* Current value of an engine knob: "fusion_threshold", "cycle_time_ms", "small_message_bytes",
  * "cache_capacity". */
 HPCDL_API double hpcdl_get_knob(const char* name);
+
+/* ---- the flight recorder ------------------------------------------------------------------------
+ * Each rank keeps its recent submissions (name, operation, dtype, shape, process set, state, when it was
+ * submitted, negotiated, started and done) in a ring, and writes them with its Python stacks to
+ * <debug_dir>/flight.rank<R>.json on a stall report, a timeout, a mismatch, a failure, and here on request
+ * (reason: why, e.g. "request"; message: a text to keep with it). Writes nothing without a debug_dir. */
+HPCDL_API int hpcdl_flight_dump(const char* reason, const char* message);
 
 #ifdef __cplusplus
 }

@@ -22,14 +22,14 @@ Status p2p_alltoallv(P2P& p, const void* send, const std::vector<int64_t>& send_
   const auto* in = static_cast<const char*>(send);
   auto* out = static_cast<char*>(recv);
   if (recv_counts[size_t(r)]) std::memmove(out + roff[size_t(r)], in + soff[size_t(r)], size_t(recv_counts[size_t(r)]) * es);
-  // Pairwise exchange: in step s, send to r + s and receive from r - s.
-  for (int s = 1; s < n; ++s) {
-    int to = (r + s) % n, from = (r - s + n) % n;
-    st = p.sendrecv(to, in + soff[size_t(to)], soff[size_t(to) + 1] - soff[size_t(to)], from, out + roff[size_t(from)],
-                    roff[size_t(from) + 1] - roff[size_t(from)], deadline, what);
-    if (!st.is_ok()) return st;
+  // Every pair at once, starting with the next rank so that no rank is everybody's first peer.
+  Schedule s;
+  for (int k = 1; k < n; ++k) {
+    const int to = (r + k) % n, from = (r - k + n) % n;
+    s.send(to, in + soff[size_t(to)], soff[size_t(to) + 1] - soff[size_t(to)]);
+    s.recv(from, out + roff[size_t(from)], roff[size_t(from) + 1] - roff[size_t(from)]);
   }
-  return Status::ok();
+  return p.run(s, deadline, what);
 }
 
 }  // namespace hpcdl

@@ -9,25 +9,20 @@ Status p2p_broadcast(P2P& p, void* buf, int64_t count, int dtype, int root, Dead
   if (!st.is_ok()) return st;
   const int n = p.p2p_size(), r = p.p2p_rank();
   const size_t bytes = size_t(count) * dtype_bytes(dtype);
-  if (bytes == 0) return Status::ok();
-  // A chain from the root: each rank forwards what it received, so the root sends the data once.
+  if (bytes == 0 || n == 1) return Status::ok();
+  // A chain from the root, chunk by chunk: each rank forwards a chunk as soon as it has it, so the root
+  // sends the data once and every link carries it at the same time.
   const int pos = (r - root + n) % n;
   const int next = pos + 1 < n ? (r + 1) % n : -1;
   const int prev = pos > 0 ? (r - 1 + n) % n : -1;
-  const size_t piece = 1 << 20;
   auto* data = static_cast<char*>(buf);
-  for (size_t at = 0; at < bytes; at += piece) {
-    size_t len = std::min(piece, bytes - at);
-    if (prev >= 0) {
-      st = p.sendrecv(-1, nullptr, 0, prev, data + at, len, deadline, what);
-      if (!st.is_ok()) return st;
-    }
-    if (next >= 0) {
-      st = p.sendrecv(next, data + at, len, -1, nullptr, 0, deadline, what);
-      if (!st.is_ok()) return st;
-    }
+  Schedule s;
+  for (size_t at = 0; at < bytes; at += kRingChunkBytes) {
+    const size_t len = std::min(kRingChunkBytes, bytes - at);
+    const int got = prev >= 0 ? s.recv(prev, data + at, len) : -1;
+    if (next >= 0) s.send(next, data + at, len, got);
   }
-  return Status::ok();
+  return p.run(s, deadline, what);
 }
 
 }  // namespace hpcdl

@@ -41,14 +41,24 @@ Status p2p_reducescatter(P2P& p, const void* send, void* recv, const std::vector
   }
   std::vector<size_t> offsets(size_t(n) + 1, 0);
   for (int i = 0; i < n; ++i) offsets[size_t(i) + 1] = offsets[size_t(i)] + size_t(recv_counts[size_t(i)]) * es;
-  std::vector<char> work(offsets.back());
   const void* self[1] = {send};
-  reduce(work.data(), self, 1, total, dtype, HPCDL_SUM, prescale, 1.0, 1);
-  st = ring_reduce_scatter(p, work.data(), offsets, dtype, op, deadline, what);
-  if (!st.is_ok()) return st;
-  const void* mine[1] = {work.data() + offsets[size_t(r)]};
-  reduce(recv, mine, 1, recv_counts[size_t(r)], dtype, op == HPCDL_AVERAGE ? op : HPCDL_SUM, 1.0, postscale, n);
-  return Status::ok();
+  if (n == 1) {
+    reduce(recv, self, 1, total, dtype, op, prescale, postscale, 1);
+    return Status::ok();
+  }
+  const char* in = static_cast<const char*>(send);
+  std::vector<char> scaled;
+  if (prescale != 1.0) {
+    scaled.resize(offsets.back());
+    reduce(scaled.data(), self, 1, total, dtype, HPCDL_SUM, prescale, 1.0, 1);
+    in = scaled.data();
+  }
+  // Pipelined ring: partial results of the other segments go to `work` on their way; segment r to recv.
+  const Ring ring(p, std::move(offsets), kRingChunkBytes);
+  std::vector<char> work(ring.offsets.back()), tmp(ring.chunk);
+  Schedule s;
+  ring_reduce_scatter(s, ring, in, work.data(), static_cast<char*>(recv), tmp.data(), dtype, op, postscale, n);
+  return p.run(s, deadline, what);
 }
 
 }  // namespace hpcdl

@@ -1,44 +1,62 @@
-#include <vector>
-
 #include "algorithms/p2p.h"
 #include "kernels/reduce.h"
 
 namespace hpcdl {
 
-Status ring_reduce_scatter(P2P& p, char* work, const std::vector<size_t>& offsets, int dtype, int op,
-                           Deadline deadline, const std::string& what) {
-  const int n = p.p2p_size(), r = p.p2p_rank();
-  if (n == 1) return Status::ok();
-  const size_t es = dtype_bytes(dtype);
+Ring::Ring(const P2P& p, std::vector<size_t> offs, size_t chunk_bytes)
+    : n(p.p2p_size()), r(p.p2p_rank()), next((r + 1) % n), prev((r - 1 + n) % n), offsets(std::move(offs)),
+      chunk(chunk_bytes), chunks(0) {
   size_t largest = 0;
-  for (int i = 0; i < n; ++i) largest = std::max(largest, offsets[size_t(i) + 1] - offsets[size_t(i)]);
-  std::vector<char> tmp(largest);
-  const int next = (r + 1) % n, prev = (r - 1 + n) % n;
-  const int partial_op = op == HPCDL_AVERAGE ? HPCDL_SUM : op;
-  for (int s = 0; s < n - 1; ++s) {
-    size_t send_seg = size_t(((r - s - 1) % n + n) % n), recv_seg = size_t(((r - s - 2) % n + 2 * n) % n);
-    size_t send_len = offsets[send_seg + 1] - offsets[send_seg];
-    size_t recv_len = offsets[recv_seg + 1] - offsets[recv_seg];
-    Status st = p.sendrecv(next, work + offsets[send_seg], send_len, prev, tmp.data(), recv_len, deadline, what);
-    if (!st.is_ok()) return st;
-    char* acc = work + offsets[recv_seg];
-    const void* srcs[2] = {acc, tmp.data()};
-    reduce(acc, srcs, 2, int64_t(recv_len / es), dtype, partial_op, 1.0, 1.0, 1);
-  }
-  return Status::ok();
+  for (int i = 0; i < n; ++i) largest = std::max(largest, seg_len(i));
+  chunks = (largest + chunk - 1) / chunk;
 }
 
-Status ring_allgather(P2P& p, char* work, const std::vector<size_t>& offsets, Deadline deadline,
-                      const std::string& what) {
-  const int n = p.p2p_size(), r = p.p2p_rank();
-  const int next = (r + 1) % n, prev = (r - 1 + n) % n;
-  for (int s = 0; s < n - 1; ++s) {
-    size_t send_seg = size_t(((r - s) % n + n) % n), recv_seg = size_t(((r - s - 1) % n + n) % n);
-    Status st = p.sendrecv(next, work + offsets[send_seg], offsets[send_seg + 1] - offsets[send_seg], prev,
-                           work + offsets[recv_seg], offsets[recv_seg + 1] - offsets[recv_seg], deadline, what);
-    if (!st.is_ok()) return st;
+std::vector<int> ring_reduce_scatter(Schedule& s, const Ring& ring, const char* in, char* acc, char* mine, char* tmp,
+                                     int dtype, int op, double postscale, int64_t divisor) {
+  const size_t es = dtype_bytes(dtype);
+  const int partial = op == HPCDL_AVERAGE ? HPCDL_SUM : op;
+  const int n = ring.n;
+  std::vector<int> last(ring.chunks, -1);  // receives of the previous step, per chunk
+  // Step k sends segment r-k-1 (this rank's input at k = 0, else what it combined at step k-1) and
+  // combines segment r-k-2 with what arrives.
+  for (int k = 0; k < n - 1; ++k) {
+    const int out_seg = ring.seg(k + 1), in_seg = ring.seg(k + 2);
+    const bool final_step = k == n - 2;
+    const char* from = k == 0 ? in : acc;
+    std::vector<int> got(ring.chunks, -1);
+    for (size_t c = 0; c < ring.chunks; ++c) {
+      const size_t send_at = ring.offsets[size_t(out_seg)] + ring.chunk_at(out_seg, c);
+      s.send(ring.next, from + send_at, ring.chunk_len(out_seg, c), last[c]);
+      const size_t at = ring.chunk_at(in_seg, c), len = ring.chunk_len(in_seg, c);
+      const char* own = in + ring.offsets[size_t(in_seg)] + at;
+      char* dst = final_step ? mine + at : acc + ring.offsets[size_t(in_seg)] + at;
+      got[c] = s.recv(ring.prev, tmp, len, [=]() {
+        const void* srcs[2] = {own, tmp};
+        reduce(dst, srcs, 2, int64_t(len / es), dtype, final_step ? op : partial, 1.0, final_step ? postscale : 1.0,
+               divisor);
+        return Status::ok();
+      });
+    }
+    last = std::move(got);
   }
-  return Status::ok();
+  return last;
+}
+
+void ring_allgather(Schedule& s, const Ring& ring, char* out, const std::vector<int>& ready) {
+  std::vector<int> last(ring.chunks, -1);
+  for (size_t c = 0; c < ready.size() && c < last.size(); ++c) last[c] = ready[c];
+  // Step k forwards segment r-k (its own at k = 0, else the one that arrived at step k-1).
+  for (int k = 0; k < ring.n - 1; ++k) {
+    const int out_seg = ring.seg(k), in_seg = ring.seg(k + 1);
+    std::vector<int> got(ring.chunks, -1);
+    for (size_t c = 0; c < ring.chunks; ++c) {
+      s.send(ring.next, out + ring.offsets[size_t(out_seg)] + ring.chunk_at(out_seg, c), ring.chunk_len(out_seg, c),
+             last[c]);
+      got[c] = s.recv(ring.prev, out + ring.offsets[size_t(in_seg)] + ring.chunk_at(in_seg, c),
+                      ring.chunk_len(in_seg, c));
+    }
+    last = std::move(got);
+  }
 }
 
 }  // namespace hpcdl

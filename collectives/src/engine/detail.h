@@ -27,6 +27,12 @@ constexpr uint32_t kMaxControlBytes = 64u << 20;
 constexpr int64_t kFuseTensorMaxBytes = 256 * 1024;
 constexpr int64_t kPackTensorMaxBytes = 4 * 1024;
 constexpr uint32_t kFlagShutdown = 1, kFlagKnobs = 2, kFlagAborts = 4;
+// A rank asks others for their reports (stack and last submissions), and a rank sends its report.
+constexpr uint32_t kFlagReportRequest = 8, kFlagReport = 16;
+// How long a stall report or a timeout waits for the reports of the ranks it names.
+constexpr std::chrono::seconds kReportWait{2};
+// The innermost frames of a missing rank's main thread that a report shows.
+constexpr int kReportFrames = 12;
 constexpr uint8_t kFullRequest = 0, kCachedRequest = 1;
 constexpr int64_t kInlineMaxBytes = 64;  // allreduces this small carry their data in the control message
 constexpr int64_t kWideBytes = 1 << 20;  // batches this large may run on any core (see place_thread)
@@ -38,6 +44,22 @@ constexpr int64_t kWideBytes = 1 << 20;  // batches this large may run on any co
 // first two gradients in cycles of their own, on the core the caller was submitting the rest from (the
 // submissions took 1.5 ms instead of 0.45 ms); at 50 us, about one step in 25.
 constexpr std::chrono::microseconds kSettle{100};
+// A rank that starts a cycle rings its peers only when they have not arrived on their own after a while
+// (Comm::ring_if_late): ranks in step (a blocking allreduce called on every rank, a training step's burst)
+// meet without a wake-up. How long depends on what the cycle brings. A cycle that completes an operation
+// (its peers submitted it and wait), or carries news (a shutdown, cancellations, reports, a heartbeat)
+// rings after kRingAfter. A cycle that only brings submissions its peers have not made yet cannot complete
+// them before they do; their callers are usually on their way, and meeting those (rather than engine threads
+// woken to take part with nothing) keeps every rank on the direct path: it rings after kRingAfterEarly.
+constexpr std::chrono::microseconds kRingAfter{20};
+constexpr std::chrono::microseconds kRingAfterEarly{200};
+// A submission this small, of a name the response cache knows, made while the engine sleeps, does not wake
+// it: its caller usually waits for it next and then runs the cycle itself (the direct path). The engine
+// thread still runs it when anything else wakes it, at the latest within a second.
+constexpr int64_t kDeferMaxBytes = 64 * 1024;
+// The longest an engine thread woken by a peer's ring lets its caller come and run that cycle itself (see
+// Engine::yield_to_caller).
+constexpr std::chrono::microseconds kYieldToCaller{50};
 // The longest a rank that shuts down waits for its peers to hear it (see Engine::run_cycle).
 constexpr std::chrono::seconds kShutdownGrace{2};
 constexpr std::chrono::microseconds kSettleRecheck{100};
@@ -50,6 +72,10 @@ constexpr std::chrono::milliseconds kHeartbeat{250};
 // How long a failed device batch looks for the member whose death caused it (a killed peer's sockets close
 // just before its process becomes a zombie; see Engine::device_failure).
 constexpr std::chrono::milliseconds kDeathGrace{50};
+
+// True on the engine thread (set as it starts): it alone may move itself between cores, and operations it
+// runs are not the direct path's.
+extern thread_local bool t_engine_thread;
 
 // Bytes of data an allreduce carries inside its control message (0: none). Never for device data: the
 // engine cannot read it.

@@ -41,9 +41,9 @@ std::string seconds_text(double s) {
 
 }  // namespace
 
-void Engine::hand_to_device(const std::vector<Ready>& batch, bool fused, const std::string& what) {
+void Engine::hand_to_device(const std::vector<NameRecord*>& batch, bool fused, const std::string& what) {
   auto b = std::make_shared<DeviceBatch>();
-  const Pending& first = *batch.front().entry;
+  const NameRecord& first = *batch.front();
   const OpRequest& head = *first.any();
   const int n = static_cast<int>(first.members.size());
   const int me = index_of(first.members, rank_);
@@ -72,8 +72,8 @@ void Engine::hand_to_device(const std::vector<Ready>& batch, bool fused, const s
               bits_of(head.prescale),
               bits_of(head.postscale),
               static_cast<int64_t>(table.size())};
-  for (const Ready& r : batch) {
-    Pending& e = *r.entry;
+  for (NameRecord* r : batch) {
+    NameRecord& e = *r;
     // A member that joined is stood in for with zeros (allreduce only; see join_conflict): no operation.
     const OpRequest& q = e.local ? e.local->request : *e.any();
     b->words.push_back(e.local ? e.local->tag : 0);
@@ -118,7 +118,11 @@ Status Engine::device_next(double timeout_s, int64_t* words, int capacity, int* 
   std::copy(b.words.begin(), b.words.end(), words);
   *length = static_cast<int>(b.words.size());
   b.taken = Clock::now();
-  for (const auto& op : b.ops) op->device_stage = 2;
+  const int64_t taken = std::chrono::duration_cast<std::chrono::nanoseconds>(b.taken.time_since_epoch()).count();
+  for (const auto& op : b.ops) {
+    op->device_stage = 2;
+    op->started_ns.store(taken, std::memory_order_relaxed);
+  }
   device_running_.emplace(b.id, std::move(device_queue_.front()));
   device_queue_.pop_front();
   return Status::ok();
@@ -149,10 +153,7 @@ Status Engine::device_done(int64_t id, int status, const std::string& message, c
   // the engine fails everything else too (on its thread, woken here) and the executor aborts.
   std::lock_guard<std::mutex> lock(mutex_);
   if (failed_.is_ok()) failed_ = Status::error(code, text);
-  if (waiting_) {
-    control_->notify_self();
-    waiting_ = false;
-  }
+  wake_engine();
   device_cv_.notify_all();
   return Status::ok();
 }

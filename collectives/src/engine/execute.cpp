@@ -4,6 +4,7 @@
 #include <cstring>
 #include <new>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/detail.h"
@@ -34,75 +35,90 @@ Status allocate_result(std::vector<uint8_t>& out, int64_t rows, int64_t row, int
                                               " rows (" + size + ") on this rank; the members' inputs are too large");
 }
 
+// The timeline's note of how an allreduce of `bytes` crossed hosts (see Comm::path), "" on one host.
+std::string path_arg(const Comm& comm, int64_t bytes) {
+  const std::string path = comm.path(static_cast<size_t>(bytes));
+  return path.empty() ? "" : ",\"path\":\"" + path + "\"";
+}
+
 }  // namespace
 
-int64_t Engine::entry_bytes(const Pending& e) const {
+int64_t Engine::entry_bytes(const NameRecord& e) const {
   const OpRequest* r = e.any();
   return r ? r->num_elements() * dtype_size(r->dtype) : 0;
 }
 
-void Engine::record_timeline(const Pending& e, const char* phase, Clock::time_point begin, Clock::time_point end,
+void Engine::record_timeline(const NameRecord& e, const char* phase, Clock::time_point begin, Clock::time_point end,
                              const std::string& args) {
   if (!timeline_.active()) return;
   std::string all = args;
   if (std::strcmp(phase, "NEGOTIATE") == 0) {
     // "cached": every member's submission came as a response-cache id (a few bytes instead of the request).
-    const bool cached = !e.arrived.empty() && e.cached == e.arrived.size();
+    const bool cached = !e.arrived.empty() && e.from_cache == e.arrived.size();
     all = "\"ready_ranks\":" + ranks_json(e.arrived) + (e.arrived.empty() ? "" : ",\"last_ready\":" +
           std::to_string(e.arrived.back())) + (cached ? ",\"cached\":true" : "") + (args.empty() ? "" : "," + args);
   }
   timeline_.span(track_of(*e.any()), phase, begin, end, all);
 }
 
-void Engine::run_batch(const std::vector<Ready>& batch, bool fused) {
+void Engine::run_batch(const std::vector<NameRecord*>& batch, bool fused) {
   int64_t bytes = 0;
-  for (const Ready& r : batch) bytes += entry_bytes(*r.entry);
-  const OpRequest& head = *batch.front().entry->any();
+  for (const NameRecord* r : batch) bytes += entry_bytes(*r);
+  NameRecord& front = *batch.front();
+  const OpRequest& head = *front.any();
   const bool device = head.placement == HPCDL_PLACEMENT_DEVICE;
   if (bytes >= kWideBytes && !device) keep_to_own_core(false);  // bandwidth-bound: let the scheduler place it
-  const Key& first = *batch.front().key;
-  const bool member = index_of(batch.front().entry->members, rank_) >= 0;
+  const bool member = index_of(front.members, rank_) >= 0;
   const auto start = Clock::now();
+  const int64_t start_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(start.time_since_epoch()).count();
+  const bool direct = !t_engine_thread;
+  for (NameRecord* r : batch) {
+    if (!r->local) continue;
+    r->local->started_ns.store(start_ns, std::memory_order_relaxed);
+    r->local->direct.store(direct, std::memory_order_relaxed);
+  }
   if (timeline_.active()) {
-    for (const Ready& r : batch) {
-      const OpRequest& q = *r.entry->any();
-      record_timeline(*r.entry, "NEGOTIATE", r.entry->first_seen, r.entry->decided,
+    for (const NameRecord* r : batch) {
+      const OpRequest& q = *r->any();
+      record_timeline(*r, "NEGOTIATE", r->first_seen, r->decided,
                       "\"op\":\"" + std::string(op_type_name(q.op_type)) + "\"");
-      if (!device) record_timeline(*r.entry, "QUEUE", r.entry->decided, start);  // device: when it ends
+      if (!device) record_timeline(*r, "QUEUE", r->decided, start);  // device: when it ends
     }
   }
-  const std::string what = fused ? std::string("allreduce of ") + std::to_string(batch.size()) +
-                                       " fused tensors ('" + first.second + "', ...)"
-                                 : describe(head);
+  if (front.what.empty()) front.what = describe(head);
+  const std::string fused_what = fused ? std::string("allreduce of ") + std::to_string(batch.size()) +
+                                             " fused tensors ('" + front.key.second + "', ...)"
+                                       : std::string();
+  const std::string& what = fused ? fused_what : front.what;
   if (device) {
     // Negotiated: the executor moves the data and reports the end (device_done), which completes the
     // operations. A rank outside the process set has nothing to run; every rank caches alike.
     burst_bytes_ += bytes;
     if (member) hand_to_device(batch, fused, what);
-    for (const Ready& r : batch) remember(*r.key, *r.entry);
+    for (NameRecord* r : batch) remember(*r);
     return;
   }
   std::shared_ptr<Comm> data;
-  if (member) data = runtime_.find_comm_shared(first.first, Channel::kEngineData);
+  if (member) data = runtime_.find_comm_shared(front.key.first, Channel::kEngineData);
   Status s;
   if (head.op_type == HPCDL_OP_JOIN) {
     // Every rank (member or not) keeps the same joined-rank bookkeeping.
     auto it = last_joined_.find(head.process_set);
-    if (batch.front().entry->local) batch.front().entry->local->join_result = it == last_joined_.end() ? -1 : it->second;
+    if (front.local) front.local->join_result = it == last_joined_.end() ? -1 : it->second;
     joined_.erase(head.process_set);
   } else if (!data) {
     // Not a member of this set: nothing to run, the members do.
-  } else if (!fused && batch.front().entry->all_inline()) {
-    run_inline(*batch.front().entry);
-    if (timeline_.active())
-      record_timeline(*batch.front().entry, "ALLREDUCE", start, Clock::now(), "\"inline\":true");
+  } else if (!fused && front.all_inline()) {
+    run_inline(front);
+    if (timeline_.active()) record_timeline(front, "ALLREDUCE", start, Clock::now(), "\"inline\":true");
   } else if (fused) {
     s = run_fused(batch, *data, what);
   } else {
-    s = run_one(*batch.front().entry, *data, what);
+    s = run_one(front, *data);
     if (timeline_.active() && s.is_ok())
-      record_timeline(*batch.front().entry, op_type_upper(batch.front().entry->any()->op_type), start, Clock::now(),
-                      "\"bytes\":" + std::to_string(entry_bytes(*batch.front().entry)));
+      record_timeline(front, op_type_upper(head.op_type), start, Clock::now(),
+                      "\"bytes\":" + std::to_string(entry_bytes(front)) + path_arg(*data, entry_bytes(front)));
   }
   burst_bytes_ += bytes;
   finish(batch, s.code, s.message);
@@ -110,7 +126,7 @@ void Engine::run_batch(const std::vector<Ready>& batch, bool fused) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (failed_.is_ok()) failed_ = s;
   } else {
-    for (const Ready& r : batch) remember(*r.key, *r.entry);
+    for (NameRecord* r : batch) remember(*r);
   }
 }
 
@@ -123,7 +139,8 @@ const void* Engine::prescaled(const void* input, int64_t count, const OpRequest&
   return prescaled_.data();
 }
 
-Status Engine::run_one(Pending& e, Comm& c, const std::string& what) {
+Status Engine::run_one(NameRecord& e, Comm& c) {
+  const std::string& what = e.what;
   const OpRequest& any = *e.any();
   const OpRequest& req = e.local ? e.local->request : any;
   EngineOp* op = e.local.get();
@@ -222,28 +239,31 @@ Status Engine::run_one(Pending& e, Comm& c, const std::string& what) {
   }
 }
 
-void Engine::run_inline(Pending& e) {
+void Engine::run_inline(NameRecord& e) {
   const OpRequest& q = *e.any();
   const bool rounds = prescale_rounds(q);
-  std::vector<std::vector<uint8_t>> scaled(rounds ? e.payload.size() : 0);
-  std::vector<const void*> sources;
-  for (size_t m = 0; m < e.payload.size(); ++m) {
+  const size_t n = e.payload.size();
+  std::vector<std::vector<uint8_t>> scaled(rounds ? n : 0);
+  const void* few[16];
+  std::vector<const void*> many(n > 16 ? n : 0);
+  const void** sources = n > 16 ? many.data() : few;
+  for (size_t m = 0; m < n; ++m) {
     const void* data = e.payload[m].data();
     if (rounds) {
       scaled[m].resize(e.payload[m].size());
       reduce(scaled[m].data(), &data, 1, q.num_elements(), q.dtype, HPCDL_SUM, q.prescale, 1.0, 1);
       data = scaled[m].data();
     }
-    sources.push_back(data);
+    sources[m] = data;
   }
-  std::vector<uint8_t> result(e.payload.front().size());
-  reduce(result.data(), sources.data(), static_cast<int>(sources.size()), q.num_elements(), q.dtype, q.reduce_op,
-         rounds ? 1.0 : q.prescale, q.postscale, static_cast<int64_t>(sources.size()));
-  if (e.local) std::memcpy(e.local->output, result.data(), result.size());
+  // Every member of an inline allreduce submitted it (all_inline), this rank included: its output is there.
+  // The sources are copies that came with the negotiation, so the output may be the input.
+  reduce(e.local->output, sources, static_cast<int>(n), q.num_elements(), q.dtype, q.reduce_op,
+         rounds ? 1.0 : q.prescale, q.postscale, static_cast<int64_t>(n));
 }
 
-Status Engine::run_fused(const std::vector<Ready>& batch, Comm& comm, const std::string& what) {
-  const OpRequest& first = *batch.front().entry->any();
+Status Engine::run_fused(const std::vector<NameRecord*>& batch, Comm& comm, const std::string& what) {
+  const OpRequest& first = *batch.front()->any();
   const int dsize = dtype_size(first.dtype);
   const bool native = comm.native_segments();
   // Inputs that must be scaled before the reduction (see prescale_rounds) are scaled into the fusion buffer.
@@ -251,13 +271,13 @@ Status Engine::run_fused(const std::vector<Ready>& batch, Comm& comm, const std:
   const double prescale = rounds ? 1.0 : first.prescale;
   // Which tensors go through the fusion buffer depends only on sizes and the batch's scaling, the same on
   // every rank, so every rank lists the same segments in the same order (the fusion buffer first).
-  auto packed = [&](const Pending& e) { return !native || rounds || entry_bytes(e) <= kPackTensorMaxBytes; };
+  auto packed = [&](const NameRecord& e) { return !native || rounds || entry_bytes(e) <= kPackTensorMaxBytes; };
   int64_t packed_count = 0, total = 0, joined_bytes = 0;
-  for (const Ready& r : batch) {
-    const int64_t count = r.entry->any()->num_elements();
+  for (const NameRecord* r : batch) {
+    const int64_t count = r->any()->num_elements();
     total += count;
-    if (packed(*r.entry)) packed_count += count;
-    else if (!r.entry->local) joined_bytes += count * dsize;
+    if (packed(*r)) packed_count += count;
+    else if (!r->local) joined_bytes += count * dsize;
   }
   // Separate input and output halves: an out-of-place reduction lets the data plane skip a staging copy.
   if (static_cast<int64_t>(fusion_buffer_.size()) < 2 * packed_count * dsize)
@@ -273,21 +293,21 @@ Status Engine::run_fused(const std::vector<Ready>& batch, Comm& comm, const std:
   if (packed_count > 0) segments.push_back({buf, reduced, packed_count});
   const auto t0 = Clock::now();
   int64_t off = 0;
-  for (const Ready& r : batch) {
-    const int64_t count = r.entry->any()->num_elements();
+  for (const NameRecord* r : batch) {
+    const int64_t count = r->any()->num_elements();
     const size_t bytes = static_cast<size_t>(count * dsize);
-    if (!packed(*r.entry)) {
-      if (r.entry->local) {
-        segments.push_back({r.entry->local->input, r.entry->local->output, count});
+    if (!packed(*r)) {
+      if (r->local) {
+        segments.push_back({r->local->input, r->local->output, count});
       } else {
         segments.push_back({zeros, dropped, count});
         dropped += bytes;
       }
       continue;
     }
-    if (!r.entry->local) std::memset(buf + off, 0, bytes);  // joined: contribute zeros
-    else if (rounds) reduce(buf + off, &r.entry->local->input, 1, count, first.dtype, HPCDL_SUM, first.prescale, 1.0, 1);
-    else std::memcpy(buf + off, r.entry->local->input, bytes);
+    if (!r->local) std::memset(buf + off, 0, bytes);  // joined: contribute zeros
+    else if (rounds) reduce(buf + off, &r->local->input, 1, count, first.dtype, HPCDL_SUM, first.prescale, 1.0, 1);
+    else std::memcpy(buf + off, r->local->input, bytes);
     off += static_cast<int64_t>(bytes);
   }
   const auto t1 = Clock::now();
@@ -300,25 +320,25 @@ Status Engine::run_fused(const std::vector<Ready>& batch, Comm& comm, const std:
   if (!s.is_ok()) return s;
   const auto t2 = Clock::now();
   off = 0;
-  for (const Ready& r : batch) {
-    if (!packed(*r.entry)) continue;
-    size_t bytes = static_cast<size_t>(r.entry->any()->num_elements() * dsize);
-    if (r.entry->local) std::memcpy(r.entry->local->output, reduced + off, bytes);
+  for (const NameRecord* r : batch) {
+    if (!packed(*r)) continue;
+    size_t bytes = static_cast<size_t>(r->any()->num_elements() * dsize);
+    if (r->local) std::memcpy(r->local->output, reduced + off, bytes);
     off += static_cast<int64_t>(bytes);
   }
   const auto t3 = Clock::now();
   if (timeline_.active()) {
     std::string args = "\"fused_tensors\":" + std::to_string(batch.size()) +
                        ",\"fused_bytes\":" + std::to_string(total * dsize) +
-                       ",\"copied_bytes\":" + std::to_string(packed_count * dsize);
-    for (const Ready& r : batch) {
-      if (!packed(*r.entry)) {
-        record_timeline(*r.entry, "ALLREDUCE", t1, t2, args + ",\"in_place\":true");
+                       ",\"copied_bytes\":" + std::to_string(packed_count * dsize) + path_arg(comm, total * dsize);
+    for (const NameRecord* r : batch) {
+      if (!packed(*r)) {
+        record_timeline(*r, "ALLREDUCE", t1, t2, args + ",\"in_place\":true");
         continue;
       }
-      record_timeline(*r.entry, "MEMCPY_IN_FUSION_BUFFER", t0, t1, args);
-      record_timeline(*r.entry, "ALLREDUCE", t1, t2, args);
-      record_timeline(*r.entry, "MEMCPY_OUT_FUSION_BUFFER", t2, t3, args);
+      record_timeline(*r, "MEMCPY_IN_FUSION_BUFFER", t0, t1, args);
+      record_timeline(*r, "ALLREDUCE", t1, t2, args);
+      record_timeline(*r, "MEMCPY_OUT_FUSION_BUFFER", t2, t3, args);
     }
   }
   return Status::ok();

@@ -105,37 +105,61 @@ Status Engine::enqueue(const hpcdl_request& r, int64_t* handle) {
     int64_t k = unnamed_counter_[{r.process_set, r.op_type}]++;
     q.name = std::string(op_type_name(r.op_type)) + ".noname." + std::to_string(k);
   }
-  auto name = names_in_use_.try_emplace(Key{q.process_set, q.name}).first;
-  NameUse& use = name->second;
-  if (use.handle != 0 && (!use.finished || use.op_type == q.op_type)) {
-    const std::string where = q.process_set ? " in process set " + std::to_string(q.process_set) : std::string();
-    if (!use.finished)
-      return invalid("an operation named '" + q.name + "' is already pending" + where +
-                     " on this rank; wait for it before submitting the name again, or use another name");
-    return invalid("an " + std::string(op_type_name(q.op_type)) + " named '" + q.name + "'" + where +
-                   " finished on this rank, but its result was never collected: synchronize (or poll) its handle "
-                   "before submitting the name again, or use another name");
+  NameRecord* record = record_of(Key{q.process_set, q.name});
+  if (const EngineOp* holder = record->op.get()) {
+    const bool finished = holder->status.load(std::memory_order_acquire) != HPCDL_PENDING;
+    if (!finished || holder->request.op_type == q.op_type) {
+      const std::string where = q.process_set ? " in process set " + std::to_string(q.process_set) : std::string();
+      if (!finished)
+        return invalid("an operation named '" + q.name + "' is already pending" + where +
+                       " on this rank; wait for it before submitting the name again, or use another name");
+      return invalid("an " + std::string(op_type_name(q.op_type)) + " named '" + q.name + "'" + where +
+                     " finished on this rank, but its result was never collected: synchronize (or poll) its handle "
+                     "before submitting the name again, or use another name");
+    }
   }
-  op->id = next_handle_++;
+  // A handle: a slot of handles_ and the slot's generation.
+  uint32_t slot;
+  if (!free_handles_.empty()) {
+    slot = free_handles_.back();
+    free_handles_.pop_back();
+  } else {
+    slot = static_cast<uint32_t>(handles_.size());
+    handles_.emplace_back();
+  }
+  HandleSlot& h = handles_[slot];
+  op->id = (static_cast<int64_t>(slot) + 1) << 32 | h.generation;
   *handle = op->id;
-  use = NameUse{op->id, q.op_type, false, false};
-  handles_.emplace(op->id, op);
+  op->record = record;
+  if (record->op) record->op->record = nullptr;  // finished: it no longer holds the name
+  record->op = op;
+  op->seq = flight_.add(op);
+  h.op = op;
   ++unfinished_;
-  queue_bytes_ += elements * dtype_size(q.dtype);
+  const int64_t bytes = elements * dtype_size(q.dtype);
+  queue_bytes_ += bytes;
   last_enqueue_ = op->submitted;
+  const bool alone = queue_.empty();
   queue_.push_back(std::move(op));
-  if (waiting_) {
-    control_->notify_self();
-    waiting_ = false;
-  }
+  // A lone, small submission of a name the response cache knows: its caller will most likely wait for it
+  // next and run its cycle itself (see try_direct), so the engine thread is not woken for it (an engine
+  // thread in the middle of a cycle packs it with the rest, and one about to sleep leaves it). Anything
+  // else wakes it.
+  if (alone && record->cache_id >= 0 && q.placement == HPCDL_PLACEMENT_HOST && bytes <= kDeferMaxBytes)
+    deferred_ = true;
+  else
+    wake_engine();
   if (batch_wake_bytes_ > 0 && queue_bytes_ >= batch_wake_bytes_) queue_cv_.notify_one();
   return Status::ok();
 }
 
+// Under mutex_.
 std::shared_ptr<EngineOp> Engine::find(int64_t handle) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = handles_.find(handle);
-  return it == handles_.end() ? nullptr : it->second;
+  const int64_t slot = (handle >> 32) - 1;
+  if (handle <= 0 || slot < 0 || slot >= static_cast<int64_t>(handles_.size())) return nullptr;
+  const HandleSlot& h = handles_[static_cast<size_t>(slot)];
+  if (h.generation != static_cast<uint32_t>(handle & 0xffffffff)) return nullptr;
+  return h.op;
 }
 
 namespace {
@@ -153,32 +177,80 @@ Status op_status(const EngineOp& op) {
 
 Status Engine::poll(int64_t handle) {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = handles_.find(handle);
-  if (it == handles_.end()) return unknown_handle(handle);
-  Status s = op_status(*it->second);
-  if (s.code != HPCDL_PENDING) collected(*it->second);
+  std::shared_ptr<EngineOp> op = find(handle);
+  if (!op) return unknown_handle(handle);
+  Status s = op_status(*op);
+  if (s.code != HPCDL_PENDING) collected(*op);
+  else if (!op->packed && deferred_) wake_engine();  // a caller that polls does not run the cycle itself
   return s;
 }
 
-// The caller saw `op` finish: its name is free again (see NameUse).
-void Engine::collected(const EngineOp& op) {
-  auto name = names_in_use_.find({op.request.process_set, op.request.name});
-  if (name != names_in_use_.end() && name->second.handle == op.id) names_in_use_.erase(name);
+// Under mutex_: the caller saw `op` finish; its name is free again.
+void Engine::collected(EngineOp& op) {
+  if (op.collected) return;
+  op.collected = true;
+  NameRecord* r = op.record;
+  if (r != nullptr && r->op.get() == &op) {
+    op.record = nullptr;  // the record may go now: nothing refers to it through this operation any more
+    r->op.reset();
+    free_if_idle(*r);
+  }
+}
+
+// The direct path: a caller that waits for an operation nobody has packed yet, of a name whose submission the
+// response cache has agreed on, runs the cycle on its own thread when no cycle runs: no hand-off to the
+// engine thread and back. Every rank runs the same cycles as ever, so ordering, validation, the stall
+// inspector and shutdown work as on the engine thread. True when it ran a cycle.
+bool Engine::try_direct(const std::shared_ptr<EngineOp>& op) {
+  std::unique_lock<std::mutex> token(cycle_mutex_, std::try_to_lock);
+  if (!token.owns_lock()) return false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (op->packed || !failed_.is_ok()) return false;
+    if (!cached(*op->record, op->request)) {
+      wake_engine();
+      return false;
+    }
+  }
+  burst_start_ = Clock::now();
+  const bool ok = cycle();
+  if (ok) score_burst();
+  std::lock_guard<std::mutex> lock(mutex_);
+  widest_pack_ = 0;
+  // The engine thread carries on with whatever is left: operations submitted meanwhile, this one if its
+  // peers have not submitted it yet (they ring when they do; it keeps the heartbeat), a failure.
+  if (!ok || !queue_.empty() || op->status.load(std::memory_order_relaxed) == HPCDL_PENDING ||
+      !aborts_to_send_.empty() || knobs_to_send_)
+    wake_engine();
+  return true;
 }
 
 Status Engine::wait(int64_t handle, double timeout_s) {
   std::shared_ptr<EngineOp> op;
+  bool unpacked;
   {
-    // One look under the lock, and no reference taken, for an operation that already finished (most of a
-    // step's waits).
+    // One look under the lock for an operation that already finished (most of a step's waits).
     std::lock_guard<std::mutex> lock(mutex_);
-    auto it = handles_.find(handle);
-    if (it == handles_.end()) return unknown_handle(handle);
-    if (it->second->status.load(std::memory_order_acquire) != HPCDL_PENDING) {
-      collected(*it->second);
-      return op_status(*it->second);
+    op = find(handle);
+    if (!op) return unknown_handle(handle);
+    if (op->status.load(std::memory_order_acquire) != HPCDL_PENDING) {
+      collected(*op);
+      return op_status(*op);
     }
-    op = it->second;
+    unpacked = !op->packed;
+  }
+  if (unpacked && try_direct(op) && op->status.load(std::memory_order_acquire) != HPCDL_PENDING) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    collected(*op);
+    return op_status(*op);
+  }
+  return wait_for(op, timeout_s);
+}
+
+Status Engine::wait_for(const std::shared_ptr<EngineOp>& op, double timeout_s) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!op->packed) wake_engine();
     // A caller that waits has finished submitting: the engine need not collect any longer (see settle()
     // and wait_for_batch()).
     ++callers_waiting_;
@@ -214,6 +286,8 @@ Status Engine::wait(int64_t handle, double timeout_s) {
         m << ": the other ranks have not all submitted it"
           << " (a rank may be stuck, slower, or have taken a different code path)";
       }
+      lock.unlock();
+      m << timeout_diagnosis(op);
       return Status::error(HPCDL_ERR_TIMEOUT, m.str());
     }
     return op_status(*op);
@@ -225,7 +299,11 @@ Status Engine::wait(int64_t handle, double timeout_s) {
 }
 
 Status Engine::output(int64_t handle, void** data, int64_t* nbytes, int64_t* shape) {
-  auto op = find(handle);
+  std::shared_ptr<EngineOp> op;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    op = find(handle);
+  }
   if (!op) return unknown_handle(handle);
   Status s = op_status(*op);
   if (s.code == HPCDL_PENDING) return Status::error(HPCDL_ERR_INVALID, describe(op->request) + " has not finished yet");
@@ -240,7 +318,11 @@ Status Engine::output(int64_t handle, void** data, int64_t* nbytes, int64_t* sha
 }
 
 Status Engine::received_splits(int64_t handle, int64_t* splits, int capacity, int* count) {
-  auto op = find(handle);
+  std::shared_ptr<EngineOp> op;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    op = find(handle);
+  }
   if (!op) return unknown_handle(handle);
   Status s = op_status(*op);
   if (s.code == HPCDL_PENDING) return Status::error(HPCDL_ERR_INVALID, describe(op->request) + " has not finished yet");
@@ -254,7 +336,11 @@ Status Engine::received_splits(int64_t handle, int64_t* splits, int capacity, in
 }
 
 Status Engine::join_result(int64_t handle, int* rank) {
-  auto op = find(handle);
+  std::shared_ptr<EngineOp> op;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    op = find(handle);
+  }
   if (!op) return unknown_handle(handle);
   Status s = op_status(*op);
   if (s.code == HPCDL_PENDING) return Status::error(HPCDL_ERR_INVALID, "join has not finished yet");
@@ -266,16 +352,25 @@ Status Engine::join_result(int64_t handle, int* rank) {
 
 Status Engine::release(int64_t handle) {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = handles_.find(handle);
-  if (it == handles_.end()) return Status::ok();  // idempotent
-  // A pending op stays alive inside the engine until it finishes; its name is freed then.
-  const EngineOp& op = *it->second;
-  auto name = names_in_use_.find({op.request.process_set, op.request.name});
-  if (name != names_in_use_.end() && name->second.handle == op.id) {
-    if (name->second.finished) names_in_use_.erase(name);
-    else name->second.released = true;
+  std::shared_ptr<EngineOp> op = find(handle);
+  if (!op) return Status::ok();  // idempotent
+  // A pending operation stays alive inside the engine until it finishes; its name is freed then.
+  op->released = true;
+  if (op->status.load(std::memory_order_acquire) != HPCDL_PENDING) {
+    op->owned_output = {};  // the flight recorder keeps the operation, not its result
+    NameRecord* r = op->record;
+    if (r != nullptr && r->op == op) {
+      op->record = nullptr;
+      r->op.reset();
+      free_if_idle(*r);
+    }
+  } else if (!op->packed) {
+    wake_engine();  // nobody will wait for it: the engine runs it
   }
-  handles_.erase(it);
+  HandleSlot& h = handles_[static_cast<size_t>((handle >> 32) - 1)];
+  h.op.reset();
+  ++h.generation;
+  free_handles_.push_back(static_cast<uint32_t>((handle >> 32) - 1));
   return Status::ok();
 }
 

@@ -124,6 +124,19 @@ std::string ranks_text(const std::vector<int>& ranks) {
   return s.str();
 }
 
+std::string rank_ranges(std::vector<int> ranks) {
+  std::sort(ranks.begin(), ranks.end());
+  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+  std::string text = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    text += (i ? ", " : "") + std::to_string(ranks[i]) + (j > i ? "-" + std::to_string(ranks[j]) : "");
+    i = j + 1;
+  }
+  return text;
+}
+
 std::string describe(const OpRequest& r) {
   std::string text = std::string(op_type_name(r.op_type)) + " '" + r.name + "'";
   if (r.process_set != 0) text += " (process set " + std::to_string(r.process_set) + ")";
@@ -184,7 +197,7 @@ std::string wire_problem(const OpRequest& r, int world_size) {
 
 namespace {
 
-// Groups members by the text of one property; returns "ranks 0, 2 have X; rank 1 has Y" when they differ.
+// Groups members by the text of one property; returns "X on ranks 0, 2, Y on rank 1" when they differ.
 template <typename Text>
 bool differs(const std::vector<const OpRequest*>& requests, const std::vector<int>& world_ranks, Text text,
              std::string* detail) {
@@ -198,22 +211,21 @@ bool differs(const std::vector<const OpRequest*>& requests, const std::vector<in
   }
   if (order.size() <= 1) return false;
   std::ostringstream s;
-  for (size_t i = 0; i < order.size(); ++i) {
-    const auto& ranks = by_value[order[i]];
-    s << (i ? "; " : "") << ranks_text(ranks) << (ranks.size() == 1 ? " has " : " have ") << order[i];
-  }
+  for (size_t i = 0; i < order.size(); ++i) s << (i ? ", " : "") << order[i] << " on " << rank_ranges(by_value[order[i]]);
   *detail = s.str();
   return true;
 }
 
+// Allgather and alltoall: the first dimension may differ per rank, the others may not ("[*, 3]").
 std::string tail_shape(const OpRequest& r) {
-  std::vector<int64_t> tail(r.shape.begin() + (r.shape.empty() ? 0 : 1), r.shape.end());
-  return "rank " + std::to_string(r.shape.size()) + " with trailing dimensions " + shape_text(tail);
+  std::string text = "[";
+  for (size_t i = 0; i < r.shape.size(); ++i) text += (i ? ", " : "") + (i ? std::to_string(r.shape[i]) : "*");
+  return text + "]";
 }
 
 std::string scale_text(const OpRequest& r) {
   std::ostringstream s;
-  s << "prescale " << r.prescale << ", postscale " << r.postscale;
+  s << "(prescale " << r.prescale << ", postscale " << r.postscale << ")";
   return s.str();
 }
 
@@ -257,12 +269,12 @@ const Property kProperties[] = {
      [](const OpRequest& a, const OpRequest& b) { return a.prescale == b.prescale && a.postscale == b.postscale; },
      scale_text},
     {"root", rooted_op, [](const OpRequest& a, const OpRequest& b) { return a.root == b.root; },
-     [](const OpRequest& r) { return "root rank " + std::to_string(r.root); }},
+     [](const OpRequest& r) { return std::to_string(r.root); }},
     {"group", any_op,
      [](const OpRequest& a, const OpRequest& b) { return a.group_id == b.group_id && a.group_size == b.group_size; },
      [](const OpRequest& r) {
-       return r.group_id == 0 ? std::string("no group")
-                              : "group " + std::to_string(r.group_id) + " of " + std::to_string(r.group_size);
+       return r.group_id == 0 ? std::string("none")
+                              : std::to_string(r.group_id) + " (of " + std::to_string(r.group_size) + ")";
      }},
 };
 
@@ -282,7 +294,7 @@ bool validate_requests(const std::vector<const OpRequest*>& requests, const std:
       continue;
     std::string detail;
     if (!differs(requests, world_ranks, p.text, &detail)) continue;
-    *message = std::string("mismatched ") + p.name + " for " + describe(*first) + ": " + detail +
+    *message = std::string("mismatched ") + p.name + " for " + describe(*first) + ": " + p.name + " " + detail +
                ". Every rank must submit the same " + p.name +
                " under one name; use distinct names for different tensors.";
     return false;

@@ -48,6 +48,7 @@ const char* op_type_upper(int op_type);     // "ALLREDUCE", ... (timeline activi
 const char* reduce_op_name(int reduce_op);  // "sum", ...
 std::string shape_text(const std::vector<int64_t>& shape);
 std::string ranks_text(const std::vector<int>& ranks);  // "rank 3" / "ranks 0, 2"
+std::string rank_ranges(std::vector<int> ranks);        // "rank 3" / "ranks 0, 2-4" (sorted, runs joined)
 const char* placement_name(int placement);  // "host" / "device"
 // "allreduce 'grad.w'" (with the process set when it is not the global one).
 std::string describe(const OpRequest& request);

@@ -25,6 +25,8 @@ class ByteWriter {
     for (int64_t x : v) put<int64_t>(x);
   }
   std::vector<uint8_t>& bytes() { return bytes_; }
+  const std::vector<uint8_t>& bytes() const { return bytes_; }
+  void clear() { bytes_.clear(); }  // keeps the capacity: a writer reused per cycle allocates once
 
  private:
   std::vector<uint8_t> bytes_;

@@ -27,8 +27,7 @@ class MpiComm : public Comm {
   ~MpiComm() override {
     if (!mpi_->finalized()) {
       // Receive doorbells nobody waited for, so MPI has no unmatched messages left at finalize.
-      int rung = 0;
-      mpi_->take_rings(kBellTag, bell_comm_, &rung);
+      mpi_->take_rings(bell_comm_, nullptr, nullptr);
       mpi_->comm_free(&comm_);
       mpi_->comm_free(&bell_comm_);
     }
@@ -154,11 +153,13 @@ class MpiComm : public Comm {
     return agree(make_desc(HPCDL_OP_BARRIER, 0, 0, 0), deadline, what);
   }
 
-  void notify_peers() override {
+  // A ring is an empty message on the doorbells' own communicator whose tag carries the low bits of the
+  // cycle it is for (a waiter for cycle c can only find rings for c or earlier cycles: see comm.h).
+  void notify_peers(uint32_t cycle) override {
     std::lock_guard<std::mutex> lock(mutex_);
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
-      mpi_->ring(r, kBellTag, bell_comm_);
+      mpi_->ring(r, int(cycle & kBellTagMask), bell_comm_);
     }
   }
   void notify_self() override {
@@ -171,26 +172,24 @@ class MpiComm : public Comm {
   // MPI has no blocking receive with a timeout, so a peer's bell is polled for: every 50 us at first, then
   // twice as long after each empty look, at most every kBellPollMax (an idle engine polling every 50 us
   // took 30% of a core away from the training). This rank's own bell wakes the wait at once.
-  bool wait_notify(Deadline until) override {
+  Bell wait_notify(uint32_t cycle, Deadline until) override {
     auto interval = std::chrono::microseconds(50);
     while (true) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        wait_cycle_ = cycle;
+        mpi_->take_rings(bell_comm_, &MpiComm::taken_ring, this);
+      }
+      if (int32_t(bell_ - cycle) >= 0) return Bell::kRung;
       {
         std::lock_guard<std::mutex> lock(bell_mutex_);
         if (self_bell_) {
           self_bell_ = false;
-          return true;
+          return Bell::kPoked;
         }
       }
-      bool rung = false;
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        int count = 0;
-        mpi_->take_rings(kBellTag, bell_comm_, &count);
-        rung = count > 0;
-      }
-      if (rung) return true;
       const auto now = Clock::now();
-      if (now >= until) return false;
+      if (now >= until) return Bell::kTimeout;
       std::unique_lock<std::mutex> lock(bell_mutex_);
       bell_cv_.wait_until(lock, std::min<Deadline>(until, now + interval), [&] { return self_bell_; });
       interval = std::min(interval * 2, kBellPollMax);
@@ -198,8 +197,20 @@ class MpiComm : public Comm {
   }
 
  private:
-  static constexpr int kBellTag = 77;
+  static constexpr uint32_t kBellTagMask = 0x3fff;  // tags up to 32767 are valid in every MPI
+  uint32_t bell_ = 0;        // the latest cycle a peer rang for (only wait_notify's thread touches it)
+  uint32_t wait_cycle_ = 0;  // the cycle wait_notify waits for, near which every ring's cycle lies
   static constexpr std::chrono::microseconds kBellPollMax{1000};
+
+  // The shim hands over each ring's tag: its low bits tell the whole cycle number (rings are for cycles
+  // near the one waited for).
+  static void taken_ring(void* context, int tag) {
+    auto* self = static_cast<MpiComm*>(context);
+    const uint32_t cycle = self->wait_cycle_;
+    const uint32_t delta = (uint32_t(tag) - cycle) & kBellTagMask;
+    const uint32_t full = cycle + (delta > kBellTagMask / 2 ? delta - (kBellTagMask + 1) : delta);
+    if (int32_t(full - self->bell_) > 0) self->bell_ = full;
+  }
 
   Status wait(void** req, Deadline deadline, const std::string& what) {
     const auto start = Clock::now();

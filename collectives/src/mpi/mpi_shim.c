@@ -201,15 +201,14 @@ static int ring(int dest, int tag, void* comm) {
   return rc != MPI_SUCCESS ? rc : MPI_Request_free(&r);
 }
 
-static int take_rings(int tag, void* comm, int* count) {
+static int take_rings(void* comm, void (*taken)(void* context, int tag), void* context) {
   int flag = 1, rc = MPI_SUCCESS;
-  *count = 0;
   while (flag && rc == MPI_SUCCESS) {
     MPI_Status status;
-    rc = MPI_Iprobe(MPI_ANY_SOURCE, tag, to_comm(comm), &flag, &status);
+    rc = MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, to_comm(comm), &flag, &status);
     if (rc == MPI_SUCCESS && flag) {
-      rc = MPI_Recv(NULL, 0, MPI_BYTE, status.MPI_SOURCE, tag, to_comm(comm), MPI_STATUS_IGNORE);
-      ++*count;
+      rc = MPI_Recv(NULL, 0, MPI_BYTE, status.MPI_SOURCE, status.MPI_TAG, to_comm(comm), MPI_STATUS_IGNORE);
+      if (rc == MPI_SUCCESS && taken) taken(context, status.MPI_TAG);
     }
   }
   return rc;

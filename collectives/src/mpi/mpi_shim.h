@@ -18,7 +18,7 @@
 extern "C" {
 #endif
 
-#define HPCDL_MPI_SHIM_VERSION 1
+#define HPCDL_MPI_SHIM_VERSION 2
 #define HPCDL_MPI_SHIM_SYMBOL "hpcdl_mpi_shim_v1"
 
 typedef struct hpcdl_mpi_shim {
@@ -54,8 +54,9 @@ typedef struct hpcdl_mpi_shim {
   int (*test)(void** request, int* done);
   /* A zero-byte message to `dest` with `tag`, not waited for. */
   int (*ring)(int dest, int tag, void* comm);
-  /* Receives every zero-byte message with `tag` that has arrived; *count = how many. */
-  int (*take_rings)(int tag, void* comm, int* count);
+  /* Receives every zero-byte message that has arrived on `comm`, whatever its tag, and hands each one's tag
+   * to `taken(context, tag)` (when `taken` is not NULL). */
+  int (*take_rings)(void* comm, void (*taken)(void* context, int tag), void* context);
 } hpcdl_mpi_shim;
 
 typedef const hpcdl_mpi_shim* (*hpcdl_mpi_shim_entry)(void);

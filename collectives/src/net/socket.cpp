@@ -239,6 +239,16 @@ Status ensure_open_files(size_t more, const std::string& what) {
   return Status::ok();
 }
 
+Status peer_lost(const std::string& peer, const std::string& what, const std::string& detail) {
+  return Status::error(HPCDL_ERR_PEER_LOST, what + ": lost the connection to " + peer + " (" + detail +
+                                                "); that rank probably exited or crashed");
+}
+
+Status peer_timed_out(const std::string& peer, const std::string& what, const char* direction) {
+  return Status::error(HPCDL_ERR_TIMEOUT, what + ": timed out " + direction + " " + peer +
+                                              " (HPCDL_TIMEOUT); that rank is hung, dead or not calling it");
+}
+
 namespace {
 
 struct Transfer {
@@ -247,16 +257,6 @@ struct Transfer {
   size_t left;
   const std::string* peer;
 };
-
-Status lost(const std::string& peer, const std::string& what, const std::string& detail) {
-  return Status::error(HPCDL_ERR_PEER_LOST, what + ": lost the connection to " + peer + " (" + detail +
-                                                "); that rank probably exited or crashed");
-}
-
-Status timed_out(const std::string& peer, const std::string& what, const char* direction) {
-  return Status::error(HPCDL_ERR_TIMEOUT, what + ": timed out " + direction + " " + peer +
-                                              " (HPCDL_TIMEOUT); that rank is hung, dead or not calling it");
-}
 
 // Moves as much as the kernel takes now; returns false with a status on failure.
 bool pump_send(Transfer& t, const std::string& what, Status* status) {
@@ -269,7 +269,7 @@ bool pump_send(Transfer& t, const std::string& what, Status* status) {
     }
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
     if (n < 0 && errno == EINTR) continue;
-    *status = lost(*t.peer, what, errno_text(errno));
+    *status = peer_lost(*t.peer, what, errno_text(errno));
     return false;
   }
   return true;
@@ -284,12 +284,12 @@ bool pump_recv(Transfer& t, const std::string& what, Status* status) {
       continue;
     }
     if (n == 0) {
-      *status = lost(*t.peer, what, "connection closed");
+      *status = peer_lost(*t.peer, what, "connection closed");
       return false;
     }
     if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
     if (errno == EINTR) continue;
-    *status = lost(*t.peer, what, errno_text(errno));
+    *status = peer_lost(*t.peer, what, errno_text(errno));
     return false;
   }
   return true;
@@ -317,11 +317,11 @@ Status send_recv(int send_fd, const void* send_data, size_t send_size, const std
         fds[n++] = {r.fd, POLLIN, 0};
     }
     int timeout = poll_timeout_ms(deadline);
-    if (timeout == 0) return timed_out(r.left ? recv_peer : send_peer, what, r.left ? "receiving from" : "sending to");
+    if (timeout == 0) return peer_timed_out(r.left ? recv_peer : send_peer, what, r.left ? "receiving from" : "sending to");
     int rc = poll(fds, nfds_t(n), timeout);
     if (rc < 0 && errno != EINTR) return Status::error(HPCDL_ERR_INTERNAL, "poll(): " + errno_text(errno));
     if (rc == 0 && Clock::now() >= deadline)
-      return timed_out(r.left ? recv_peer : send_peer, what, r.left ? "receiving from" : "sending to");
+      return peer_timed_out(r.left ? recv_peer : send_peer, what, r.left ? "receiving from" : "sending to");
   }
 }
 

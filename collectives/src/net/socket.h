@@ -42,6 +42,10 @@ Status send_recv(int send_fd, const void* send_data, size_t send_size, const std
                  void* recv_data, size_t recv_size, const std::string& recv_peer, Deadline deadline,
                  const std::string& what);
 
+// The errors of a data transfer: `peer` names the other side.
+Status peer_lost(const std::string& peer, const std::string& what, const std::string& detail);
+Status peer_timed_out(const std::string& peer, const std::string& what, const char* direction);
+
 // Milliseconds left until the deadline for poll(), clamped to [0, INT_MAX].
 int poll_timeout_ms(Deadline deadline);
 

@@ -10,24 +10,33 @@
 #include "transport/tcp_comm.h"
 
 namespace hpcdl {
+namespace {
+
+bool is_float(int dtype) {
+  return dtype == HPCDL_FLOAT16 || dtype == HPCDL_BFLOAT16 || dtype == HPCDL_FLOAT32 || dtype == HPCDL_FLOAT64;
+}
+
+}  // namespace
 
 Status HierarchicalComm::create(Runtime& runtime, const std::vector<int>& ranks, int my, const std::string& key,
-                                std::shared_ptr<TcpComm> flat, Deadline deadline, std::shared_ptr<Comm>* out) {
+                                std::shared_ptr<TcpComm> flat, size_t min_bytes, Deadline deadline,
+                                std::shared_ptr<Comm>* out) {
   std::shared_ptr<HierarchicalComm> c(new HierarchicalComm());
   c->flat_ = std::move(flat);
+  c->min_bytes_ = min_bytes;
   const auto& peers = runtime.peers();
-  const std::string& my_host = peers[size_t(ranks[size_t(my)])].host;
-  std::vector<int> local, leaders;
-  std::map<std::string, bool> seen;
-  for (int r : ranks) {
-    const std::string& h = peers[size_t(r)].host;
-    if (h == my_host) local.push_back(r);
-    if (!seen[h]) {
-      seen[h] = true;
-      leaders.push_back(r);
-    }
+  std::map<std::string, size_t> host_index;
+  for (int i = 0; i < int(ranks.size()); ++i) {
+    const std::string& h = peers[size_t(ranks[size_t(i)])].host;
+    auto it = host_index.emplace(h, c->members_.size()).first;
+    if (it->second == c->members_.size()) c->members_.emplace_back();
+    c->members_[it->second].push_back(i);
   }
-  int local_rank = int(std::find(local.begin(), local.end(), ranks[size_t(my)]) - local.begin());
+  const size_t my_host = host_index[peers[size_t(ranks[size_t(my)])].host];
+  const std::vector<int>& mine = c->members_[my_host];
+  const int local_rank = int(std::find(mine.begin(), mine.end(), my) - mine.begin());
+  std::vector<int> local;
+  for (int i : mine) local.push_back(ranks[size_t(i)]);
   if (local.size() > 1) {
     std::shared_ptr<ShmComm> shm;
     Status st = runtime.make_shm_comm(local, local_rank, key + "/local", Channel::kDirect, deadline, &shm);
@@ -39,10 +48,15 @@ Status HierarchicalComm::create(Runtime& runtime, const std::vector<int>& ranks,
     if (!st.is_ok()) return st;
     c->local_ = self;
   }
-  if (local_rank == 0) {
-    int leader_rank = int(std::find(leaders.begin(), leaders.end(), ranks[size_t(my)]) - leaders.begin());
-    Status st = runtime.make_tcp_comm(leaders, leader_rank, key + "/leaders", deadline, &c->leaders_);
+  bool equal = true;
+  for (const auto& host : c->members_) equal = equal && host.size() == mine.size();
+  std::vector<int> links;  // member local_rank of every host (equal hosts), or the first of every host
+  for (const auto& host : c->members_) links.push_back(ranks[size_t(host[equal ? size_t(local_rank) : 0])]);
+  if (equal || local_rank == 0) {
+    std::shared_ptr<TcpComm> tcp;
+    Status st = runtime.make_tcp_comm(links, int(my_host), key + (equal ? "/cross" : "/leaders"), deadline, &tcp);
     if (!st.is_ok()) return st;
+    (equal ? c->cross_ : c->leaders_) = tcp;
   }
   *out = c;
   return Status::ok();
@@ -54,17 +68,75 @@ const std::vector<int>& HierarchicalComm::world_ranks() const { return flat_->wo
 
 Status HierarchicalComm::allreduce(const void* send, void* recv, int64_t count, int dtype, int op, double prescale,
                                    double postscale, Deadline deadline, const std::string& what) {
-  // Integers scaled before the sum would be truncated once per stage: keep those on the flat ring.
-  const bool is_float = dtype == HPCDL_FLOAT16 || dtype == HPCDL_BFLOAT16 || dtype == HPCDL_FLOAT32 ||
-                        dtype == HPCDL_FLOAT64;
-  if (!is_float && prescale != 1.0)
+  // Smaller tensors: the flat mesh (one round with every rank when small, arguments and data together). The
+  // shared-memory steps of the hierarchical path wait by spinning and yielding, which costs more than the
+  // TCP messages they save wherever ranks outnumber cores (benchmarks/README.md). Integers scaled before the
+  // sum would be truncated once per stage: those stay on the flat mesh too.
+  if (size_t(count) * dtype_bytes(dtype) < min_bytes_ || count < int64_t(size()) ||
+      (!is_float(dtype) && prescale != 1.0))
     return flat_->allreduce(send, recv, count, dtype, op, prescale, postscale, deadline, what);
-  // Agree across the whole set first, so a disagreement fails every rank at once instead of leaving the
-  // leaders of agreeing hosts waiting for a host whose ranks already gave up.
+  // The whole set agrees first over the flat mesh, where every other collective starts too, so that ranks
+  // that called different collectives, or one with other arguments, all fail at once with one message.
   Status st = p2p_agree(*flat_, make_desc(HPCDL_OP_ALLREDUCE, dtype, op, count), deadline, what);
   if (!st.is_ok()) return st;
+  if (!cross_) return allreduce_leaders(send, recv, count, dtype, op, prescale, postscale, deadline, what);
+  return allreduce_sliced(send, recv, count, dtype, op, prescale, postscale, deadline, what);
+}
+
+Status HierarchicalComm::host_verdict(const Status& status, Deadline deadline, const std::string& what) {
+  const int n = local_->size(), me = local_->rank();
+  std::vector<int64_t> codes(static_cast<size_t>(n), 0);
+  codes[size_t(me)] = status.code;
+  // Every member fills only its own word: the sum is everybody's outcome.
+  Status st = local_->allreduce(codes.data(), codes.data(), n, HPCDL_INT64, HPCDL_SUM, 1.0, 1.0, deadline,
+                                what + " [outcome within host]");
+  if (!st.is_ok()) return st;
+  if (!status.is_ok()) return status;
+  for (int i = 0; i < n; ++i)
+    if (codes[size_t(i)] != HPCDL_OK)
+      return Status::error(int(codes[size_t(i)]), what + ": failed across hosts on rank " +
+                                                      std::to_string(local_->world_ranks()[size_t(i)]) +
+                                                      " of this host (see its error)");
+  return Status::ok();
+}
+
+// Large, equal hosts: reduce-scatter within the host into one slice per member, allreduce each slice over its
+// owners' ring across hosts (all slices at once, each member's core and connection carrying 1/L of the
+// traffic), gather the slices within the host.
+Status HierarchicalComm::allreduce_sliced(const void* send, void* recv, int64_t count, int dtype, int op,
+                                          double prescale, double postscale, Deadline deadline,
+                                          const std::string& what) {
+  const int members = local_->size(), me = local_->rank();
+  const size_t es = dtype_bytes(dtype);
   const int partial = op == HPCDL_AVERAGE ? HPCDL_SUM : op;
-  st = local_->allreduce(send, recv, count, dtype, partial, prescale, 1.0, deadline, what + " [within host]");
+  // Slices start on 64-byte boundaries, so that the kernels run aligned on each of them.
+  const int64_t align = std::max<int64_t>(1, int64_t(64 / es));
+  const int64_t slice = (count + members - 1) / members;
+  const int64_t step = (slice + align - 1) / align * align;
+  std::vector<int64_t> counts(static_cast<size_t>(members));
+  for (int i = 0; i < members; ++i)
+    counts[size_t(i)] = std::max<int64_t>(0, std::min<int64_t>(step, count - int64_t(i) * step));
+  char* mine = static_cast<char*>(recv) + size_t(std::min<int64_t>(int64_t(me) * step, count)) * es;
+  Status st = local_->reducescatter(send, mine, counts, dtype, partial, prescale, 1.0, deadline,
+                                    what + " [within host]");
+  if (!st.is_ok()) return st;
+  Status across = Status::ok();
+  if (counts[size_t(me)] > 0)
+    across = p2p_ring_allreduce(*cross_, mine, mine, counts[size_t(me)], dtype, op, 1.0, postscale, size(), deadline,
+                                what + " [across hosts]");
+  // Every member learns whether every slice made it before waiting for them in the gather.
+  st = host_verdict(across, deadline, what);
+  if (!st.is_ok()) return st;
+  return local_->allgatherv(mine, recv, counts, dtype, deadline, what + " [within host]");
+}
+
+// Hosts with different numbers of members: sum within the host, allreduce between one leader per host,
+// broadcast within the host.
+Status HierarchicalComm::allreduce_leaders(const void* send, void* recv, int64_t count, int dtype, int op,
+                                           double prescale, double postscale, Deadline deadline,
+                                           const std::string& what) {
+  const int partial = op == HPCDL_AVERAGE ? HPCDL_SUM : op;
+  Status st = local_->allreduce(send, recv, count, dtype, partial, prescale, 1.0, deadline, what + " [within host]");
   if (!st.is_ok()) return st;
   int32_t code = HPCDL_OK;
   Status cross;
@@ -108,8 +180,8 @@ Status HierarchicalComm::reducescatter(const void* send, void* recv, const std::
   return flat_->reducescatter(send, recv, recv_counts, dtype, op, prescale, postscale, deadline, what);
 }
 Status HierarchicalComm::barrier(Deadline deadline, const std::string& what) { return flat_->barrier(deadline, what); }
-void HierarchicalComm::notify_peers() { flat_->notify_peers(); }
+void HierarchicalComm::notify_peers(uint32_t cycle) { flat_->notify_peers(cycle); }
 void HierarchicalComm::notify_self() { flat_->notify_self(); }
-bool HierarchicalComm::wait_notify(Deadline until) { return flat_->wait_notify(until); }
+Comm::Bell HierarchicalComm::wait_notify(uint32_t cycle, Deadline until) { return flat_->wait_notify(cycle, until); }
 
 }  // namespace hpcdl

@@ -41,13 +41,17 @@ struct ShmComm::RankCtl {
   // The rank's time for the last full allreduce chunk (ns; 0: none since it was read), written before it
   // publishes the next chunk's first step: every rank feeds StagingStores the slowest rank's time.
   std::atomic<uint64_t> chunk_ns;
+  // The doorbell (see Comm::wait_notify): the latest cycle a peer rang for, this rank's own pokes, and the
+  // word its idle engine sleeps on, which every ring and poke changes.
   alignas(128) std::atomic<uint32_t> bell;
+  std::atomic<uint32_t> pokes;
+  std::atomic<uint32_t> wake;
   std::atomic<int32_t> bell_sleeping;
 };
 
 namespace {
 constexpr uint64_t kMagic = 0x687063646c73686dULL;  // "hpcdlshm"
-constexpr uint32_t kLayout = 2;
+constexpr uint32_t kLayout = 3;
 constexpr size_t kHeaderBytes = 4096;
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 inline bool reached(uint32_t value, uint32_t target) { return int32_t(value - target) >= 0; }
@@ -268,21 +272,51 @@ void ShmComm::publish() {
   }
 }
 
+void ShmComm::ring_if_late(uint32_t cycle, std::chrono::nanoseconds after) {
+  ring_armed_ = true;
+  ring_cycle_ = cycle;
+  ring_at_ = Clock::now() + after;
+}
+
+void ShmComm::ring_now_if_due(Clock::time_point now) {
+  if (!ring_armed_ || now < ring_at_) return;
+  ring_armed_ = false;
+  notify_peers(ring_cycle_);
+}
+
+// Spins for a few microseconds (a peer in step is that close), then sleeps on the segment's futex until a
+// publish wakes it: a waiter never holds a core that another rank, or another thread of the host, needs
+// for longer than the spin. A sleeper looks at the peer it waits for every 50 ms: a dead one ends the wait.
 template <class Missing>
 Status ShmComm::wait_until(Missing missing, Deadline deadline, const std::string& what) {
   int m = missing();
-  if (m < 0) return Status::ok();
+  if (m < 0) {
+    ring_armed_ = false;
+    return Status::ok();
+  }
   auto* hdr = static_cast<Header*>(base_);
   const auto start = Clock::now();
   for (unsigned i = 1;; ++i) {
     cpu_relax();
-    if ((m = missing()) < 0) return Status::ok();
-    if ((i & 127) == 0 && Clock::now() - start > policy_.spin) break;
+    if ((m = missing()) < 0) {
+      ring_armed_ = false;
+      return Status::ok();
+    }
+    if ((i & 63) == 0) {
+      const auto now = Clock::now();
+      ring_now_if_due(now);
+      if (now - start > policy_.spin) break;
+    }
   }
-  while (Clock::now() - start < policy_.yield) {
+  for (auto until = start + policy_.spin + policy_.yield, now = Clock::now(); now < until; now = Clock::now()) {
+    ring_now_if_due(now);
     sched_yield();
-    if ((m = missing()) < 0) return Status::ok();
+    if ((m = missing()) < 0) {
+      ring_armed_ = false;
+      return Status::ok();
+    }
   }
+  ring_now_if_due(Clock::time_point::max());
   auto last_check = Clock::now();
   while (true) {
     hdr->sleepers.fetch_add(1, std::memory_order_seq_cst);
@@ -539,6 +573,34 @@ Status ShmComm::allgatherv(const void* send, void* recv, const std::vector<int64
   return Status::ok();
 }
 
+// One step, like a small allreduce: stage, publish, wait, read every peer's slot; the descriptor is the
+// fixed 24-byte header, compared raw.
+Status ShmComm::allgather_slots(const void* mine, void* all, size_t slot_bytes, Deadline deadline,
+                                const std::string& what) {
+  if (slot_bytes > params_.chunk_bytes) return Comm::allgather_slots(mine, all, slot_bytes, deadline, what);
+  Status st = check_usable();
+  if (!st.is_ok()) return st;
+  char* desc = desc_area(rank_, step_ + 1);
+  const int32_t head[4] = {HPCDL_OP_ALLGATHER, HPCDL_UINT8, 0, 0};
+  const int64_t count = int64_t(slot_bytes);
+  std::memcpy(desc, head, sizeof(head));
+  std::memcpy(desc + 16, &count, 8);
+  std::memcpy(slot(rank_, step_ + 1), mine, slot_bytes);
+  publish();
+  st = wait_all(deadline, what);
+  if (!st.is_ok()) return st;
+  auto* out = static_cast<char*>(all);
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank_ && std::memcmp(desc_area(r, step_), desc, 24) != 0) {
+      std::vector<OpDesc> descs;
+      for (int q = 0; q < size_; ++q) descs.push_back(OpDesc::deserialize(desc_area(q, step_), size_));
+      return check_descs(descs, world_, what);
+    }
+    std::memcpy(out + size_t(r) * slot_bytes, r == rank_ ? mine : slot(r, step_), slot_bytes);
+  }
+  return Status::ok();
+}
+
 // ---- broadcast ---------------------------------------------------------------------------------------
 Status ShmComm::broadcast(void* buf, int64_t count, int dtype, int root, Deadline deadline,
                           const std::string& what) {
@@ -646,46 +708,60 @@ Status ShmComm::barrier(Deadline deadline, const std::string& what) {
 }
 
 // ---- doorbell ----------------------------------------------------------------------------------------
-void ShmComm::notify_peers() {
-  for (int r = 0; r < size_; ++r) {
-    if (r == rank_) continue;
-    ctl(r).bell.fetch_add(1, std::memory_order_seq_cst);
-    if (ctl(r).bell_sleeping.load(std::memory_order_seq_cst)) futex_wake_shared(&ctl(r).bell);
-  }
+// A ring raises the peer's bell to `cycle` (never lowers it: bells only grow, modulo 2^32) and wakes it if it
+// sleeps; a ring for a cycle its bell already shows woke it already.
+void ShmComm::ring(int r, uint32_t cycle) {
+  RankCtl& c = ctl(r);
+  uint32_t seen = c.bell.load(std::memory_order_seq_cst);
+  do {
+    if (int32_t(seen - cycle) >= 0) return;
+  } while (!c.bell.compare_exchange_weak(seen, cycle, std::memory_order_seq_cst));
+  c.wake.fetch_add(1, std::memory_order_seq_cst);
+  if (c.bell_sleeping.load(std::memory_order_seq_cst)) futex_wake_shared(&c.wake);
+}
+
+void ShmComm::notify_peers(uint32_t cycle) {
+  for (int r = 0; r < size_; ++r)
+    if (r != rank_) ring(r, cycle);
 }
 
 void ShmComm::notify_self() {
-  ctl(rank_).bell.fetch_add(1, std::memory_order_seq_cst);
-  if (ctl(rank_).bell_sleeping.load(std::memory_order_seq_cst)) futex_wake_shared(&ctl(rank_).bell);
+  RankCtl& me = ctl(rank_);
+  me.pokes.fetch_add(1, std::memory_order_seq_cst);
+  me.wake.fetch_add(1, std::memory_order_seq_cst);
+  if (me.bell_sleeping.load(std::memory_order_seq_cst)) futex_wake_shared(&me.wake);
 }
 
-bool ShmComm::wait_notify(Deadline until) {
+Comm::Bell ShmComm::wait_notify(uint32_t cycle, Deadline until) {
   RankCtl& me = ctl(rank_);
-  const auto start = Clock::now();
-  for (unsigned i = 1;; ++i) {
-    uint32_t v = me.bell.load(std::memory_order_acquire);
-    if (v != bell_seen_) {
-      bell_seen_ = v;
-      return true;
+  auto look = [&]() {
+    if (int32_t(me.bell.load(std::memory_order_seq_cst) - cycle) >= 0) return Bell::kRung;
+    const uint32_t pokes = me.pokes.load(std::memory_order_seq_cst);
+    if (pokes != pokes_seen_) {
+      pokes_seen_ = pokes;
+      return Bell::kPoked;
     }
-    if ((i & 63) == 0 && Clock::now() - start > std::chrono::microseconds(5)) break;
+    return Bell::kTimeout;
+  };
+  const auto start = Clock::now();
+  Bell b = look();
+  if (b != Bell::kTimeout || start >= until) return b;
+  for (unsigned i = 1;; ++i) {
     cpu_relax();
+    if ((b = look()) != Bell::kTimeout) return b;
+    if ((i & 63) == 0 && Clock::now() - start > std::chrono::microseconds(5)) break;
   }
   while (true) {
     me.bell_sleeping.store(1, std::memory_order_seq_cst);
-    uint32_t v = me.bell.load(std::memory_order_seq_cst);
-    if (v != bell_seen_) {
+    const uint32_t w = me.wake.load(std::memory_order_seq_cst);
+    b = look();
+    const auto now = Clock::now();
+    if (b != Bell::kTimeout || now >= until) {
       me.bell_sleeping.store(0);
-      bell_seen_ = v;
-      return true;
-    }
-    auto now = Clock::now();
-    if (now >= until) {
-      me.bell_sleeping.store(0);
-      return false;
+      return b;
     }
     int64_t left = std::chrono::duration_cast<std::chrono::nanoseconds>(until - now).count();
-    futex_wait_shared(&me.bell, v, std::min<int64_t>(left, 100'000'000));
+    futex_wait_shared(&me.wake, w, std::min<int64_t>(left, 100'000'000));
     me.bell_sleeping.store(0);
   }
 }

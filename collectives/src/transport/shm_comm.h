@@ -55,10 +55,13 @@ class ShmComm : public Comm {
   Status reducescatter(const void* send, void* recv, const std::vector<int64_t>& recv_counts, int dtype, int op,
                        double prescale, double postscale, Deadline deadline, const std::string& what) override;
   Status barrier(Deadline deadline, const std::string& what) override;
+  Status allgather_slots(const void* mine, void* all, size_t slot_bytes, Deadline deadline,
+                         const std::string& what) override;
 
-  void notify_peers() override;
+  void notify_peers(uint32_t cycle) override;
   void notify_self() override;
-  bool wait_notify(Deadline until) override;
+  Bell wait_notify(uint32_t cycle, Deadline until) override;
+  void ring_if_late(uint32_t cycle, std::chrono::nanoseconds after) override;
 
  private:
   ShmComm() = default;
@@ -73,6 +76,8 @@ class ShmComm : public Comm {
   char* slot(int r, uint32_t step) const;  // staging buffer rank r uses for `step`
   char* desc_area(int r, uint32_t step) const;
   void publish();
+  void ring(int r, uint32_t cycle);
+  void ring_now_if_due(Clock::time_point now);
   Status wait_all(Deadline deadline, const std::string& what);
   Status wait_rank(int r, Deadline deadline, const std::string& what);
   template <class Missing>
@@ -94,7 +99,11 @@ class ShmComm : public Comm {
   size_t total_ = 0;
   size_t ctl_off_ = 0, desc_off_ = 0, slot_off_ = 0, desc_bytes_ = 0;
   uint32_t step_ = 0;
-  uint32_t bell_seen_ = 0;
+  uint32_t pokes_seen_ = 0;
+  // ring_if_late: the cycle to ring for when the next wait has not found every peer by ring_at_.
+  bool ring_armed_ = false;
+  uint32_t ring_cycle_ = 0;
+  Clock::time_point ring_at_;
   Status broken_;
   WaitPolicy policy_;
   StagingStores stores_;

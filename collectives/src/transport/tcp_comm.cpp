@@ -3,7 +3,11 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 
 #include "net/endpoint.h"
 #include "net/socket.h"
@@ -21,6 +25,8 @@ Status TcpComm::create(Endpoint& endpoint, const std::vector<PeerInfo>& world, c
   c->fds_.assign(world_ranks.size(), -1);
   c->bell_fds_.assign(world_ranks.size(), -1);
   for (int w : world_ranks) c->hosts_.push_back(world[size_t(w)].host);
+  c->spans_hosts_ =
+      std::any_of(c->hosts_.begin(), c->hosts_.end(), [&](const std::string& h) { return h != c->hosts_[0]; });
   c->self_bell_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   // The higher comm rank connects, the lower accepts (the listener thread queues early arrivals).
   for (int j = 0; j < my_rank; ++j) {
@@ -62,12 +68,172 @@ Status TcpComm::guard(Status status) {
   return status;
 }
 
-Status TcpComm::sendrecv(int to, const void* send, size_t send_bytes, int from, void* recv, size_t recv_bytes,
-                         Deadline deadline, const std::string& what) {
-  int sfd = to >= 0 ? fds_[size_t(to)] : -1;
-  int rfd = from >= 0 ? fds_[size_t(from)] : -1;
-  return send_recv(sfd, send, send_bytes, to >= 0 ? peer_name(to) : "", rfd, recv, recv_bytes,
-                   from >= 0 ? peer_name(from) : "", deadline, what);
+namespace {
+
+// The items of one peer and direction, in order: a send lane or a receive lane of the schedule.
+struct Lane {
+  int peer;
+  int fd;
+  std::vector<int> items;
+  size_t next = 0;   // first unfinished item
+  size_t done = 0;   // bytes of it already moved
+  bool waiting = false;  // the socket had no room (send) or nothing (receive) at the last try
+  bool finished() const { return next == items.size(); }
+};
+
+// How much one lane moves before the others get a turn, so that a busy direction cannot starve the other.
+constexpr size_t kTurnBytes = 1 << 20;
+constexpr int kMaxGather = 16;
+
+}  // namespace
+
+// Moves every lane as far as its socket and its dependencies allow, and sleeps in poll() only when no lane
+// can move: a ring's sends, receives and reductions overlap, and a small exchange with every peer costs
+// one round trip. Consecutive ready sends of a lane go out in one sendmsg() straight from their buffers.
+// It sleeps at once rather than spinning first: with ranks sharing cores (or a host busy with other work)
+// a spinning rank takes the time its peer needs to answer; a 4-byte allreduce between two hosts took twice
+// as long with 50 us of polling before each sleep as without (benchmarks/README.md).
+Status TcpComm::run(Schedule& schedule, Deadline deadline, const std::string& what) {
+  auto& sends = schedule.sends();
+  auto& recvs = schedule.recvs();
+  std::vector<Lane> out, in;
+  std::vector<int> out_of(size_t(size_), -1), in_of(size_t(size_), -1);
+  auto lane = [&](std::vector<Lane>& lanes, std::vector<int>& of, int peer) -> Lane& {
+    if (of[size_t(peer)] < 0) {
+      of[size_t(peer)] = int(lanes.size());
+      lanes.push_back(Lane{peer, fds_[size_t(peer)], {}});
+    }
+    return lanes[size_t(of[size_t(peer)])];
+  };
+  for (size_t i = 0; i < sends.size(); ++i) lane(out, out_of, sends[i].peer).items.push_back(int(i));
+  for (size_t i = 0; i < recvs.size(); ++i) lane(in, in_of, recvs[i].peer).items.push_back(int(i));
+  std::vector<char> complete(recvs.size(), 0);
+  size_t open = out.size() + in.size();
+
+  auto pump_out = [&](Lane& l, bool* moved) -> Status {
+    size_t budget = kTurnBytes;
+    while (!l.finished() && budget > 0) {
+      const Schedule::Item& head = sends[size_t(l.items[l.next])];
+      if (head.after >= 0 && !complete[size_t(head.after)]) return Status::ok();
+      if (l.done == head.len) {
+        ++l.next;
+        l.done = 0;
+        if (l.finished()) --open;
+        continue;
+      }
+      iovec iov[kMaxGather];
+      int k = 0;
+      for (size_t j = l.next; j < l.items.size() && k < kMaxGather; ++j) {
+        const Schedule::Item& it = sends[size_t(l.items[j])];
+        if (it.after >= 0 && !complete[size_t(it.after)]) break;
+        const size_t skip = j == l.next ? l.done : 0;
+        if (it.len > skip) iov[k++] = {it.data + skip, it.len - skip};
+      }
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = size_t(k);
+      const ssize_t sent = sendmsg(l.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (sent < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+          l.waiting = true;
+          return Status::ok();
+        }
+        return peer_lost(peer_name(l.peer), what, errno_text(errno));
+      }
+      *moved = true;
+      l.waiting = false;
+      budget -= std::min(budget, size_t(sent));
+      for (size_t left = size_t(sent); left > 0;) {  // advance over the items the bytes covered
+        const Schedule::Item& it = sends[size_t(l.items[l.next])];
+        const size_t take = std::min(left, it.len - l.done);
+        l.done += take;
+        left -= take;
+        if (l.done == it.len) {
+          ++l.next;
+          l.done = 0;
+        }
+      }
+      if (l.finished()) --open;
+    }
+    return Status::ok();
+  };
+
+  auto pump_in = [&](Lane& l, bool* moved) -> Status {
+    size_t budget = kTurnBytes;
+    while (!l.finished() && budget > 0) {
+      const int index = l.items[l.next];
+      Schedule::Item& head = recvs[size_t(index)];
+      if (l.done == head.len) {
+        if (head.action) {
+          Status st = head.action();
+          if (!st.is_ok()) return st;
+        }
+        complete[size_t(index)] = 1;
+        ++l.next;
+        l.done = 0;
+        *moved = true;
+        if (l.finished()) --open;
+        continue;
+      }
+      const ssize_t got = recv(l.fd, head.data + l.done, head.len - l.done, MSG_DONTWAIT);
+      if (got > 0) {
+        l.done += size_t(got);
+        budget -= std::min(budget, size_t(got));
+        l.waiting = false;
+        *moved = true;
+        continue;
+      }
+      if (got == 0) return peer_lost(peer_name(l.peer), what, "connection closed");
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        l.waiting = true;
+        return Status::ok();
+      }
+      return peer_lost(peer_name(l.peer), what, errno_text(errno));
+    }
+    return Status::ok();
+  };
+
+  std::vector<pollfd> fds;
+  while (true) {
+    bool moved = false;
+    // Sends first: at the start nothing can have arrived yet (a receive would only say so).
+    for (Lane& l : out) {
+      Status st = pump_out(l, &moved);
+      if (!st.is_ok()) return st;
+    }
+    for (Lane& l : in) {
+      Status st = pump_in(l, &moved);
+      if (!st.is_ok()) return st;
+    }
+    if (open == 0) return Status::ok();
+    if (moved) continue;
+    // Nothing could move: sleep until a socket has room for a ready send or bytes for a receive.
+    fds.clear();
+    for (const Lane& l : in)
+      if (!l.finished()) fds.push_back({l.fd, POLLIN, 0});
+    for (const Lane& l : out) {
+      if (l.finished() || !l.waiting) continue;
+      auto same = std::find_if(fds.begin(), fds.end(), [&](const pollfd& p) { return p.fd == l.fd; });
+      if (same != fds.end())
+        same->events |= POLLOUT;
+      else
+        fds.push_back({l.fd, POLLOUT, 0});
+    }
+    if (fds.empty())
+      return Status::error(HPCDL_ERR_INTERNAL, what + ": the schedule waits on itself (a send after a receive "
+                                                      "that never comes); this is a bug in hpcdl");
+    const int timeout = poll_timeout_ms(deadline);
+    const int rc = timeout == 0 ? 0 : poll(fds.data(), nfds_t(fds.size()), timeout);
+    if (rc < 0 && errno != EINTR) return Status::error(HPCDL_ERR_INTERNAL, "poll(): " + errno_text(errno));
+    if (rc == 0 && Clock::now() >= deadline) {
+      for (const Lane& l : in)
+        if (!l.finished()) return peer_timed_out(peer_name(l.peer), what, "receiving from");
+      for (const Lane& l : out)
+        if (!l.finished()) return peer_timed_out(peer_name(l.peer), what, "sending to");
+    }
+  }
 }
 
 #define HPCDL_TCP_OP(call)                  \
@@ -84,7 +250,7 @@ Status TcpComm::allreduce(const void* send, void* recv, int64_t count, int dtype
 }
 Status TcpComm::allgatherv(const void* send, void* recv, const std::vector<int64_t>& counts, int dtype,
                            Deadline deadline, const std::string& what) {
-  HPCDL_TCP_OP(p2p_allgatherv(*this, send, recv, counts, dtype, deadline, what));
+  HPCDL_TCP_OP(p2p_allgatherv(*this, send, recv, counts, dtype, small_message_bytes_, deadline, what));
 }
 Status TcpComm::broadcast(void* buf, int64_t count, int dtype, int root, Deadline deadline,
                           const std::string& what) {
@@ -104,8 +270,11 @@ Status TcpComm::barrier(Deadline deadline, const std::string& what) {
   HPCDL_TCP_OP(p2p_barrier(*this, deadline, what));
 }
 
-void TcpComm::notify_peers() {
-  const char byte = 1;
+// A ring is one byte: the low byte of the cycle it is for. A waiter for cycle c can only find rings for
+// c - 127 .. c + 1 (no peer starts cycle c + 2 before this member took part in c + 1), so the byte tells the
+// whole cycle number; the latest one rung is remembered in bell_.
+void TcpComm::notify_peers(uint32_t cycle) {
+  const char byte = static_cast<char>(cycle & 0xff);
   for (int fd : bell_fds_)
     if (fd >= 0) (void)!send(fd, &byte, 1, MSG_NOSIGNAL | MSG_DONTWAIT);  // a full pipe already rings
 }
@@ -115,7 +284,7 @@ void TcpComm::notify_self() {
   (void)!write(self_bell_, &one, sizeof(one));
 }
 
-bool TcpComm::wait_notify(Deadline until) {
+Comm::Bell TcpComm::wait_notify(uint32_t cycle, Deadline until) {
   std::vector<pollfd> fds;
   std::vector<size_t> owner;  // index into bell_fds_ of each polled doorbell (self: npos)
   fds.push_back({self_bell_, POLLIN, 0});
@@ -126,25 +295,37 @@ bool TcpComm::wait_notify(Deadline until) {
     fds.push_back({bell_fds_[i], POLLIN, 0});
     owner.push_back(i);
   }
+  auto rung_for = [&]() { return static_cast<int32_t>(bell_ - cycle) >= 0; };
   while (true) {
+    if (rung_for()) return Bell::kRung;
     int rc = poll(fds.data(), nfds_t(fds.size()), poll_timeout_ms(until));
     if (rc > 0) {
-      bool rung = false;
-      char buf[256];
+      bool rung = false, poked = false;
+      uint8_t buf[256];
       for (size_t k = 0; k < fds.size(); ++k) {
         if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-        rung = true;
         if (fds[k].fd == self_bell_) {
           uint64_t v;
           (void)!read(self_bell_, &v, sizeof(v));
-        } else if (recv(fds[k].fd, buf, sizeof(buf), MSG_DONTWAIT) == 0) {
-          // The peer is gone: stop listening to its doorbell (the data ops report the loss by name).
+          poked = true;
+          continue;
+        }
+        const ssize_t n = recv(fds[k].fd, buf, sizeof(buf), MSG_DONTWAIT);
+        if (n == 0) {
+          // The peer is gone: stop listening to its doorbell (the data ops report the loss by name), and
+          // let the engine look (its next cycle fails, naming the peer).
           bell_quiet_[owner[k]] = true;
+          rung = true;
+        }
+        for (ssize_t i = 0; i < n; ++i) {
+          const uint32_t full = cycle + static_cast<int8_t>(static_cast<uint8_t>(buf[i] - (cycle & 0xff)));
+          if (static_cast<int32_t>(full - bell_) > 0) bell_ = full;
         }
       }
-      if (rung) return true;
+      if (rung || rung_for()) return Bell::kRung;
+      if (poked) return Bell::kPoked;
     }
-    if (Clock::now() >= until) return false;
+    if (Clock::now() >= until) return Bell::kTimeout;
   }
 }
 

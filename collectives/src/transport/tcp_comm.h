@@ -25,6 +25,7 @@ class TcpComm : public Comm, public P2P {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const std::vector<int>& world_ranks() const override { return world_; }
+  std::string path(size_t) const override { return spans_hosts_ ? "flat" : ""; }
 
   Status allreduce(const void* send, void* recv, int64_t count, int dtype, int op, double prescale, double postscale,
                    Deadline deadline, const std::string& what) override;
@@ -38,16 +39,15 @@ class TcpComm : public Comm, public P2P {
                        double prescale, double postscale, Deadline deadline, const std::string& what) override;
   Status barrier(Deadline deadline, const std::string& what) override;
 
-  void notify_peers() override;
+  void notify_peers(uint32_t cycle) override;
   void notify_self() override;
-  bool wait_notify(Deadline until) override;
+  Bell wait_notify(uint32_t cycle, Deadline until) override;
 
   // P2P
   int p2p_rank() const override { return rank_; }
   int p2p_size() const override { return size_; }
   const std::vector<int>& p2p_world() const override { return world_; }
-  Status sendrecv(int to, const void* send, size_t send_bytes, int from, void* recv, size_t recv_bytes,
-                  Deadline deadline, const std::string& what) override;
+  Status run(Schedule& schedule, Deadline deadline, const std::string& what) override;
 
  private:
   TcpComm() = default;
@@ -58,9 +58,11 @@ class TcpComm : public Comm, public P2P {
   int rank_ = 0, size_ = 1;
   std::vector<int> world_;
   std::vector<std::string> hosts_;
+  bool spans_hosts_ = false;
   std::vector<int> fds_, bell_fds_;
   std::vector<bool> bell_quiet_;  // doorbells whose peer hung up (only wait_notify's thread touches it)
   int self_bell_ = -1;
+  uint32_t bell_ = 0;  // the latest cycle a peer rang for (only wait_notify's thread touches it)
   size_t small_message_bytes_ = 65536;
   Status broken_;
 };

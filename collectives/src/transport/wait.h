@@ -1,6 +1,8 @@
-// How a rank waits for its peers: spin briefly (the peer is usually microseconds away), then give the CPU
-// away with sched_yield (cores may be oversubscribed), then sleep on a futex until woken or a short timeout
-// (checking that the peers are still alive). Every wait ends at its deadline.
+// How a rank waits for its peers: spin briefly (a peer in step is microseconds away), yield the core a few
+// times (a peer sharing the core, when ranks outnumber cores, runs at once), then sleep on a futex until a
+// peer's publish wakes it or a short timeout passes (checking that the peers are still alive). A waiter
+// holds a core that another rank or another thread of the host needs (a data loader, a framework's own
+// thread) for no longer than spin + yield. Every wait ends at its deadline.
 #pragma once
 
 #include <sched.h>
@@ -28,8 +30,8 @@ void futex_wake_shared(std::atomic<uint32_t>* word);
 bool process_alive(int pid);
 
 struct WaitPolicy {
-  std::chrono::microseconds spin{50};
-  std::chrono::microseconds yield{2000};
+  std::chrono::microseconds spin{20};
+  std::chrono::microseconds yield{50};
 };
 
 }  // namespace hpcdl

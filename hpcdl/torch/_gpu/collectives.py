@@ -25,7 +25,7 @@ import torch.distributed as dist
 from hpcdl.common.engine import DeviceBatch
 from hpcdl.common.ops import reducescatter_rows
 from hpcdl.common.types import DType, OpType, ReduceOp
-from hpcdl.torch._gpu_lanes import Lane, Marker
+from hpcdl.torch._gpu.lanes import Lane, Marker
 
 _TORCH_DTYPES = {
     DType.UINT8: torch.uint8,

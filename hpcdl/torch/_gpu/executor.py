@@ -29,9 +29,9 @@ import torch
 from hpcdl.common.engine import DeviceBatch, DeviceQueue
 from hpcdl.common.exceptions import HpcdlError, HpcdlShutdownError
 from hpcdl.common.types import OpType
-from hpcdl.torch._gpu_collectives import RUNNERS, DeviceOp, Started
-from hpcdl.torch._gpu_groups import Groups
-from hpcdl.torch._gpu_lanes import Lane, Marker, Nvtx, describe_exception, phase_times
+from hpcdl.torch._gpu.collectives import RUNNERS, DeviceOp, Started
+from hpcdl.torch._gpu.groups import Groups
+from hpcdl.torch._gpu.lanes import Lane, Marker, Nvtx, describe_exception, phase_times
 
 _POLL_S = 1.0  # how long the launcher waits for a batch before looking whether it must stop
 _DRAIN_S = 2.0  # how long stop() lets started batches end before it aborts them

@@ -4,7 +4,7 @@ The engine decides, NCCL moves the data. A CUDA tensor is submitted to the same 
 tensor (``Placement.DEVICE``): the same negotiation across ranks, response cache, validation of shape,
 dtype, op, root and collective, stall inspector, join, process sets, groups and fusion by the fusion
 threshold. The engine never touches device memory: it hands each decided batch, in the order every rank
-agrees on, to this process's executor (``_gpu_executor``), which runs it through ``torch.distributed``'s
+agrees on, to this process's executor (``executor``), which runs it through ``torch.distributed``'s
 ``ProcessGroupNCCL`` and reports its end. So every rank starts its NCCL calls in the same order whatever
 order its threads submitted in, and a rank that submits another shape, skips a tensor or calls another
 collective gets ``HpcdlMismatchError`` or a stall report instead of a hang or a wrong result.
@@ -35,10 +35,10 @@ from hpcdl.common.exceptions import HpcdlConfigError
 from hpcdl.common.ops import reducescatter_rows
 from hpcdl.common.types import OpType, Placement
 from hpcdl.torch import _handles
-from hpcdl.torch._gpu_collectives import DeviceOp
-from hpcdl.torch._gpu_executor import Executor
-from hpcdl.torch._gpu_groups import Groups
-from hpcdl.torch._gpu_lanes import Nvtx, caller_event
+from hpcdl.torch._gpu.collectives import DeviceOp
+from hpcdl.torch._gpu.executor import Executor
+from hpcdl.torch._gpu.groups import Groups
+from hpcdl.torch._gpu.lanes import Nvtx, caller_event
 from hpcdl.torch._tensors import deliver, runtime_dtype
 
 
