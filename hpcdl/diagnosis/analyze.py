@@ -90,6 +90,15 @@ def _first_failure(last_words: dict[int, dict]) -> list[Finding]:
     if not causes:
         return []
     first = min(causes, key=lambda words: words.get("time") or 0.0)
+    if len(causes) > 1 and len({words.get("error") for words in causes}) == 1:
+        # every rank raised the same error (a mismatch): which of them exited first says nothing
+        which = ranks_text(int(words.get("rank", -1)) for words in causes)
+        return [
+            Finding(
+                f"{which} failed with the same error: {first.get('error')}",
+                tuple(first.get("traceback") or ()),
+            )
+        ]
     text = f"rank {first.get('rank')} failed first, on host {first.get('host')}: {first.get('error')}"
     return [Finding(text, tuple(first.get("traceback") or ()))]
 

@@ -11,6 +11,7 @@ from typing import Any
 from typer.testing import CliRunner
 
 from hpcdl.cli.main import app
+from hpcdl.common import last_words
 from hpcdl.diagnosis import analyze, flight
 
 T0 = 1_764_240_000.0
@@ -248,3 +249,14 @@ def test_ranks_waiting_in_different_operations_are_said_to_differ_in_order(tmp_p
         "'w', the last operation all completed, ranks 0, 2 submitted allreduce 'a'; rank 1 submitted "
         "allreduce 'b'; each waits for an operation the others have not submitted"
     ) in texts(directory)
+
+
+def test_ranks_that_all_raised_the_same_error_are_not_ranked_by_exit(tmp_path: Path) -> None:
+    directory = write(tmp_path / "job", dump(0, [op(0, "w")], size=2), dump(1, [op(0, "w")], size=2))
+    error = "HpcdlMismatchError: mismatched shape for allreduce 'w': shape [4] on rank 0, [5] on rank 1."
+    for rank in (0, 1):
+        words = {"rank": rank, "host": "node", "pid": 7, "time": T0 + rank, "error": error,
+                 "traceback": [error], "consequence": False, "blamed": []}  # fmt: skip
+        (directory / f"exit.rank{rank}.json").write_text(json.dumps(words))
+    found = analyze.analyze(flight.load(directory), last_words.read_all(directory))
+    assert [f.text for f in found if "failed" in f.text] == [f"ranks 0-1 failed with the same error: {error}"]
