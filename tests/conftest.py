@@ -19,6 +19,22 @@ if os.environ.get("PATH", "").split(os.pathsep)[0] != _BIN:
 _DIR_MARKERS = {"parallel": pytest.mark.parallel, "integration": pytest.mark.integration}
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """The whole suite (no test named on the command line, no ``-n``) runs on one pytest-xdist worker per
+    core where pytest-xdist is installed: most tests wait on processes they start, so a second worker uses
+    the core the first leaves idle. Each test file runs whole on one worker (``--dist loadfile``), so a
+    module's Slurm cluster or hosts start once. ``-n 0`` runs in this process."""
+    option = config.option
+    if getattr(option, "numprocesses", 0) is not None or hasattr(config, "workerinput"):
+        return  # no pytest-xdist, -n given, or this is a worker
+    if config.args_source != pytest.Config.ArgsSource.TESTPATHS or option.collectonly or option.usepdb:
+        return
+    cores = len(os.sched_getaffinity(0))
+    if cores > 1:
+        option.numprocesses, option.dist = cores, "loadfile"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         parts = Path(str(item.fspath)).parts

@@ -58,6 +58,7 @@ class SlurmCluster:
     pbs_plugin: bool = False  # spank_pbs.so from slurm-wlm-torque: PBS_* variables in jobs
     hosts: Optional[VirtualHosts] = None
     pids: dict[str, Path] = field(default_factory=dict)
+    controller_down: bool = False
 
     @property
     def conf(self) -> Path:
@@ -67,7 +68,13 @@ class SlurmCluster:
     def env(self) -> dict[str, str]:
         """This process's environment for Slurm commands: SLURM_CONF set, no variables of an outer job."""
         clean = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SALLOC_"))}
-        return {**clean, "SLURM_CONF": str(self.conf)}
+        return {**clean, "SLURM_CONF": str(self.outage_conf if self.controller_down else self.conf)}
+
+    @property
+    def outage_conf(self) -> Path:
+        """slurm.conf with a short MessageTimeout, for the commands run while slurmctld is stopped: they
+        fail with Slurm's own "Unable to contact slurm controller" after 2 s instead of retrying for 18."""
+        return self.base / "etc" / "slurm-outage.conf"
 
     @property
     def node_names(self) -> list[str]:
@@ -108,9 +115,12 @@ class SlurmCluster:
         """slurmctld stopped for the block (an outage of the controller), then started again from its saved
         state, with the nodes answering again, before the block's end returns."""
         _terminate([pid] if (pid := _pid(self.pids["slurmctld"])) else [])
+        self.outage_conf.write_text(self.conf.read_text() + "MessageTimeout=2\n")
+        self.controller_down = True
         try:
             yield
         finally:
+            self.controller_down = False
             self._daemon(LOGIN, "slurmctld", [_program("slurmctld"), "-f", str(self.conf)])
             self._wait_nodes_idle()
 

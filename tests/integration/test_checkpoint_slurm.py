@@ -26,13 +26,12 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import pytest
-from slurm_cluster import SlurmCluster, missing_requirements, running_cluster
+from slurm_cluster import SlurmCluster, missing_requirements
 
 import hpcdl.checkpoint as ckpt
 
@@ -53,10 +52,9 @@ NUMPY = Program(PROGRAMS / "preemptible_numpy.py", 26, 0.02)  # 2 epochs of 12 s
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+def cluster(slurm_cluster: Callable[..., SlurmCluster]) -> SlurmCluster:
     pytest.importorskip("torch")
-    with running_cluster(tmp_path_factory.mktemp("slurm"), nodes=2, gpus_per_node=0) as made:
-        yield made
+    return slurm_cluster(nodes=2, gpus_per_node=0)
 
 
 def hpcdl(cluster: SlurmCluster, workdir: Path, *args: str) -> str:
@@ -170,6 +168,7 @@ def reference(cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -
     return submit
 
 
+@pytest.mark.slow
 def test_a_job_preempted_twice_resumes_to_the_same_parameters(
     cluster: SlurmCluster, reference: Callable[..., Callable[[], str]], tmp_path: Path
 ) -> None:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,13 +15,8 @@ pytestmark = pytest.mark.skipif(missing_requirements() is not None, reason=str(m
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[SlurmCluster]:
-    with tempfile.TemporaryDirectory(prefix="hpcdl-scaling-slurm-") as base:
-        running = SlurmCluster(Path(base), nodes=2, gpus_per_node=0)
-        try:
-            yield running.start()
-        finally:
-            running.stop()
+def cluster(slurm_cluster: Callable[..., SlurmCluster]) -> SlurmCluster:
+    return slurm_cluster(nodes=2, gpus_per_node=0)
 
 
 def hpcdl(

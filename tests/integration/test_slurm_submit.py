@@ -489,6 +489,7 @@ def test_a_group_slurm_would_refuse_is_not_submitted_at_all(cluster: SlurmCluste
     assert not (workdir / "refused" / "jobs.json").exists()
 
 
+@pytest.mark.slow
 def test_signal_before_walltime_reaches_ranks_and_requeues(cluster: SlurmCluster, workdir: Path) -> None:
     """Slurm itself signals the job 90 s before its 2-minute walltime (it checks about every 30 s): the
     ranks have at least 30 s to start (a loaded machine needs them) and 60 s to checkpoint and leave."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,12 +21,8 @@ CHECKS = Path(__file__).resolve().parents[1] / "parallel" / "torch_lifecycle_che
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    made = SlurmCluster(tmp_path_factory.mktemp("slurm"), nodes=2, gpus_per_node=0)
-    try:
-        yield made.start()
-    finally:
-        made.stop()
+def cluster(slurm_cluster: Callable[..., SlurmCluster]) -> SlurmCluster:
+    return slurm_cluster(nodes=2, gpus_per_node=0)
 
 
 @pytest.mark.parametrize("how", ["raise", "exit"])

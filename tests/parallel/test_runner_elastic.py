@@ -77,6 +77,7 @@ def test_a_failed_worker_is_dropped_and_training_goes_on() -> None:
     assert found[0]["weight"] == found[1]["weight"] == undisturbed_weight(6)
 
 
+@pytest.mark.slow
 def test_workers_join_when_the_discovery_script_lists_a_new_host(tmp_path: Path) -> None:
     done = run_while_hosts_change(tmp_path, "localhost:2\n", "localhost:2\n127.0.0.1:1\n", 2)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -88,6 +89,7 @@ def test_workers_join_when_the_discovery_script_lists_a_new_host(tmp_path: Path)
     assert found[0]["weight"] == found[1]["weight"] == found[2]["weight"] == undisturbed_weight(LONG_EPOCHS)
 
 
+@pytest.mark.slow
 def test_a_failed_host_is_used_again_after_its_cooldown() -> None:
     done, _ = hpcdl_run(
         "-np", "3", "--min-np", "2", "--max-np", "3", "-H", "localhost:2,127.0.0.1:1",
@@ -171,6 +173,7 @@ def test_reset_limit_stops_a_job_that_would_regroup_once_more() -> None:
     assert "the job would need more than --reset-limit 0 new rounds" in done.stderr
 
 
+@pytest.mark.slow
 def test_workers_stop_when_their_host_leaves_the_discovery_output(tmp_path: Path) -> None:
     done = run_while_hosts_change(tmp_path, "localhost:2\n127.0.0.1:1\n", "localhost:2\n", 3)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -41,11 +41,13 @@ def run_checks(script: str, scenario: str, ranks: int, env: dict[str, str] | Non
     assert not missing, f"checks not passed on all {ranks} ranks: {missing}\n{output[-3000:]}"
 
 
+@pytest.mark.slow
 def test_every_op_dtype_gradient_and_error_and_tape_training_on_three_ranks() -> None:
     pytest.importorskip("tensorflow", reason=NO_TENSORFLOW)
     run_checks("tf_rank_checks.py", "collectives", 3)
 
 
+@pytest.mark.slow
 def test_tape_and_keras_training_match_one_process_with_the_whole_batch() -> None:
     """DistributedGradientTape (eager and tf.function; SGD-momentum, Adam, 2 passes, fp16), model.fit
     with DistributedOptimizer and the callbacks, load_model, elastic state after failures."""
