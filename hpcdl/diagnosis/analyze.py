@@ -90,6 +90,15 @@ def _first_failure(last_words: dict[int, dict]) -> list[Finding]:
     if not causes:
         return []
     first = min(causes, key=lambda words: words.get("time") or 0.0)
+    if len(causes) > 1 and len({words.get("error") for words in causes}) == 1:
+        # every rank raised the same error (a mismatch): which of them exited first says nothing
+        which = ranks_text(int(words.get("rank", -1)) for words in causes)
+        return [
+            Finding(
+                f"{which} failed with the same error: {first.get('error')}",
+                tuple(first.get("traceback") or ()),
+            )
+        ]
     text = f"rank {first.get('rank')} failed first, on host {first.get('host')}: {first.get('error')}"
     return [Finding(text, tuple(first.get("traceback") or ()))]
 
@@ -112,17 +121,48 @@ def _done(ops: list[Op]) -> list[Op]:
     return sorted((op for op in ops if op.state == "done"), key=lambda op: (op.done or 0.0, op.seq))
 
 
+def _after_last(name: str, done: list[Op]) -> int | None:
+    """How many operations `done` holds after its last one named `name` (None: it holds none so named)."""
+    at = next((i for i in range(len(done) - 1, -1, -1) if done[i].name == name), None)
+    return None if at is None else len(done) - 1 - at
+
+
+def _last_common(ops: dict[int, list[Op]]) -> tuple[int, Op, list[int]] | None:
+    """The last operation every member completed, the rank it was the last one of, and the ranks that
+    completed later ones; None when a member completed none in its window.
+
+    Each rank's last completed operation is a candidate; the one every rank also completed and after which
+    the others completed the most is the furthest behind. Completion order (the same on every member) is
+    trusted, not the hosts' clocks; only when the windows share no name do the clocks decide.
+    """
+    done = {rank: _done(listed) for rank, listed in ops.items()}
+    if not all(done.values()):
+        return None
+    best: tuple[int, int, Op, list[int]] | None = None
+    for rank in sorted(done):
+        last = done[rank][-1]
+        after = {other: _after_last(last.name, listed) for other, listed in done.items()}
+        if any(count is None for count in after.values()):
+            continue
+        ahead = sorted(other for other, count in after.items() if count)
+        total = sum(count or 0 for count in after.values())
+        if best is None or total > best[0]:
+            best = (total, rank, last, ahead)
+    if best is not None:
+        return best[1], best[2], best[3]
+    lasts = [(r, listed[-1]) for r, listed in done.items()]
+    rank, op = min(lasts, key=lambda item: (item[1].done or 0.0, item[0]))
+    return rank, op, sorted(r for r, listed in done.items() if (listed[-1].done or 0.0) > (op.done or 0.0))
+
+
 def _last_completed(process_set: int, ops: dict[int, list[Op]]) -> list[Finding]:
-    """The operation every member completed last: the last completed one of the rank that is furthest
-    behind."""
-    last = {rank: done[-1] for rank, listed in ops.items() if (done := _done(listed))}
-    if len(last) < len(ops):
-        none = [rank for rank in ops if rank not in last]
+    common = _last_common(ops)
+    if common is None:
+        none = [rank for rank, listed in ops.items() if not _done(listed)]
         text = f"{ranks_text(none)} completed no operation{_label(process_set)} in the recorded window"
         return [Finding(text)]
-    rank, op = min(last.items(), key=lambda item: (item[1].done or 0.0, item[0]))
+    rank, op, ahead = common
     text = f"the last operation all ranks{_label(process_set)} completed: {op.describe()} at {clock(op.done)}"
-    ahead = sorted(r for r, other in last.items() if other.done and op.done and other.done > op.done)
     if ahead:
         text += f" (its last on {ranks_text([rank])}; {ranks_text(ahead)} completed later ones)"
     return [Finding(text)]
@@ -208,7 +248,32 @@ def _order(process_set: int, ops: dict[int, list[Op]]) -> list[Finding]:
                 f"{reference_rank} submitted {theirs}; rank {rank} submitted {mine}"
             )
         ]
-    return []
+    return _cross_wait(process_set, ops)
+
+
+def _cross_wait(process_set: int, ops: dict[int, list[Op]]) -> list[Finding]:
+    """Ranks whose first unfinished operations differ: each waits in one the others have not submitted
+    (operations submitted in another order by callers that wait for each, or different code paths)."""
+    first = {
+        rank: min(unfinished, key=lambda op: op.seq)
+        for rank, listed in ops.items()
+        if (unfinished := [op for op in listed if op.unfinished])
+    }
+    by_name: dict[str, list[int]] = {}
+    for rank, op in first.items():
+        by_name.setdefault(op.name, []).append(rank)
+    if len(by_name) < 2:
+        return []
+    groups = sorted(by_name.values(), key=min)
+    submitted = "; ".join(f"{ranks_text(which)} submitted {first[which[0]].describe()}" for which in groups)
+    common = _last_common(ops)
+    after = f"after {common[1].describe()}, the last operation all completed, " if common else ""
+    return [
+        Finding(
+            f"ranks{_label(process_set)} submitted operations in a different order (or took different code "
+            f"paths): {after}{submitted}; each waits for an operation the others have not submitted"
+        )
+    ]
 
 
 _COMPARED = ("op", "dtype", "reduce", "process_set")

@@ -25,7 +25,8 @@ def run(tmp_path: Path, np_: int, scenario: str, launcher: str = "hpcdl", api: s
         "HPCDL_DEBUG_DIR": str(tmp_path / "debug"),
         "HPCDL_TEST_FIFO": str(fifo),
         "HPCDL_STALL_CHECK_TIME_SECONDS": "1",
-        "HPCDL_STALL_SHUTDOWN_TIME_SECONDS": "2",
+        # rank 0 checks for stalls once a second: 4 s leaves time for a warning before the shutdown
+        "HPCDL_STALL_SHUTDOWN_TIME_SECONDS": "4",
         **env,
     }
     return run_ranks(np_, CHECKS, env=settings, launcher=launcher, args=(scenario, api), timeout=90)

@@ -11,6 +11,7 @@ from typing import Any
 from typer.testing import CliRunner
 
 from hpcdl.cli.main import app
+from hpcdl.common import last_words
 from hpcdl.diagnosis import analyze, flight
 
 T0 = 1_764_240_000.0
@@ -216,3 +217,46 @@ def test_the_cli_reads_the_dumps_and_the_last_words(tmp_path: Path) -> None:
     assert any(line.startswith("- rank 1 is behind: rank 0 waits in allreduce 'x'") for line in lines)
     empty = CliRunner().invoke(app, ["debug", "analyze", str(tmp_path)])
     assert empty.exit_code == 2 and "holds no flight.rank<R>.json nor exit.rank<R>.json" in empty.output
+
+
+def test_the_last_operation_all_completed_is_found_by_completion_order_not_the_hosts_clocks(
+    tmp_path: Path,
+) -> None:
+    # rank 1's clock runs 5 s behind; both completed x then y; rank 1 completed z too
+    skewed = [op(0, "x", done=T0 - 4.5), op(1, "y", done=T0 - 3.5), op(2, "z", done=T0 - 2.5)]
+    directory = write(
+        tmp_path / "job",
+        dump(0, [op(0, "x"), op(1, "y"), op(2, "z", "submitted")], size=2),
+        dump(1, skewed, size=2),
+    )
+    found = texts(directory)
+    assert found[2].startswith("the last operation all ranks completed: allreduce 'y' at "), found
+    assert found[2].endswith(" (its last on rank 0; rank 1 completed later ones)"), found
+    # both completed x, by clocks 9 s apart: no rank is ahead
+    same = write(tmp_path / "same", dump(0, [op(0, "x")], size=2), dump(1, [op(0, "x", done=T0 + 9)], size=2))
+    assert "(its last" not in texts(same)[2], texts(same)
+
+
+def test_ranks_waiting_in_different_operations_are_said_to_differ_in_order(tmp_path: Path) -> None:
+    directory = write(
+        tmp_path / "job",
+        dump(0, [op(0, "w"), op(1, "a", "submitted")]),
+        dump(1, [op(0, "w"), op(1, "b", "submitted")]),
+        dump(2, [op(0, "w"), op(1, "a", "submitted")]),
+    )
+    assert (
+        "ranks submitted operations in a different order (or took different code paths): after allreduce "
+        "'w', the last operation all completed, ranks 0, 2 submitted allreduce 'a'; rank 1 submitted "
+        "allreduce 'b'; each waits for an operation the others have not submitted"
+    ) in texts(directory)
+
+
+def test_ranks_that_all_raised_the_same_error_are_not_ranked_by_exit(tmp_path: Path) -> None:
+    directory = write(tmp_path / "job", dump(0, [op(0, "w")], size=2), dump(1, [op(0, "w")], size=2))
+    error = "HpcdlMismatchError: mismatched shape for allreduce 'w': shape [4] on rank 0, [5] on rank 1."
+    for rank in (0, 1):
+        words = {"rank": rank, "host": "node", "pid": 7, "time": T0 + rank, "error": error,
+                 "traceback": [error], "consequence": False, "blamed": []}  # fmt: skip
+        (directory / f"exit.rank{rank}.json").write_text(json.dumps(words))
+    found = analyze.analyze(flight.load(directory), last_words.read_all(directory))
+    assert [f.text for f in found if "failed" in f.text] == [f"ranks 0-1 failed with the same error: {error}"]

@@ -303,9 +303,10 @@ HPCDL_API double hpcdl_get_knob(const char* name);
 
 /* ---- the flight recorder ------------------------------------------------------------------------
  * Each rank keeps its recent submissions (name, operation, dtype, shape, process set, state, when it was
- * submitted, negotiated, started and done) in a ring, and writes them with its Python stacks to
- * <debug_dir>/flight.rank<R>.json on a stall report, a timeout, a mismatch, a failure, and here on request
- * (reason: why, e.g. "request"; message: a text to keep with it). Writes nothing without a debug_dir. */
+ * submitted, negotiated, started and done) in a ring, and writes them to <debug_dir>/flight.rank<R>.json
+ * on a stall report, a timeout, a mismatch, a failure, and here on request (reason: why, e.g. "request";
+ * message: a text to keep with it), with its Python stacks except after a mismatch or a failure. Writes
+ * nothing without a debug_dir. */
 HPCDL_API int hpcdl_flight_dump(const char* reason, const char* message);
 
 #ifdef __cplusplus

@@ -220,7 +220,11 @@ Status Engine::flight_dump(const std::string& reason, const std::string& message
     std::lock_guard<std::mutex> lock(mutex_);
     ops = flight_.recent();
   }
-  const std::string stack = stacks_.all_threads();
+  // Python stacks only where a rank may be stuck (a stall, a timeout, a request). faulthandler reads every
+  // thread's frames while those threads run on, which can crash a process whose threads are busy: on a
+  // mismatch or a failure the ops and the error already say what happened, and the process goes on to raise.
+  const bool stuck = reason != "mismatch" && reason != "error";
+  const std::string stack = stuck ? stacks_.all_threads() : "";
   const double wall_now = wall_seconds();
   const int64_t now = steady_ns(Clock::now());
   std::ostringstream out;
