@@ -1,6 +1,6 @@
-"""What the benchmarks share: launching themselves on N ranks, reading back what the ranks print, and
-showing how far they are (rank 0 prints ``PROGRESS done total`` lines; the launcher draws a bar on a
-terminal, see ``hpcdl.common.progress``)."""
+"""What the benchmarks share: launching themselves on N ranks (on other hosts too), reading back what the
+ranks print, telling every rank what rank 0 knows, and showing how far they are (rank 0 prints ``PROGRESS
+done total`` lines; the launcher draws a bar on a terminal, see ``hpcdl.common.progress``)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,15 @@ import subprocess
 import sys
 import threading
 
+import numpy as np
+
 from hpcdl.common import progress
 
 OPENMPI = "/usr/bin/mpirun.openmpi"
+# Open MPI across hosts, tuned (benchmarks/README.md): TCP between hosts and shared memory within one (not its
+# libfabric BTL), socket buffers as large as hpcdl's (Linux's default sizes cut 1-16 MiB allreduces 5-10x).
+OPENMPI_ACROSS_HOSTS = ["--mca", "btl", "self,vader,tcp", "--mca", "btl_tcp_sndbuf", "4194304"]
+OPENMPI_ACROSS_HOSTS += ["--mca", "btl_tcp_rcvbuf", "4194304"]
 PROGRESS = "PROGRESS"
 DEFAULT_TIMEOUT_S = 3600.0
 NO_PROGRESS_HELP = progress.NO_PROGRESS_HELP
@@ -26,6 +32,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return int(s.getsockname()[1])
+
+
+def broadcast_text(text: str) -> str:
+    """Rank 0's `text` (up to 255 bytes) on every rank, over hpcdl (initialised)."""
+    import hpcdl.common as hc
+
+    raw = np.zeros(256, dtype=np.uint8)
+    data = text.encode()[:255]
+    raw[: len(data)] = np.frombuffer(data, dtype=np.uint8)
+    hc.broadcast(raw, root=0)
+    return bytes(raw).rstrip(b"\0").decode()
 
 
 def report_progress(done: int, total: int) -> None:

@@ -28,12 +28,22 @@ from hpcdl.common.exceptions import HpcdlError
 from hpcdl.common.sizes import parse_size
 
 try:
-    from ._launch import NO_PROGRESS_HELP, OPENMPI, free_port, report_progress, run_ranks
+    from ._launch import (
+        NO_PROGRESS_HELP,
+        OPENMPI,
+        OPENMPI_ACROSS_HOSTS,
+        broadcast_text,
+        free_port,
+        report_progress,
+        run_ranks,
+    )
     from ._tcp_ceiling import TcpCeiling, peer_of
 except ImportError:  # run as a script: python benchmarks/allreduce.py
     from _launch import (  # type: ignore[no-redef]
         NO_PROGRESS_HELP,
         OPENMPI,
+        OPENMPI_ACROSS_HOSTS,
+        broadcast_text,
         free_port,
         report_progress,
         run_ranks,
@@ -41,10 +51,6 @@ except ImportError:  # run as a script: python benchmarks/allreduce.py
     from _tcp_ceiling import TcpCeiling, peer_of  # type: ignore[no-redef]
 
 DEFAULT_SIZES = [4 * 4**k for k in range(14)]  # 4 B .. 256 MiB
-# Open MPI across hosts, tuned (benchmarks/README.md): TCP between hosts and shared memory within one (not its
-# libfabric BTL), socket buffers as large as hpcdl's (Linux's default sizes cut 1-16 MiB allreduces 5-10x).
-OPENMPI_ACROSS_HOSTS = ["--mca", "btl", "self,vader,tcp", "--mca", "btl_tcp_sndbuf", "4194304"]
-OPENMPI_ACROSS_HOSTS += ["--mca", "btl_tcp_rcvbuf", "4194304"]
 
 
 @dataclass
@@ -90,17 +96,6 @@ CEILING_BYTES = 64 << 20
 CEILING_STREAMS = (1, 2, 4)
 
 
-def _broadcast_text(text: str) -> str:
-    """Rank 0's `text` on every rank (over hpcdl)."""
-    import hpcdl.common as hc
-
-    raw = np.zeros(256, dtype=np.uint8)
-    data = text.encode()[:255]
-    raw[: len(data)] = np.frombuffer(data, dtype=np.uint8)
-    hc.broadcast(raw, root=0)
-    return bytes(raw).rstrip(b"\0").decode()
-
-
 def _peers(rank: int, size: int, spans_hosts: bool) -> dict[str, Callable[[np.ndarray], Callable[[], None]]]:
     """gloo and mpi4py where available, on the same ranks."""
     import hpcdl.common as hc
@@ -113,7 +108,7 @@ def _peers(rank: int, size: int, spans_hosts: bool) -> dict[str, Callable[[np.nd
         port = np.array([free_port() if rank == 0 else 0], dtype=np.int64)
         hc.broadcast(port, root=0)
         local = os.environ.get("HPCDL_RENDEZVOUS_ADDR", "127.0.0.1")
-        addr = _broadcast_text(socket.gethostname() if spans_hosts else local)
+        addr = broadcast_text(socket.gethostname() if spans_hosts else local)
         dist.init_process_group(
             "gloo", init_method=f"tcp://{addr}:{int(port[0])}", rank=rank, world_size=size
         )
@@ -161,7 +156,7 @@ def _ceiling(rank: int, hosts: list[str]) -> Optional[TcpCeiling]:
     if peer is None:
         return None
     listener, port = TcpCeiling.listen() if rank == 0 else (None, 0)
-    where = _broadcast_text(f"{socket.gethostname()} {port}").split()
+    where = broadcast_text(f"{socket.gethostname()} {port}").split()
     return TcpCeiling(
         rank, peer, where[0], int(where[1]), listener, max(CEILING_STREAMS), CEILING_BYTES,
         lambda a: hc.broadcast(a, root=0), hc.barrier,

@@ -2,7 +2,8 @@
 
 Run it as ``hpcdl bench fusion -np 2`` or ``python benchmarks/fusion.py -np 2``: it launches itself on N
 ranks with ``hpcdl run --mpi`` through Open MPI's mpirun (so mpi4py runs in the same job; without
-mpirun.openmpi or mpi4py, or with ``--no-mpi``, only hpcdl and gloo are measured).
+mpirun.openmpi or mpi4py, or with ``--no-mpi``, only hpcdl and gloo are measured). ``--hosts host1:1,host2:1``
+(``hpcdl run -H`` syntax) runs it across hosts, Open MPI with the allreduce benchmark's settings for TCP.
 
 Each variant reduces the same 161 float32 tensors (25,557,032 parameters, 102 MB), submitted in backward
 order (last layer first):
@@ -33,6 +34,7 @@ import json
 import os
 import random
 import shutil
+import socket
 import statistics
 import time
 from typing import Callable, Optional
@@ -40,11 +42,21 @@ from typing import Callable, Optional
 import numpy as np
 
 try:
-    from ._launch import NO_PROGRESS_HELP, OPENMPI, free_port, report_progress, run_ranks
+    from ._launch import (
+        NO_PROGRESS_HELP,
+        OPENMPI,
+        OPENMPI_ACROSS_HOSTS,
+        broadcast_text,
+        free_port,
+        report_progress,
+        run_ranks,
+    )
 except ImportError:  # run as a script: python benchmarks/fusion.py
     from _launch import (  # type: ignore[no-redef]
         NO_PROGRESS_HELP,
         OPENMPI,
+        OPENMPI_ACROSS_HOSTS,
+        broadcast_text,
         free_port,
         report_progress,
         run_ranks,
@@ -204,8 +216,10 @@ def worker(iterations: int, warmup: int, latency_repeats: int, skip: set[str]) -
 
         port = np.array([free_port() if rank == 0 else 0], dtype=np.int64)
         hc.broadcast(port, root=0)
+        spans_hosts = hc.local_size() < size
+        address = broadcast_text(socket.gethostname() if spans_hosts else "127.0.0.1")
         dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{int(port[0])}", rank=rank, world_size=size
+            "gloo", init_method=f"tcp://{address}:{int(port[0])}", rank=rank, world_size=size
         )
         torch_tensors = [torch.from_numpy(t.copy()) for t in tensors]
 
@@ -280,15 +294,26 @@ def render(report: dict) -> str:
     return "\n".join(lines)
 
 
-def launch(ranks: int, use_mpi: bool, worker_args: list[str], no_progress: bool = False) -> dict:
-    return json.loads(
-        run_ranks(__file__, ranks, ["--worker", *worker_args], "REPORT", use_mpi, no_progress)[0]
-    )
+def launch(
+    ranks: int, use_mpi: bool, worker_args: list[str], no_progress: bool = False, hosts: Optional[str] = None
+) -> dict:
+    mpi_args = " ".join(OPENMPI_ACROSS_HOSTS) if hosts else ""
+    args = ["--worker", *worker_args]
+    texts = run_ranks(__file__, ranks, args, "REPORT", use_mpi, no_progress, hosts=hosts, mpi_args=mpi_args)
+    return json.loads(texts[0])
+
+
+def _slots(hosts: str) -> int:
+    """Ranks of an ``hpcdl run -H`` list (a host without ``:N`` has one slot)."""
+    return sum(int(h.rsplit(":", 1)[1]) if ":" in h else 1 for h in hosts.split(",") if h)
 
 
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(prog="hpcdl bench fusion", description=__doc__.split("\n\n")[0])
-    parser.add_argument("-np", "--num-proc", type=int, default=2, help="number of ranks (default 2)")
+    parser.add_argument(
+        "-np", "--num-proc", type=int, help="number of ranks (default 2, or every slot of --hosts)"
+    )
+    parser.add_argument("--hosts", help="run across these hosts (hpcdl run -H syntax: host1:1,host2:1)")
     parser.add_argument(
         "--iterations", type=int, default=10, help="rounds: timed steps per variant (median kept)"
     )
@@ -311,12 +336,13 @@ def main(argv: Optional[list[str]] = None) -> None:
     if args.worker:
         worker(args.iterations, args.warmup, args.latency_repeats, skip)
         return
-    if args.num_proc < 1:
+    ranks = args.num_proc if args.num_proc is not None else _slots(args.hosts) if args.hosts else 2
+    if ranks < 1:
         parser.error("-np must be at least 1")
     use_mpi = not args.no_mpi and "mpi4py" not in skip and shutil.which(OPENMPI) is not None
     worker_args = ["--iterations", str(args.iterations), "--warmup", str(args.warmup)]
     worker_args += ["--latency-repeats", str(args.latency_repeats), "--skip", ",".join(sorted(skip)) or ","]
-    report = launch(args.num_proc, use_mpi, worker_args, args.no_progress)
+    report = launch(ranks, use_mpi, worker_args, args.no_progress, args.hosts)
     print(json.dumps(report, indent=2) if args.json else render(report))
 
 

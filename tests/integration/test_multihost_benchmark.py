@@ -57,3 +57,19 @@ def test_allreduce_benchmark_across_hosts_records_the_tcp_ceiling(
     for probe in ("tcp-1-stream", "tcp-2-streams", "tcp-4-streams", "tcp-both-ways"):
         assert by_impl[(probe, 64 << 20)]["algbw_gbs"] > 0 and by_impl[(probe, 64 << 20)]["ranks"] == 2, probe
     assert 0 < by_impl[("tcp-round-trip", 1)]["time_s"] < 0.1
+
+
+def test_fusion_benchmark_across_hosts_compares_the_engine_with_the_runtime(hosts: VirtualHosts) -> None:
+    """``benchmarks/fusion.py --hosts``: engine, hpcdl.torch, the direct call and gloo, a rank per host."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_FOREIGN)}
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "fusion.py"
+    command = [sys.executable, str(script), "--hosts", "host1:1,host2:1", "--iterations", "1"]
+    command += ["--warmup", "1", "--latency-repeats", "10", "--skip", "packed,mpi4py"]
+    command += ["--json", "--no-progress"]
+    done = hosts.run("host1", command, env=env, cwd=Path(tempfile.gettempdir()), timeout=180)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(done.stdout[done.stdout.index("{") :])
+    assert report["ranks"] == 2
+    assert set(report["median_step_ms"]) == {"engine", "flat", "hpcdl.torch", "gloo"}
+    assert all(ms > 0 for ms in report["median_step_ms"].values())
+    assert report["torch_vs_flat"] > 0 and report["gloo_vs_engine"] > 0
