@@ -150,4 +150,7 @@ def test_a_timeout_says_where_the_missing_rank_is(tmp_path: Path) -> None:
         message
     )
     assert any(line.endswith("in stuck_in_dataloader") for line in frames(message)), message
-    assert flight(tmp_path, 0)["reason"] == flight(tmp_path, 1)["reason"] == "timeout"
+    assert flight(tmp_path, 1)["reason"] == "timeout"  # the rank asked where it was
+    # Rank 0 wrote its dump at the timeout; when rank 1 shuts down first, 'late' (still pending on rank 0)
+    # fails then, and that later dump replaces it.
+    assert flight(tmp_path, 0)["reason"] in ("timeout", "error")
