@@ -37,15 +37,15 @@ def _mismatch(np_: int, done: subprocess.CompletedProcess) -> None:
     per_rank = [results(done.stdout, rank) for rank in range(np_)]
     assert all(r == per_rank[0] for r in per_rank), f"the ranks saw different errors: {per_rank}"
     messages = {r["case"]: r["message"] for r in per_rank[0]}
-    others = "rank 0" if np_ == 2 else f"ranks {', '.join(str(r) for r in range(np_ - 1))}"
+    others = "rank 0" if np_ == 2 else f"ranks 0-{np_ - 2}"
     odd = f"rank {np_ - 1}"
     expected = {
-        "shape": f"{others} {'has' if np_ == 2 else 'have'} [3]; {odd} has [4]",
-        "dtype": f"{odd} has float64",
-        "reduction": f"{odd} has max",
-        "root": f"{odd} has root rank 1",
-        "operation": f"{odd} has allgather",
-        "placement": f"{odd} has a host tensor",
+        "shape": f"shape [3] on {others}, [4] on {odd}",
+        "dtype": f"dtype float32 on {others}, float64 on {odd}",
+        "reduction": f"reduction sum on {others}, max on {odd}",
+        "root": f"root 0 on {others}, 1 on {odd}",
+        "operation": f"operation allreduce on {others}, allgather on {odd}",
+        "placement": f"a host tensor (engine data plane) on {odd}",
     }
     for case, text in expected.items():
         assert text in messages.get(case, ""), f"{case}: {messages.get(case)!r} lacks {text!r}"
