@@ -42,7 +42,7 @@ COMPILERS = ("cc", "gcc", "g++", "c++", "clang", "clang++", "cmake", "zig", "x86
 PYENV = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
 
 RANK_PROGRAM = """
-import json, sys
+import json, pathlib
 import numpy as np
 import hpcdl.common as hc
 from hpcdl.common import basics, engine, mpi_library
@@ -50,13 +50,14 @@ hc.init()
 x = np.full(3, hc.rank() + 1, np.float32)
 out = engine.synchronize(engine.allreduce_async(x, name="sum", op=hc.ReduceOp.SUM))
 maps = open("/proc/self/maps").read()
-print("RESULT " + json.dumps({
+# A file per rank: a launcher may join two ranks' stdout lines into one.
+pathlib.Path(__file__).with_name(f"result.{hc.rank()}.json").write_text(json.dumps({
     "rank": hc.rank(), "size": hc.size(), "sum": out.tolist(), "mpi_enabled": hc.mpi_enabled(),
     "transport": basics.transport_name(True), "package": hc.__file__,
     "mpi": mpi_library.active().version if mpi_library.active() else "",
     "mpi_path": mpi_library.active().path if mpi_library.active() else "",
     "openmpi_mapped": "libmpi.so.40" in maps, "mpich_mapped": "libmpich.so.12" in maps,
-}), flush=True)
+}))
 hc.shutdown()
 """
 
@@ -171,22 +172,28 @@ def bare_machine(binary_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -
     return {"venv": venv, "env": env, "program": program, "root": root}
 
 
-def _results(stdout: str) -> list[dict]:
-    """The RESULT line of each of the two ranks."""
-    results = [json.loads(line.split("RESULT ", 1)[1]) for line in stdout.splitlines() if "RESULT " in line]
-    assert sorted(r["rank"] for r in results) == [0, 1], stdout
+def _clear_results(machine: dict) -> None:
+    for f in machine["program"].parent.glob("result.*.json"):
+        f.unlink()
+
+
+def _results(machine: dict, output: str) -> list[dict]:
+    """What each of the two ranks wrote."""
+    results = [json.loads(f.read_text()) for f in sorted(machine["program"].parent.glob("result.*.json"))]
+    assert sorted(r["rank"] for r in results) == [0, 1], output
     return results
 
 
 def _ranks(machine: dict, launcher: list[str], extra: dict | None = None) -> list[dict]:
     python = str(machine["venv"] / "bin" / "python")
+    _clear_results(machine)
     done = subprocess.run(
         [*launcher, "-np", "2", python, str(machine["program"])],
         capture_output=True, text=True, timeout=120, cwd=machine["root"],
         env={**machine["env"], **(extra or {})},
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    results = _results(done.stdout)
+    results = _results(machine, done.stdout + done.stderr)
     for r in results:
         assert r["size"] == 2 and r["sum"] == [3.0, 3.0, 3.0]
         assert r["package"].startswith(str(machine["venv"]))  # the wheel's hpcdl, not the source tree
@@ -310,8 +317,9 @@ def test_the_stack_installs_hpcdl_from_the_wheel_and_its_mpi_module_is_found(
     mpirun.openmpi --allow-run-as-root --oversubscribe -np 2 {python} {program}
     """
     # Lmod itself needs /usr/bin; hpcdl was installed without it.
+    _clear_results(bare_machine)
     done = run_lmod(textwrap.dedent(script), env={**env, "PATH": env["PATH"] + os.pathsep + "/usr/bin"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    for r in _results(done.stdout):
+    for r in _results(bare_machine, done.stdout + done.stderr):
         assert r["sum"] == [3.0, 3.0, 3.0] and r["package"].startswith(str(installed)), r
         assert r["mpi_path"] == str(stack_mpi), r  # the module's libmpi, not the system's

@@ -5,7 +5,8 @@ shuts down. ``python direct_path_checks.py SCENARIO`` prints ``PASS <check>`` pe
 raises. Which operations ran on the caller's thread comes from this rank's flight recorder (``direct``).
 The direct path is taken when the engine thread is idle at the moment of the wait and the peers meet the
 caller in the negotiation, which a loaded or oversubscribed host changes for any one call: each check
-repeats its calls and prints ``RESULT direct <check> <calls that took it>``; the test wants some in the job.
+repeats its calls (the process-set check until the job saw one, within bounds) and prints
+``RESULT direct <check> <calls that took it>``; the test wants some in the job.
 """
 
 from __future__ import annotations
@@ -43,6 +44,12 @@ def ran_directly(name: str) -> list[bool]:
 
 def report_direct(check: str, name: str) -> None:
     print(f"RESULT direct {check} {sum(ran_directly(name))}", flush=True)
+
+
+def job_saw_direct(name: str) -> bool:
+    """Whether any rank ran a call of `name` on its caller's thread (an allreduce over every rank)."""
+    seen = np.array([sum(ran_directly(name))], np.float32)
+    return bool(reduce_now(f"{name} seen", seen)[0] > 0)
 
 
 def mine(rank: int, n: int = 3) -> np.ndarray:
@@ -106,8 +113,13 @@ def check_process_sets() -> None:
     evens, odds = add_process_set(list(range(0, n, 2))), add_process_set(list(range(1, n, 2)))
     mine_set = evens if r % 2 == 0 else odds
     expected = sum(mine(q) for q in mine_set.ranks)
-    for _ in range(10):
-        np.testing.assert_array_equal(reduce_now("ps", mine(r), mine_set.process_set_id), expected)
+    # Each set's ranks can fall into a rhythm in which a peer's ring wakes their engine threads first for
+    # every call of a round (seen in about one run in four at 2 ranks): rounds go on until the job saw one.
+    for _round in range(20):
+        for _ in range(10):
+            np.testing.assert_array_equal(reduce_now("ps", mine(r), mine_set.process_set_id), expected)
+        if job_saw_direct("ps"):
+            break
     np.testing.assert_array_equal(reduce_now("ps", mine(r)), sum(mine(q) for q in range(n)))
     report_direct("process_sets", "ps")
     passed("process_sets")

@@ -9,7 +9,8 @@ the others call a collective every 5 ms (the pace at which a launcher most often
   ``allreduce('grad.2')`` (the stall shutdown cancels it); ``stuck-in-c``: sleeps in a C call that holds the
   GIL, in ``stuck_in_c_call()``; ``shape``: reduces a tensor of another shape than the others'.
 
-SECOND=R:HOW makes rank R fail too, as HOW says.
+SECOND=R:HOW makes rank R fail too, as HOW says. FIRST_SUBMIT_AFTER=S makes the other ranks wait S seconds
+after init before their first collective (a data loader's first batch).
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ def main() -> None:
         fail(how)
     if hc.rank() == int(second):
         fail(second_how)
+    time.sleep(float(os.environ.get("FIRST_SUBMIT_AFTER", "0")))
     x = np.ones(4, np.float32)
     step = 0
     while True:

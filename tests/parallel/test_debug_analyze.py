@@ -84,3 +84,11 @@ def test_the_rank_that_raised_is_named_first_from_its_last_words(tmp_path: Path)
     assert "- rank 1 failed first, on host " + os.uname().nodename + ": ValueError: boom on rank 1" in lines
     assert '        raise ValueError(f"boom on rank {hc.rank()}")' in lines, lines
     assert matching(r"^- ranks 0, 2 wrote their dumps on error: rank 1 has shut down", lines), lines
+
+
+def test_ranks_that_held_nothing_when_a_peer_failed_dump_at_their_next_submission(tmp_path: Path) -> None:
+    # Rank 1 raises while the others still load their first batch; it exits 3 s after its shutdown told them.
+    late = {"SLOW_EXIT": "3", "FIRST_SUBMIT_AFTER": "1"}
+    lines = analyzed(tmp_path, 3, "first_failure_ranks.py", "raise", CULPRIT="1", **late)
+    assert "- rank 1 failed first, on host " + os.uname().nodename + ": ValueError: boom on rank 1" in lines
+    assert matching(r"^- ranks 0, 2 wrote their dumps on error: rank 1 has shut down", lines), lines

@@ -774,7 +774,8 @@ Status Engine::shutdown_status(const std::vector<int>& ranks) const {
 }
 
 // Cycle runner: every operation this rank holds fails with `status`, and the engine takes no more. The
-// flight recorder is dumped when something failed: an error, or the shutdown of a peer this rank waited on.
+// flight recorder is dumped when something failed: an error, or the shutdown of a peer this rank waited on
+// (or, holding nothing then, the first operation it submits after).
 void Engine::fail_everything(const Status& status) {
   bool failed_work = false;
   {
@@ -782,7 +783,12 @@ void Engine::fail_everything(const Status& status) {
     failed_work = fail_all(status);
   }
   const bool ours = status.message.rfind("hpcdl was shut down", 0) == 0;
-  if (status.code != HPCDL_ERR_SHUTDOWN || (failed_work && !ours)) flight_dump("error", status.message);
+  if (status.code != HPCDL_ERR_SHUTDOWN || (failed_work && !ours)) {
+    flight_dump("error", status.message);
+  } else if (!ours) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    dump_on_refusal_ = true;
+  }
 }
 
 // Under mutex_: fail_everything's work; true when an operation of this rank failed.

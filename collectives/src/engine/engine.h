@@ -327,6 +327,9 @@ class Engine {
   bool shutdown_requested_ = false;
   bool running_ = false;
   Status failed_;  // once set, the engine accepts no more work
+  // A peer's shutdown failed the engine while this rank had no operation in it (see fail_everything): the
+  // next submission it refuses dumps the flight recorder, as a failed operation would have.
+  bool dump_on_refusal_ = false;
   int64_t unfinished_ = 0;  // operations this rank submitted that have not finished (see kHeartbeat)
   FlightRecorder flight_;   // this rank's recent submissions (see flight.h)
   // Reports: the ranks this rank asks (and why), whether it owes its own, what each rank last said.

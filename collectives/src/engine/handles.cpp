@@ -94,8 +94,15 @@ Status Engine::enqueue(const hpcdl_request& r, int64_t* handle) {
   op->output = r.output;
   op->submitted = Clock::now();
   caller_cpu_.store(sched_getcpu(), std::memory_order_relaxed);
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (!failed_.is_ok()) return Status::error(failed_.code, failed_.message + "; the engine accepts no more operations");
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!failed_.is_ok()) {
+    const Status failure = failed_;
+    const bool dump = dump_on_refusal_;
+    dump_on_refusal_ = false;
+    lock.unlock();
+    if (dump) flight_dump("error", failure.message);
+    return Status::error(failure.code, failure.message + "; the engine accepts no more operations");
+  }
   if (shutdown_requested_) return Status::error(HPCDL_ERR_SHUTDOWN, "hpcdl is shutting down");
   if (r.name != nullptr && r.name[0] != '\0') {
     q.name = r.name;
