@@ -8,7 +8,9 @@ measured) and times, in the same processes and on the same float32 values, for s
 - ``runtime``: ``hpcdl.common.allreduce(a, out=a)``, the runtime's own blocking call (no engine);
 - ``engine``: ``hpcdl.common.engine.allreduce_async(a, name=..., out=a)``, ``wait()``, ``release()``;
 - ``hvd.allreduce``: ``hpcdl.torch.allreduce(t, name=...)`` (out of place, as Horovod users call it);
-- ``hvd.allreduce_``: ``hpcdl.torch.allreduce_(t, name=...)`` (in place).
+- ``hvd.allreduce_``: ``hpcdl.torch.allreduce_(t, name=...)`` (in place);
+- ``horovod``: with ``--horovod``, ``horovod.torch.allreduce(t, name=...)``, Horovod itself initialised in the
+  same processes (its MPI controller under mpirun; its background thread runs beside every column).
 
 Each size runs ``--rounds`` rounds; a round times one block of calls of every implementation, in an order
 shuffled anew each round (the same on every rank), each block after a barrier. A block's time per call is
@@ -23,6 +25,7 @@ Benchmarks measure; they do not assert.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import random
@@ -38,13 +41,14 @@ import numpy as np
 OPENMPI = "/usr/bin/mpirun.openmpi"
 
 DEFAULT_SIZES = [4 * 4**k for k in range(14)]  # 4 B .. 256 MiB
-IMPLS = ("mpi4py", "runtime", "engine", "hvd.allreduce", "hvd.allreduce_")
+IMPLS = ("mpi4py", "runtime", "engine", "hvd.allreduce", "hvd.allreduce_", "horovod")
 # (numerator, denominator, label): ratios of paired per-round times.
 RATIOS = (
     ("hvd.allreduce", "runtime", "hvd.allreduce / runtime"),
     ("engine", "runtime", "engine / runtime"),
     ("mpi4py", "hvd.allreduce", "mpi4py / hvd.allreduce"),
     ("mpi4py", "hvd.allreduce_", "mpi4py / hvd.allreduce_"),
+    ("horovod", "hvd.allreduce", "horovod / hvd.allreduce"),
 )
 
 
@@ -61,7 +65,7 @@ def busy_process() -> subprocess.Popen:
 
 
 # ---- worker: runs on every rank --------------------------------------------------------------------
-def _impls(nbytes: int) -> dict[str, Callable[[], None]]:
+def _impls(nbytes: int, horovod: bool) -> dict[str, Callable[[], None]]:
     import hpcdl.common as hc
     from hpcdl.common import engine
 
@@ -92,10 +96,15 @@ def _impls(nbytes: int) -> dict[str, Callable[[], None]]:
         impls["hvd.allreduce_"] = lambda: hvd.allreduce_(t, name=f"lat.hvd_.{nbytes}", op=hvd.Sum)
     except ImportError:
         pass
+    if horovod:
+        import horovod.torch as real_hvd
+
+        ht = torch.from_numpy(a.copy())
+        impls["horovod"] = lambda: real_hvd.allreduce(ht, name=f"lat.horovod.{nbytes}", op=real_hvd.Sum)
     return impls
 
 
-def worker(sizes: list[int], rounds: int, budget: float, busy: bool) -> None:
+def worker(sizes: list[int], rounds: int, budget: float, busy: bool, horovod: bool) -> None:
     import hpcdl.common as hc
 
     try:
@@ -104,12 +113,16 @@ def worker(sizes: list[int], rounds: int, budget: float, busy: bool) -> None:
         hvd.init()
     except ImportError:
         hc.init()
+    if horovod:
+        import horovod.torch as real_hvd
+
+        real_hvd.init()
     rank = hc.rank()
     spinner = busy_process() if busy else None
     # Which hpcdl the ranks measure: an editable install's import hook can win over PYTHONPATH.
     report: dict = {"sizes": {}, "hpcdl": os.path.dirname(os.path.abspath(hc.__file__))}
     for done, nbytes in enumerate(sizes):
-        impls = _impls(nbytes)
+        impls = _impls(nbytes, horovod)
         counts = {}
         for name, call in impls.items():  # rank 0 sizes the blocks; every rank runs the same count
             for _ in range(20 if nbytes < 1 << 20 else 2):
@@ -140,6 +153,8 @@ def worker(sizes: list[int], rounds: int, budget: float, busy: bool) -> None:
         spinner.wait()
     if rank == 0:
         print("REPORT " + json.dumps(report), flush=True)
+    if horovod:
+        real_hvd.shutdown()
     hc.shutdown()
 
 
@@ -204,6 +219,12 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--busy", action="store_true", help="a busy process beside every rank (contention)")
     parser.add_argument("--no-mpi", action="store_true", help="launch with hpcdl run only (no mpi4py)")
     parser.add_argument(
+        "--horovod",
+        action="store_true",
+        help="also time horovod.torch.allreduce, Horovod initialised in the same processes (needs horovod "
+        "importable by the ranks, e.g. through PYTHONPATH)",
+    )
+    parser.add_argument(
         "--pythonpath",
         help="the ranks import hpcdl from this directory (another build, installed with pip --target), to "
         "measure it beside this one",
@@ -216,8 +237,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     if args.max_bytes:
         sizes = [s for s in sizes if s <= args.max_bytes]
     if args.worker:
-        worker(sizes, args.rounds, args.block_seconds, args.busy)
+        worker(sizes, args.rounds, args.block_seconds, args.busy, args.horovod)
         return
+    if args.horovod and importlib.util.find_spec("horovod") is None:
+        sys.exit("--horovod: horovod is not importable here (install it, or put its directory on PYTHONPATH)")
     # The ranks import only hpcdl (another build's, with --pythonpath); the launcher's helpers only here.
     try:
         from ._launch import run_ranks
@@ -229,6 +252,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     load_before = os.getloadavg()[0]
     worker_args = ["--worker", "--sizes", ",".join(map(str, sizes)), "--rounds", str(args.rounds)]
     worker_args += ["--block-seconds", str(args.block_seconds)] + (["--busy"] if args.busy else [])
+    worker_args += ["--horovod"] if args.horovod else []
     (text,) = run_ranks(__file__, args.num_proc, worker_args, "REPORT", use_mpi, args.no_progress)[:1]
     report = json.loads(text)
     measured = os.path.dirname(report["hpcdl"])

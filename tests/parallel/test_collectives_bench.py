@@ -44,3 +44,17 @@ def test_fusion_benchmark_report() -> None:
     assert report["engine_vs_flat"] > 0 and report["packed_vs_flat"] > 0
     assert report["torch_vs_flat"] is None and report["gloo_vs_engine"] is None
     assert set(report["lone_4_byte_allreduce_us"]) == {"engine_us", "direct_us"}
+
+
+def test_latency_benchmark_report_and_a_missing_horovod() -> None:
+    options = ["--sizes", "4", "--rounds", "1", "--block-seconds", "0.005", "--no-mpi", "--no-progress"]
+    report = json.loads(bench("latency", "-np", "2", "--json", *options))
+    row = report["sizes"]["4"]
+    assert {"runtime", "engine", "hvd.allreduce", "hvd.allreduce_"} == set(row["median_s"])
+    assert all(seconds > 0 for seconds in row["median_s"].values()) and row["hvd.allreduce / runtime"] > 0
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [sys.executable, "-m", "hpcdl", "bench", "latency", "--horovod", *options],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert done.returncode != 0 and "--horovod: horovod is not importable here" in done.stderr, done.stderr
