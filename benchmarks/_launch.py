@@ -4,6 +4,7 @@ done total`` lines; the launcher draws a bar on a terminal, see ``hpcdl.common.p
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import socket
@@ -25,6 +26,28 @@ DEFAULT_TIMEOUT_S = 3600.0
 NO_PROGRESS_HELP = progress.NO_PROGRESS_HELP
 # mpirun may cut a rank's long line and tag each piece: the tags are dropped from what the ranks print.
 _TAG = re.compile(r"\[\d+(?:,\d+)?\]<std(?:out|err)>:")
+
+
+def add_gpu_operations_option(parser: argparse.ArgumentParser) -> None:
+    """``--gpu-operations`` of the GPU benchmarks; :func:`use_gpu_operations` applies it."""
+    parser.add_argument(
+        "--gpu-operations",
+        choices=("auto", "nccl", "gloo-standin"),
+        default="auto",
+        help="nccl (CUDA tensors), gloo-standin (CPU tensors, gloo in place of NCCL) or auto: nccl when "
+        "this PyTorch has NCCL and a GPU is visible",
+    )
+
+
+def use_gpu_operations(mode: str) -> None:
+    """Have the ranks this process launches run their GPU operations as ``mode`` says (``auto`` resolved
+    here, where the GPUs are visible)."""
+    if mode == "auto":
+        import torch
+
+        nccl = torch.distributed.is_available() and torch.distributed.is_nccl_available()
+        mode = "nccl" if nccl and torch.cuda.is_available() else "gloo-standin"
+    os.environ["HPCDL_GPU_OPERATIONS"] = mode
 
 
 def free_port() -> int:

@@ -30,15 +30,26 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
 import statistics
 from typing import Callable, Optional
 
 try:
-    from ._launch import NO_PROGRESS_HELP, report_progress, run_ranks
+    from ._launch import (
+        NO_PROGRESS_HELP,
+        add_gpu_operations_option,
+        report_progress,
+        run_ranks,
+        use_gpu_operations,
+    )
     from .fusion import SHAPES, paired_ratio, timed_rounds
 except ImportError:  # run as a script: python benchmarks/gpu_fusion.py
-    from _launch import NO_PROGRESS_HELP, report_progress, run_ranks  # type: ignore[no-redef]
+    from _launch import (  # type: ignore[no-redef]
+        NO_PROGRESS_HELP,
+        add_gpu_operations_option,
+        report_progress,
+        run_ranks,
+        use_gpu_operations,
+    )
     from fusion import SHAPES, paired_ratio, timed_rounds  # type: ignore[no-redef]
 
 DDP_FIRST_BUCKET_BYTES = 1 << 20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
@@ -176,13 +187,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("-np", "--num-proc", type=int, default=2, help="number of ranks (default 2)")
     parser.add_argument("--iterations", type=int, default=10, help="rounds: timed steps per variant")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per variant first (default 2)")
-    parser.add_argument(
-        "--gpu-operations",
-        choices=("auto", "nccl", "gloo-standin"),
-        default="auto",
-        help="nccl (CUDA tensors), gloo-standin (CPU tensors, gloo in place of NCCL) or auto: nccl when "
-        "this PyTorch has NCCL and GPUs are visible",
-    )
+    add_gpu_operations_option(parser)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -192,13 +197,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         return
     if args.num_proc < 1:
         parser.error("-np must be at least 1")
-    mode = args.gpu_operations
-    if mode == "auto":
-        import torch
-
-        nccl = torch.distributed.is_available() and torch.distributed.is_nccl_available()
-        mode = "nccl" if nccl and torch.cuda.is_available() else "gloo-standin"
-    os.environ["HPCDL_GPU_OPERATIONS"] = mode
+    use_gpu_operations(args.gpu_operations)
     worker_args = ["--worker", "--iterations", str(args.iterations), "--warmup", str(args.warmup)]
     report = json.loads(
         run_ranks(__file__, args.num_proc, worker_args, "REPORT", no_progress=args.no_progress)[0]

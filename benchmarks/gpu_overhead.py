@@ -21,15 +21,26 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 from typing import Callable, Optional
 
 try:
-    from ._launch import NO_PROGRESS_HELP, report_progress, run_ranks
+    from ._launch import (
+        NO_PROGRESS_HELP,
+        add_gpu_operations_option,
+        report_progress,
+        run_ranks,
+        use_gpu_operations,
+    )
     from .fusion import paired_ratio, timed_rounds
 except ImportError:  # run as a script: python benchmarks/gpu_overhead.py
-    from _launch import NO_PROGRESS_HELP, report_progress, run_ranks  # type: ignore[no-redef]
+    from _launch import (  # type: ignore[no-redef]
+        NO_PROGRESS_HELP,
+        add_gpu_operations_option,
+        report_progress,
+        run_ranks,
+        use_gpu_operations,
+    )
     from fusion import paired_ratio, timed_rounds  # type: ignore[no-redef]
 
 MIN_BYTES = 4
@@ -143,13 +154,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     )
     parser.add_argument("--iterations", type=int, default=20, help="rounds: timed steps per variant")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per variant first (default 3)")
-    parser.add_argument(
-        "--gpu-operations",
-        choices=("auto", "nccl", "gloo-standin"),
-        default="auto",
-        help="nccl (CUDA tensors), gloo-standin (CPU tensors, gloo in place of NCCL) or auto: nccl when "
-        "this PyTorch has NCCL and a GPU is visible",
-    )
+    add_gpu_operations_option(parser)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -161,13 +166,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         parser.error("need 4 <= --min-bytes <= --max-bytes")
     if args.iterations < 1 or args.warmup < 0:
         parser.error("--iterations must be at least 1 and --warmup at least 0")
-    mode = args.gpu_operations
-    if mode == "auto":
-        import torch
-
-        nccl = torch.distributed.is_available() and torch.distributed.is_nccl_available()
-        mode = "nccl" if nccl and torch.cuda.is_available() else "gloo-standin"
-    os.environ["HPCDL_GPU_OPERATIONS"] = mode
+    use_gpu_operations(args.gpu_operations)
     worker_args = ["--worker", "--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes)]
     worker_args += ["--iterations", str(args.iterations), "--warmup", str(args.warmup)]
     report = json.loads(run_ranks(__file__, 1, worker_args, "REPORT", no_progress=args.no_progress)[0])
