@@ -11,20 +11,20 @@ ignored.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import mmap
 import sys
 from typing import Optional
 
-HUGE_PAGE = 2 << 20
 # Smaller buffers gain little: a result of a few huge pages is mostly its partial pages at either end.
 ADVISE_FROM_BYTES = 4 << 20
 _MADV_HUGEPAGE = 14
-_PAGE = 4096
+_PAGE = mmap.PAGESIZE
 
 _madvise: Optional[ctypes._CFuncPtr] = None  # type: ignore[name-defined]
 if sys.platform.startswith("linux"):
-    _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    _madvise = _libc.madvise
+    # The process's own symbols hold libc's: no library search (find_library runs ldconfig, a subprocess
+    # at import, which an MPI rank should not fork).
+    _madvise = ctypes.CDLL(None, use_errno=True).madvise
     _madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
     _madvise.restype = ctypes.c_int
 
