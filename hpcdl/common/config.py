@@ -45,7 +45,8 @@ SETTINGS: tuple[Setting, ...] = (
         int,
         tunable=True,
     ),
-    Setting("shm_chunk_bytes", "shm_chunk_bytes", "HPCDL_SHM_CHUNK_BYTES", None, 2 << 20, int),
+    # Unset (None): the runtime's choice, a quarter of the L2 cache within 256 KiB-2 MiB.
+    Setting("shm_chunk_bytes", "shm_chunk_bytes", "HPCDL_SHM_CHUNK_BYTES", None, None, int),
     Setting("shm_stores", "shm_stores", "HPCDL_SHM_STORES", None, "auto", str),
     Setting(
         "hierarchical_allreduce",
