@@ -23,7 +23,7 @@ import torch
 from hpcdl import common
 from hpcdl.common import engine
 from hpcdl.common.exceptions import HpcdlConfigError
-from hpcdl.common.memory import ADVISE_FROM_BYTES, advise_huge_pages
+from hpcdl.common.memory import POOL_FROM_BYTES, result_buffer
 from hpcdl.common.ops import reducescatter_rows
 from hpcdl.common.types import OpType
 from hpcdl.torch import _adasum, _gpu, _handles
@@ -114,12 +114,12 @@ def _check_in_place(tensor: torch.Tensor, what: str) -> torch.Tensor:
 
 
 def new_output(tensor: torch.Tensor) -> torch.Tensor:
-    """A fresh contiguous tensor of the input's shape, dtype and device, for an out-of-place result (in
-    host memory, a large one on huge pages: see ``hpcdl.common.memory``)."""
-    out = torch.empty_like(tensor, memory_format=torch.contiguous_format)
-    if out.nbytes >= ADVISE_FROM_BYTES and out.is_cpu:  # nbytes first: the cheaper look at a small one
-        advise_huge_pages(out.data_ptr(), out.nbytes)
-    return out
+    """A new contiguous tensor of the input's shape, dtype and device, for an out-of-place result. A large
+    one in host memory comes from ``hpcdl.common.memory``'s pool (warm, on huge pages); like any tensor
+    made from a buffer, it cannot be resized beyond its size."""
+    if tensor.nbytes >= POOL_FROM_BYTES and tensor.is_cpu:  # nbytes first: the cheaper look at a small one
+        return torch.frombuffer(result_buffer(tensor.nbytes), dtype=tensor.dtype).view(tensor.shape)
+    return torch.empty_like(tensor, memory_format=torch.contiguous_format)
 
 
 # ---- submitting -----------------------------------------------------------------------------------
