@@ -57,6 +57,20 @@ def calls_per_block(probe_seconds: float, budget_seconds: float) -> int:
     return int(max(3, min(20000, budget_seconds / max(probe_seconds, 1e-7))))
 
 
+def block_count(call: Callable[[], None], warmup: int, probes: int, budget_seconds: float) -> int:
+    """Calls of one timed block of `call`: rank 0 times `probes` calls after `warmup` untimed ones and
+    every rank runs the count it broadcasts (a collective: every rank calls this in the same order)."""
+    import hpcdl.common as hc
+
+    for _ in range(warmup):
+        call()
+    start = time.perf_counter()
+    for _ in range(probes):
+        call()
+    probe = np.array([calls_per_block((time.perf_counter() - start) / probes, budget_seconds)], np.int64)
+    return int(hc.broadcast(probe, root=0)[0])
+
+
 def busy_process() -> subprocess.Popen:
     """A process that keeps one core busy beside this rank, as a data loader's worker or another library's
     background thread does; it holds no lock of this process (a thread of this process would also compete
@@ -123,15 +137,8 @@ def worker(sizes: list[int], rounds: int, budget: float, busy: bool, horovod: bo
     report: dict = {"sizes": {}, "hpcdl": os.path.dirname(os.path.abspath(hc.__file__))}
     for done, nbytes in enumerate(sizes):
         impls = _impls(nbytes, horovod)
-        counts = {}
-        for name, call in impls.items():  # rank 0 sizes the blocks; every rank runs the same count
-            for _ in range(20 if nbytes < 1 << 20 else 2):
-                call()
-            start = time.perf_counter()
-            for _ in range(5):
-                call()
-            probe = np.array([calls_per_block((time.perf_counter() - start) / 5, budget)], np.int64)
-            counts[name] = int(hc.broadcast(probe, root=0)[0])
+        warmup = 20 if nbytes < 1 << 20 else 2
+        counts = {name: block_count(call, warmup, 5, budget) for name, call in impls.items()}
         times: dict[str, list[float]] = {name: [] for name in impls}
         for round_ in range(rounds):
             order = list(impls)

@@ -39,9 +39,9 @@ from typing import Callable, Optional
 import numpy as np
 
 try:
-    from .latency import OPENMPI, _has_mpi4py, calls_per_block
+    from .latency import OPENMPI, _has_mpi4py, block_count
 except ImportError:  # run as a script
-    from latency import OPENMPI, _has_mpi4py, calls_per_block  # type: ignore[no-redef]
+    from latency import OPENMPI, _has_mpi4py, block_count  # type: ignore[no-redef]
 
 SPLIT = ("submit", "wait", "release")  # the old engine path's three calls, timed apart
 
@@ -117,15 +117,7 @@ def worker(rounds: int, budget: float) -> None:
     hvd.init()
     split = dict.fromkeys(SPLIT, 0)
     rows = _rows(split)
-    counts = {}
-    for name, call in rows.items():  # rank 0 sizes the blocks; every rank runs the same count
-        for _ in range(50):
-            call()
-        start = time.perf_counter()
-        for _ in range(20):
-            call()
-        probe = np.array([calls_per_block((time.perf_counter() - start) / 20, budget)], np.int64)
-        counts[name] = int(hc.broadcast(probe, root=0)[0])
+    counts = {name: block_count(call, 50, 20, budget) for name, call in rows.items()}
     times: dict[str, list[float]] = {name: [] for name in rows}
     splits: dict[str, list[float]] = {key: [] for key in SPLIT}
     for round_ in range(rounds):
