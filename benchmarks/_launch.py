@@ -50,6 +50,14 @@ def use_gpu_operations(mode: str) -> None:
     os.environ["HPCDL_GPU_OPERATIONS"] = mode
 
 
+def slots_per_host(hosts: str) -> list[int]:
+    """The ranks on each host of an ``hpcdl run -H`` list, read as ``hpcdl run`` reads it (a host without
+    ``:N`` has one, a repeated host adds up); ``LaunchError`` for a list it would refuse."""
+    from hpcdl.runner.hosts import parse_hosts_arg
+
+    return [host.slots for host in parse_hosts_arg(hosts)]
+
+
 def free_port() -> int:
     """A TCP port that is free on every interface of this host now."""
     with socket.socket() as s:

@@ -26,6 +26,7 @@ import numpy as np
 
 from hpcdl.common.exceptions import HpcdlError
 from hpcdl.common.sizes import parse_size
+from hpcdl.runner.errors import LaunchError
 
 try:
     from ._launch import (
@@ -36,6 +37,7 @@ try:
         free_port,
         report_progress,
         run_ranks,
+        slots_per_host,
     )
     from ._tcp_ceiling import TcpCeiling, peer_of
 except ImportError:  # run as a script: python benchmarks/allreduce.py
@@ -47,6 +49,7 @@ except ImportError:  # run as a script: python benchmarks/allreduce.py
         free_port,
         report_progress,
         run_ranks,
+        slots_per_host,
     )
     from _tcp_ceiling import TcpCeiling, peer_of  # type: ignore[no-redef]
 
@@ -365,14 +368,9 @@ def launch(
     return [Record(**json.loads(text)) for text in texts]
 
 
-def _slots(hosts: str) -> int:
-    """Ranks of an ``hpcdl run -H`` list (a host without ``:N`` has one slot)."""
-    return sum(int(h.rsplit(":", 1)[1]) if ":" in h else 1 for h in hosts.split(",") if h)
-
-
-def _default_variants(hosts: Optional[str]) -> list[str]:
+def _default_variants(per_host: list[int]) -> list[str]:
     """hpcdl as a user gets it; across hosts with several ranks on a host also each path forced."""
-    if hosts and any(":" in h and int(h.rsplit(":", 1)[1]) > 1 for h in hosts.split(",")):
+    if any(slots > 1 for slots in per_host):
         return ["hpcdl", "hpcdl-flat", "hpcdl-hier"]
     return ["hpcdl"]
 
@@ -413,14 +411,18 @@ def main(argv: Optional[list[str]] = None) -> None:
     sizes = args.sizes or DEFAULT_SIZES
     if args.max_bytes:
         sizes = [s for s in sizes if s <= args.max_bytes]
-    variants = args.variants.split(",") if args.variants else _default_variants(args.hosts)
+    try:
+        per_host = slots_per_host(args.hosts) if args.hosts else []
+    except LaunchError as exc:
+        parser.error(str(exc))
+    variants = args.variants.split(",") if args.variants else _default_variants(per_host)
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         parser.error(f"unknown variant(s) {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
     if args.worker:
         worker(sizes, args.repeats, variants)
         return
-    ranks = args.num_proc if args.num_proc is not None else _slots(args.hosts) if args.hosts else 2
+    ranks = args.num_proc if args.num_proc is not None else sum(per_host) or 2
     if ranks < 1:
         parser.error("-np must be at least 1")
     use_mpi = not args.no_mpi and shutil.which(OPENMPI) is not None and _has_mpi4py()

@@ -41,6 +41,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from hpcdl.runner.errors import LaunchError
+
 try:
     from ._launch import (
         NO_PROGRESS_HELP,
@@ -50,6 +52,7 @@ try:
         free_port,
         report_progress,
         run_ranks,
+        slots_per_host,
     )
 except ImportError:  # run as a script: python benchmarks/fusion.py
     from _launch import (  # type: ignore[no-redef]
@@ -60,6 +63,7 @@ except ImportError:  # run as a script: python benchmarks/fusion.py
         free_port,
         report_progress,
         run_ranks,
+        slots_per_host,
     )
 
 
@@ -303,11 +307,6 @@ def launch(
     return json.loads(texts[0])
 
 
-def _slots(hosts: str) -> int:
-    """Ranks of an ``hpcdl run -H`` list (a host without ``:N`` has one slot)."""
-    return sum(int(h.rsplit(":", 1)[1]) if ":" in h else 1 for h in hosts.split(",") if h)
-
-
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(prog="hpcdl bench fusion", description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -336,7 +335,11 @@ def main(argv: Optional[list[str]] = None) -> None:
     if args.worker:
         worker(args.iterations, args.warmup, args.latency_repeats, skip)
         return
-    ranks = args.num_proc if args.num_proc is not None else _slots(args.hosts) if args.hosts else 2
+    try:
+        per_host = slots_per_host(args.hosts) if args.hosts else []
+    except LaunchError as exc:
+        parser.error(str(exc))
+    ranks = args.num_proc if args.num_proc is not None else sum(per_host) or 2
     if ranks < 1:
         parser.error("-np must be at least 1")
     use_mpi = not args.no_mpi and "mpi4py" not in skip and shutil.which(OPENMPI) is not None
