@@ -139,8 +139,12 @@ def _last_common(ops: dict[int, list[Op]]) -> tuple[int, Op, list[int]] | None:
     if not all(done.values()):
         return None
     best: tuple[int, int, Op, list[int]] | None = None
+    seen: set[str] = set()
     for rank in sorted(done):
         last = done[rank][-1]
+        if last.name in seen:  # the same candidate as an earlier rank's: scan every rank once per name
+            continue
+        seen.add(last.name)
         after = {other: _after_last(last.name, listed) for other, listed in done.items()}
         if any(count is None for count in after.values()):
             continue
