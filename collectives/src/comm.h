@@ -17,6 +17,11 @@ namespace hpcdl {
 using Clock = std::chrono::steady_clock;
 using Deadline = Clock::time_point;
 
+// A steady-clock time as ns since the clock's epoch: how operation records and the timeline store times.
+inline int64_t steady_ns(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
 // Result of an operation that can fail: a status code from c_api.h and a message for the user.
 struct Status {
   int code = HPCDL_OK;

@@ -18,6 +18,7 @@ import numpy as np
 
 import hpcdl.common as hc
 from hpcdl.common import engine as E
+from hpcdl.common.debug_dir import debug_dir
 from hpcdl.common.exceptions import HpcdlError
 
 GIVE_UP_SECONDS = 30.0
@@ -141,6 +142,29 @@ def timeout(api: Api) -> None:
     api.shutdown()
 
 
+def recorded() -> list[dict]:
+    """This rank's flight recorder as a dump shows it now."""
+    E.dump_flight_recorder("ring check")
+    return json.loads((debug_dir() / f"flight.rank{hc.rank()}.json").read_text())["ops"]
+
+
+def ring(api: Api) -> None:
+    """20 finished allreduces 'step.<i>' of i + 1 elements, then 'pending', which rank 0 submits first and
+    dumps while it waits for rank 1; then 'go' and 'pending' finish. Run with a ring of 8."""
+    for i in range(20):
+        E.synchronize(E.allreduce_async(np.ones(i + 1, np.float32), name=f"step.{i}"))
+    if hc.rank() == 0:
+        pending = E.allreduce_async(np.ones(3, np.float32), name="pending")
+        result(while_pending=recorded())
+        E.synchronize(E.allreduce_async(np.ones(1, np.float32), name="go"))
+    else:
+        E.synchronize(E.allreduce_async(np.ones(1, np.float32), name="go"))
+        pending = E.allreduce_async(np.ones(3, np.float32), name="pending")
+    E.synchronize(pending)
+    result(after=recorded())
+    api.shutdown()
+
+
 SCENARIOS = {
     "user_code": lambda api: stuck(api, stuck_in_dataloader),
     "c_call": lambda api: stuck(api, stuck_in_c_call),
@@ -148,6 +172,7 @@ SCENARIOS = {
     "shape": other_shape,
     "process_set": other_process_set,
     "timeout": timeout,
+    "ring": ring,
 }
 
 

@@ -154,3 +154,38 @@ def test_a_timeout_says_where_the_missing_rank_is(tmp_path: Path) -> None:
     # Rank 0 wrote its dump at the timeout; when rank 1 shuts down first, 'late' (still pending on rank 0)
     # fails then, and that later dump replaces it.
     assert flight(tmp_path, 0)["reason"] in ("timeout", "error")
+
+
+def test_the_flight_recorder_keeps_the_last_submissions_finished_and_pending(tmp_path: Path) -> None:
+    """A ring of 8: the dump holds the last 8 submissions, oldest first, numbered without gaps; those that
+    finished and were released (kept as copies) show their name, shape, size and state as the live ones do."""
+    ranks = run(tmp_path, 2, "ring", HPCDL_FLIGHT_RECORDER_SIZE="8")
+    results = [
+        [json.loads(line[len("RESULT ") :]) for line in r.stdout.splitlines() if line.startswith("RESULT ")]
+        for r in ranks
+    ]
+    assert len(results[0]) == 2 and len(results[1]) == 1, [r.stdout + r.stderr for r in ranks]
+
+    def step(i: int, seq: int) -> dict:
+        return {"seq": seq, "name": f"step.{i}", "shape": [i + 1], "bytes": 4 * (i + 1), "state": "done"}
+
+    def shown(ops: list[dict]) -> list[dict]:
+        return [{k: op[k] for k in ("seq", "name", "shape", "bytes", "state")} for op in ops]
+
+    while_pending = results[0][0]["while_pending"]
+    assert shown(while_pending) == [step(i, i + 1) for i in range(13, 20)] + [
+        {"seq": 21, "name": "pending", "shape": [3], "bytes": 12, "state": "submitted"}
+    ]
+    assert while_pending[-1]["done"] is None and all(op["done"] for op in while_pending[:-1])
+    assert all(op["op"] == "allreduce" and op["reduce"] == "average" for op in while_pending)
+    assert all(op["error"] is None for op in while_pending)
+    rank0_after = [
+        {"seq": 21, "name": "pending", "shape": [3], "bytes": 12, "state": "done"},
+        {"seq": 22, "name": "go", "shape": [1], "bytes": 4, "state": "done"},
+    ]
+    assert shown(results[0][1]["after"]) == [step(i, i + 1) for i in range(14, 20)] + rank0_after
+    rank1_after = [
+        {"seq": 21, "name": "go", "shape": [1], "bytes": 4, "state": "done"},
+        {"seq": 22, "name": "pending", "shape": [3], "bytes": 12, "state": "done"},
+    ]
+    assert shown(results[1][0]["after"]) == [step(i, i + 1) for i in range(14, 20)] + rank1_after

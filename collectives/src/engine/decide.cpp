@@ -13,14 +13,6 @@ namespace hpcdl {
 
 using namespace engine_detail;
 
-namespace {
-
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
-}
-
-}  // namespace
-
 bool Engine::is_ready(const NameRecord& r) {
   const OpRequest* any = r.any();
   if (any == nullptr) return false;
@@ -72,7 +64,7 @@ void Engine::decide_and_run(const std::vector<NameRecord*>& work) {
     return a->sequence < b->sequence;
   });
   const auto now = Clock::now();
-  const int64_t now_stamp = now_ns();
+  const int64_t now_stamp = steady_ns(Clock::now());
   std::vector<NameRecord*> runnable;
   std::vector<NameRecord*> finished;  // each record listed once (NameRecord::finished)
   auto done = [&](NameRecord& r) {
@@ -266,10 +258,10 @@ void Engine::finish(const std::vector<std::shared_ptr<EngineOp>>& ops, int code,
 std::shared_ptr<EngineOp> Engine::mark_finished(std::shared_ptr<EngineOp> op, int code, const std::string& message) {
   if (code != HPCDL_OK) op->error = message;
   if (op->status.load(std::memory_order_relaxed) == HPCDL_PENDING) --unfinished_;
-  op->done_ns.store(now_ns(), std::memory_order_relaxed);
+  op->done_ns.store(steady_ns(Clock::now()), std::memory_order_relaxed);
   op->status.store(code, std::memory_order_release);
   if (op->released) {
-    op->owned_output = {};  // the flight recorder keeps the operation, not its result
+    flight_.retire(*op);
     NameRecord* r = op->record;
     if (r != nullptr && r->op == op) {
       op->record = nullptr;

@@ -118,7 +118,7 @@ Status Engine::device_next(double timeout_s, int64_t* words, int capacity, int* 
   std::copy(b.words.begin(), b.words.end(), words);
   *length = static_cast<int>(b.words.size());
   b.taken = Clock::now();
-  const int64_t taken = std::chrono::duration_cast<std::chrono::nanoseconds>(b.taken.time_since_epoch()).count();
+  const int64_t taken = steady_ns(b.taken);
   for (const auto& op : b.ops) {
     op->device_stage = 2;
     op->started_ns.store(taken, std::memory_order_relaxed);

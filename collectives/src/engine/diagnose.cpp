@@ -38,21 +38,6 @@ std::string wall_json(int64_t steady_ns, int64_t steady_now_ns, double wall_now)
   return text;
 }
 
-int64_t steady_ns(Clock::time_point t) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
-}
-
-// The state of one of this rank's operations, in the flight recorder's words.
-const char* state_of(const EngineOp& op) {
-  const int status = op.status.load(std::memory_order_acquire);
-  if (status == HPCDL_OK) return "done";
-  if (status == HPCDL_ERR_SHUTDOWN) return "cancelled";
-  if (status != HPCDL_PENDING) return "failed";
-  if (op.started_ns.load(std::memory_order_relaxed) != 0) return "started";
-  if (op.negotiated_ns.load(std::memory_order_relaxed) != 0) return "negotiated";
-  return "submitted";
-}
-
 std::string seconds_ago(int64_t steady, int64_t now) {
   char text[32];
   std::snprintf(text, sizeof text, "%.1f s ago", static_cast<double>(now - steady) * 1e-9);
@@ -74,7 +59,7 @@ void Engine::request_reports(const std::vector<int>& ranks, Report why) {
 std::string Engine::rank_report() {
   std::ostringstream out;
   const int64_t now = steady_ns(Clock::now());
-  std::vector<std::shared_ptr<EngineOp>> recent;
+  std::vector<FlightRecord> recent;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     recent = flight_.recent();
@@ -85,14 +70,14 @@ std::string Engine::rank_report() {
     out << "its engine last submitted ";
     int shown = 0;
     for (auto it = recent.rbegin(); it != recent.rend() && shown < 3; ++it, ++shown) {
-      const EngineOp& op = **it;
-      const char* state = state_of(op);
+      const FlightRecord& op = *it;
       // When it reached the state it is in.
-      int64_t at = op.done_ns.load(std::memory_order_relaxed);
-      if (at == 0) at = op.started_ns.load(std::memory_order_relaxed);
-      if (at == 0) at = op.negotiated_ns.load(std::memory_order_relaxed);
-      if (at == 0) at = steady_ns(op.submitted);
-      out << (shown ? "; before that " : "") << describe(op.request) << " (" << state << " " << seconds_ago(at, now);
+      int64_t at = op.done_ns;
+      if (at == 0) at = op.started_ns;
+      if (at == 0) at = op.negotiated_ns;
+      if (at == 0) at = op.submitted_ns;
+      out << (shown ? "; before that " : "") << describe(op.op_type, op.name, op.process_set) << " (" << op.state()
+          << " " << seconds_ago(at, now);
       out << ")";
     }
   }
@@ -215,7 +200,7 @@ std::string Engine::timeout_diagnosis(const std::shared_ptr<EngineOp>& op) {
 
 Status Engine::flight_dump(const std::string& reason, const std::string& message) {
   if (debug_dir_.empty() || flight_.capacity() == 0) return Status::ok();
-  std::vector<std::shared_ptr<EngineOp>> ops;
+  std::vector<FlightRecord> ops;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     ops = flight_.recent();
@@ -244,26 +229,24 @@ Status Engine::flight_dump(const std::string& reason, const std::string& message
   }
   out << "},\n \"ops\": [";
   first = true;
-  for (const auto& p : ops) {
-    const EngineOp& op = *p;
-    const OpRequest& q = op.request;
-    const bool reduces = q.op_type == HPCDL_OP_ALLREDUCE || q.op_type == HPCDL_OP_REDUCESCATTER;
-    const int status = op.status.load(std::memory_order_acquire);
+  for (const FlightRecord& op : ops) {
+    const bool reduces = op.op_type == HPCDL_OP_ALLREDUCE || op.op_type == HPCDL_OP_REDUCESCATTER;
     std::string shape = "[";
-    for (size_t i = 0; i < q.shape.size(); ++i) shape += (i ? ", " : "") + std::to_string(q.shape[i]);
+    for (size_t i = 0; i < op.shape.size(); ++i) shape += (i ? ", " : "") + std::to_string(op.shape[i]);
     shape += "]";
-    out << (first ? "\n  " : ",\n  ") << "{\"seq\": " << op.seq << ", \"name\": \"" << json_escape(q.name)
-        << "\", \"op\": \"" << op_type_name(q.op_type) << "\", \"reduce\": "
-        << (reduces ? "\"" + std::string(reduce_op_name(q.reduce_op)) + "\"" : std::string("null"))
-        << ", \"dtype\": \"" << dtype_name(q.dtype) << "\", \"shape\": " << shape
-        << ", \"bytes\": " << q.num_elements() * dtype_size(q.dtype) << ", \"process_set\": " << q.process_set
-        << ", \"device\": \"" << (q.placement == HPCDL_PLACEMENT_DEVICE ? "gpu" : "cpu") << "\", \"state\": \""
-        << state_of(op) << "\", \"submitted\": " << wall_json(steady_ns(op.submitted), now, wall_now)
-        << ", \"negotiated\": " << wall_json(op.negotiated_ns.load(std::memory_order_relaxed), now, wall_now)
-        << ", \"started\": " << wall_json(op.started_ns.load(std::memory_order_relaxed), now, wall_now)
-        << ", \"done\": " << wall_json(op.done_ns.load(std::memory_order_relaxed), now, wall_now)
-        << ", \"direct\": " << (op.direct.load(std::memory_order_relaxed) ? "true" : "false") << ", \"error\": "
-        << (status != HPCDL_OK && status != HPCDL_PENDING ? "\"" + json_escape(op.error) + "\"" : std::string("null"))
+    out << (first ? "\n  " : ",\n  ") << "{\"seq\": " << op.seq << ", \"name\": \"" << json_escape(op.name)
+        << "\", \"op\": \"" << op_type_name(op.op_type) << "\", \"reduce\": "
+        << (reduces ? "\"" + std::string(reduce_op_name(op.reduce_op)) + "\"" : std::string("null"))
+        << ", \"dtype\": \"" << dtype_name(op.dtype) << "\", \"shape\": " << shape << ", \"bytes\": " << op.bytes
+        << ", \"process_set\": " << op.process_set << ", \"device\": \""
+        << (op.placement == HPCDL_PLACEMENT_DEVICE ? "gpu" : "cpu") << "\", \"state\": \"" << op.state()
+        << "\", \"submitted\": " << wall_json(op.submitted_ns, now, wall_now)
+        << ", \"negotiated\": " << wall_json(op.negotiated_ns, now, wall_now)
+        << ", \"started\": " << wall_json(op.started_ns, now, wall_now)
+        << ", \"done\": " << wall_json(op.done_ns, now, wall_now)
+        << ", \"direct\": " << (op.direct ? "true" : "false") << ", \"error\": "
+        << (op.status != HPCDL_OK && op.status != HPCDL_PENDING ? "\"" + json_escape(op.error) + "\""
+                                                                : std::string("null"))
         << "}";
     first = false;
   }

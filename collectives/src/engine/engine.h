@@ -59,8 +59,8 @@ struct NameRecord;
 // cache hit costs a reference count, not a copy of the request.
 using RequestPtr = std::shared_ptr<const OpRequest>;
 
-// One submission of a named operation by this rank: what its handle refers to and what the flight recorder
-// keeps of it.
+// One submission of a named operation by this rank: what its handle refers to, and the flight recorder's
+// entry for it while it is alive (a copy of what a dump shows after: see flight.h).
 struct EngineOp {
   int64_t id = 0;    // its handle
   uint64_t seq = 0;  // this rank's submission number (1, 2, ...): tells the ranks' submission orders apart

@@ -70,8 +70,7 @@ void Engine::run_batch(const std::vector<NameRecord*>& batch, bool fused) {
   if (bytes >= kWideBytes && !device) keep_to_own_core(false);  // bandwidth-bound: let the scheduler place it
   const bool member = index_of(front.members, rank_) >= 0;
   const auto start = Clock::now();
-  const int64_t start_ns =
-      std::chrono::duration_cast<std::chrono::nanoseconds>(start.time_since_epoch()).count();
+  const int64_t start_ns = steady_ns(start);
   const bool direct = !t_engine_thread;
   for (NameRecord* r : batch) {
     if (!r->local) continue;

@@ -364,7 +364,7 @@ Status Engine::release(int64_t handle) {
   // A pending operation stays alive inside the engine until it finishes; its name is freed then.
   op->released = true;
   if (op->status.load(std::memory_order_acquire) != HPCDL_PENDING) {
-    op->owned_output = {};  // the flight recorder keeps the operation, not its result
+    flight_.retire(*op);
     NameRecord* r = op->record;
     if (r != nullptr && r->op == op) {
       op->record = nullptr;

@@ -137,11 +137,13 @@ std::string rank_ranges(std::vector<int> ranks) {
   return text;
 }
 
-std::string describe(const OpRequest& r) {
-  std::string text = std::string(op_type_name(r.op_type)) + " '" + r.name + "'";
-  if (r.process_set != 0) text += " (process set " + std::to_string(r.process_set) + ")";
+std::string describe(int32_t op_type, const std::string& name, int32_t process_set) {
+  std::string text = std::string(op_type_name(op_type)) + " '" + name + "'";
+  if (process_set != 0) text += " (process set " + std::to_string(process_set) + ")";
   return text;
 }
+
+std::string describe(const OpRequest& r) { return describe(r.op_type, r.name, r.process_set); }
 
 std::string track_of(const OpRequest& r) {
   return r.process_set == 0 ? r.name : r.name + " [set " + std::to_string(r.process_set) + "]";

@@ -52,6 +52,7 @@ std::string rank_ranges(std::vector<int> ranks);        // "rank 3" / "ranks 0, 
 const char* placement_name(int placement);  // "host" / "device"
 // "allreduce 'grad.w'" (with the process set when it is not the global one).
 std::string describe(const OpRequest& request);
+std::string describe(int32_t op_type, const std::string& name, int32_t process_set);
 // The timeline track of a name: the name, with the process set when it is not the global one.
 std::string track_of(const OpRequest& request);
 
