@@ -37,6 +37,10 @@ size_t default_shm_chunk_bytes() {
   return std::clamp(size_t(l2) / 4, size_t(256) << 10, size_t(2) << 20);
 }
 
+// How long a small TCP schedule polls its sockets before it sleeps, when HPCDL_TCP_SPIN_US does not say (see
+// SocketSpin): 30 us answered a 4-byte allreduce between two idle hosts in 9-10 us, 10 us in 16-33 us.
+constexpr long long kDefaultTcpSpinUs = 30;
+
 // "29501,29502" -> {29501, 29502}; entries that are not ports are left out.
 std::vector<int> parse_ports(const std::string& text) {
   std::vector<int> ports;
@@ -281,7 +285,8 @@ Status Runtime::start(const Options& options) {
     Status st = ensure_open_files(tcp_meshes * 2 * size_t(size_ - 1) + 6 * size_t(per_host.size()),
                                   "connections to the job's " + std::to_string(size_ - 1) + " other ranks");
     if (!st.is_ok()) return st;
-    st = TcpComm::create(*endpoint_, peers_, world, rank_, "boot", 0, deadline, &world_boot_);
+    st = TcpComm::create(*endpoint_, peers_, world, rank_, "boot", 0, std::chrono::microseconds(0), deadline,
+                         &world_boot_);
     if (!st.is_ok()) return st;
   }
   Status st = build_process_set(0, world);
@@ -402,7 +407,8 @@ Status Runtime::join_members(const std::vector<int>& members) {
 Status Runtime::make_tcp_comm(const std::vector<int>& ranks, int my, const std::string& key, Deadline deadline,
                               std::shared_ptr<TcpComm>* out) {
   const size_t small = size_t(options_.get_int("small_message_bytes", 65536));
-  return TcpComm::create(*endpoint_, peers_, ranks, my, key, small, deadline, out);
+  const std::chrono::microseconds spin(std::max<long long>(0, options_.get_int("tcp_spin_us", kDefaultTcpSpinUs)));
+  return TcpComm::create(*endpoint_, peers_, ranks, my, key, small, spin, deadline, out);
 }
 
 std::string Runtime::transport_name(bool local) const { return local ? local_transport_ : cross_transport_; }

@@ -207,6 +207,7 @@ def run_command(
     small_message_bytes: Optional[int] = _tunable("small_message_bytes", "--small-message-bytes"),
     shm_chunk_bytes: Optional[int] = _tunable("shm_chunk_bytes", "--shm-chunk-bytes"),
     shm_stores: Optional[str] = _tunable("shm_stores", "--shm-stores"),
+    tcp_spin_us: Optional[int] = _tunable("tcp_spin_us", "--tcp-spin-us"),
     gpu_operations: Optional[str] = _tunable("gpu_operations", "--gpu-operations"),
     num_nccl_streams: Optional[int] = _tunable("num_nccl_streams", "--num-nccl-streams"),
     disable_nvtx_ranges: Optional[bool] = _tunable(

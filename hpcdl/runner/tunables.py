@@ -91,6 +91,9 @@ TUNABLES: tuple[Tunable, ...] = (
     Tunable("small_message_bytes", int, "small_message_bytes",
             "Below this size use latency-optimal algorithms, at/above it the ring.", minimum=0),
     Tunable("shm_chunk_bytes", int, "shm_chunk_bytes", "Chunk size of shared-memory transfers.", minimum=1),
+    Tunable("tcp_spin_us", int, "tcp_spin_us",
+            "Microseconds a small exchange over TCP polls its sockets before it sleeps (0: sleep at once); "
+            "polling stops by itself while it does not pay.", minimum=0),
     Tunable("shm_stores", str, "shm_stores",
             "How shared-memory chunks are written: cached, streaming (non-temporal) or auto (timed).",
             str.lower, choices=("auto", "cached", "streaming")),

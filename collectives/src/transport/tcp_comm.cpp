@@ -15,13 +15,14 @@
 namespace hpcdl {
 
 Status TcpComm::create(Endpoint& endpoint, const std::vector<PeerInfo>& world, const std::vector<int>& world_ranks,
-                       int my_rank, const std::string& key, size_t small_message_bytes, Deadline deadline,
-                       std::shared_ptr<TcpComm>* out) {
+                       int my_rank, const std::string& key, size_t small_message_bytes,
+                       std::chrono::microseconds spin, Deadline deadline, std::shared_ptr<TcpComm>* out) {
   std::shared_ptr<TcpComm> c(new TcpComm());
   c->rank_ = my_rank;
   c->size_ = int(world_ranks.size());
   c->world_ = world_ranks;
   c->small_message_bytes_ = small_message_bytes;
+  c->spin_ = SocketSpin(spin);
   c->fds_.assign(world_ranks.size(), -1);
   c->bell_fds_.assign(world_ranks.size(), -1);
   for (int w : world_ranks) c->hosts_.push_back(world[size_t(w)].host);
@@ -90,9 +91,11 @@ constexpr int kMaxGather = 16;
 // Moves every lane as far as its socket and its dependencies allow, and sleeps in poll() only when no lane
 // can move: a ring's sends, receives and reductions overlap, and a small exchange with every peer costs
 // one round trip. Consecutive ready sends of a lane go out in one sendmsg() straight from their buffers.
-// It sleeps at once rather than spinning first: with ranks sharing cores (or a host busy with other work)
-// a spinning rank takes the time its peer needs to answer; a 4-byte allreduce between two hosts took twice
-// as long with 50 us of polling before each sleep as without (benchmarks/README.md).
+// A small schedule (at most twice small_message_bytes to any one peer: the exchange path with its
+// descriptor, the engine's control messages) polls its sockets for a short window before it sleeps, while
+// that pays (see SocketSpin). A large one sleeps at once: polling did not make 256 KiB-4 MiB allreduces
+// between two hosts faster and made 64 MiB ones 12 % slower, since a poller takes a core the kernel's copies
+// need.
 Status TcpComm::run(Schedule& schedule, Deadline deadline, const std::string& what) {
   auto& sends = schedule.sends();
   auto& recvs = schedule.recvs();
@@ -195,6 +198,14 @@ Status TcpComm::run(Schedule& schedule, Deadline deadline, const std::string& wh
     return Status::ok();
   };
 
+  size_t most_to_one = 0;  // the most this schedule sends to one peer
+  for (const Lane& l : out) {
+    size_t bytes = 0;
+    for (int i : l.items) bytes += sends[size_t(i)].len;
+    most_to_one = std::max(most_to_one, bytes);
+  }
+  bool may_spin = most_to_one <= 2 * small_message_bytes_, spinning = false;
+  Clock::time_point spin_start, last_look;
   std::vector<pollfd> fds;
   while (true) {
     bool moved = false;
@@ -207,8 +218,28 @@ Status TcpComm::run(Schedule& schedule, Deadline deadline, const std::string& wh
       Status st = pump_in(l, &moved);
       if (!st.is_ok()) return st;
     }
+    if (spinning && (moved || open == 0)) {
+      spin_.paid(Clock::now() - last_look < SocketSpin::kPreempted);
+      spinning = false;
+    }
     if (open == 0) return Status::ok();
     if (moved) continue;
+    if (may_spin && !spinning && spin_.poll_first()) {
+      spinning = true;
+      spin_start = last_look = Clock::now();
+    }
+    if (spinning) {
+      const auto now = Clock::now();
+      const bool preempted = now - last_look >= SocketSpin::kPreempted;
+      last_look = now;
+      if (!preempted && now - spin_start < spin_.window()) {
+        cpu_relax();
+        continue;
+      }
+      spin_.paid(false);
+      spinning = false;
+      may_spin = false;  // the rest of this schedule sleeps
+    }
     // Nothing could move: sleep until a socket has room for a ready send or bytes for a receive.
     fds.clear();
     for (const Lane& l : in)

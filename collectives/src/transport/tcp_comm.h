@@ -9,6 +9,7 @@
 #include "algorithms/p2p.h"
 #include "comm.h"
 #include "runtime.h"
+#include "transport/wait.h"
 
 namespace hpcdl {
 
@@ -18,8 +19,8 @@ class TcpComm : public Comm, public P2P {
  public:
   // Collective over the members: `key` must be the same on all of them and unique per communicator.
   static Status create(Endpoint& endpoint, const std::vector<PeerInfo>& world, const std::vector<int>& world_ranks,
-                       int my_rank, const std::string& key, size_t small_message_bytes, Deadline deadline,
-                       std::shared_ptr<TcpComm>* out);
+                       int my_rank, const std::string& key, size_t small_message_bytes,
+                       std::chrono::microseconds spin, Deadline deadline, std::shared_ptr<TcpComm>* out);
   ~TcpComm() override;
 
   int rank() const override { return rank_; }
@@ -64,6 +65,7 @@ class TcpComm : public Comm, public P2P {
   int self_bell_ = -1;
   uint32_t bell_ = 0;  // the latest cycle a peer rang for (only wait_notify's thread touches it)
   size_t small_message_bytes_ = 65536;
+  SocketSpin spin_;  // small schedules poll their sockets first while that pays (run() is never concurrent)
   Status broken_;
 };
 

@@ -7,7 +7,9 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 
 #include "comm.h"
@@ -28,6 +30,46 @@ void futex_wake_shared(std::atomic<uint32_t>* word);
 
 // Whether the process `pid` on this host still runs (false for exited and zombie processes).
 bool process_alive(int pid);
+
+// Whether a rank waiting on its sockets polls them for a short window before it sleeps in poll(). A sleep
+// costs a wake-up (tens of microseconds in a VM, where an idle vCPU halts): on idle cores polling answers a
+// 4-byte allreduce between two hosts in 9-10 us instead of 41-53 us. But a poller keeps a core, and where
+// ranks share cores with each other or with other work, a sleeper is woken ahead of the busy thread while a
+// poller waits for its turn: there polling made the same call 2-2.5 times slower. So the window is used
+// while it pays: a poll that saw no bytes within the window, or in which the thread lost its core (a gap
+// between two looks), makes the next waits sleep at once, twice as many after each such poll in a row (up
+// to kMaxBackoff); a poll that got its bytes in time ends the backoff. Measurements: benchmarks/README.md.
+class SocketSpin {
+ public:
+  static constexpr int kMaxBackoff = 1024;  // waits that sleep at once after many failed polls in a row
+  // A gap this long between two looks at the sockets means the poller was descheduled.
+  static constexpr std::chrono::microseconds kPreempted{20};
+
+  explicit SocketSpin(std::chrono::microseconds window = std::chrono::microseconds(0)) : window_(window) {}
+  std::chrono::microseconds window() const { return window_; }
+  // Whether this wait polls first (counts the waits of a backoff).
+  bool poll_first() {
+    if (window_.count() <= 0) return false;
+    if (skip_ > 0) {
+      --skip_;
+      return false;
+    }
+    return true;
+  }
+  // How a poll ended: bytes in time on a core kept throughout, or not.
+  void paid(bool in_time) {
+    if (in_time) {
+      backoff_ = 0;
+      return;
+    }
+    backoff_ = backoff_ == 0 ? 1 : std::min(kMaxBackoff, backoff_ * 2);
+    skip_ = backoff_;
+  }
+
+ private:
+  std::chrono::microseconds window_;
+  int backoff_ = 0, skip_ = 0;
+};
 
 struct WaitPolicy {
   std::chrono::microseconds spin{20};
