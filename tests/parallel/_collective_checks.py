@@ -156,6 +156,23 @@ def run_allreduce(n: int, r: int, counts: list[int]) -> None:
                         check(f"allreduce in place {dtype.name} {op.name} n={count}", same(dtype, mine, want))
 
 
+RING_PIECE_BYTES = 8 << 20  # kRingPieceBytes: a ring allreduce larger than this runs piece by piece
+
+
+def run_ring_pieces(n: int, r: int) -> None:
+    """Allreduces over several ring pieces, scaled and averaged: a last piece of one element (fewer than
+    the ranks: some of its ring's segments are empty) and one of a few."""
+    for dtype, count in (
+        (DType.FLOAT32, 2 * RING_PIECE_BYTES // 4 + 1),
+        (DType.FLOAT64, RING_PIECE_BYTES // 8 + n + 3),
+    ):
+        inputs = [values(dtype, (count,), q, 7) for q in range(n)]
+        want = expected_reduce(dtype, ReduceOp.AVERAGE, inputs, 0.5, 4.0)
+        got = hc.allreduce(inputs[r].copy(), op=ReduceOp.AVERAGE, prescale=0.5, postscale=4.0, dtype=dtype)
+        label = f"allreduce over ring pieces {dtype.name} n={count}"
+        check(label, same(dtype, got, want), f"{got[-3:]} {want[-3:]}")
+
+
 def run_allgather(n: int, r: int) -> None:
     for dtype in DTYPES:
         for rows in (lambda q: q + 1, lambda q: 0 if q == 0 else 2 * q, lambda q: 0):
@@ -281,6 +298,7 @@ def main() -> None:
             DType.FLOAT32, ReduceOp.SUM, [values(DType.FLOAT32, (300_001,), q, 1) for q in range(n)], 1, 1
         )
         check("allreduce 1.2 MB float32", same(DType.FLOAT32, hc.allreduce(big), want))
+        run_ring_pieces(n, r)
         run_allgather(n, r)
         run_broadcast(n, r)
         run_alltoall(n, r)

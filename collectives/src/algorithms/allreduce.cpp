@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <vector>
 
 #include "algorithms/p2p.h"
@@ -35,9 +36,10 @@ Status p2p_allreduce(P2P& p, const void* send, void* recv, int64_t count, int dt
   return p2p_ring_allreduce(p, send, recv, count, dtype, op, prescale, postscale, n, deadline, what);
 }
 
+namespace {
 // Pipelined ring: reduce-scatter, then allgather, chunk by chunk, straight from the input into the output.
-Status p2p_ring_allreduce(P2P& p, const void* send, void* recv, int64_t count, int dtype, int op, double prescale,
-                          double postscale, int64_t divisor, Deadline deadline, const std::string& what) {
+Status ring_piece(P2P& p, const void* send, void* recv, int64_t count, int dtype, int op, double prescale,
+                  double postscale, int64_t divisor, Deadline deadline, const std::string& what) {
   const int n = p.p2p_size(), r = p.p2p_rank();
   const size_t es = dtype_bytes(dtype);
   auto* out = static_cast<char*>(recv);
@@ -64,6 +66,21 @@ Status p2p_ring_allreduce(P2P& p, const void* send, void* recv, int64_t count, i
                                                      op, postscale, divisor);
   ring_allgather(s, ring, out, ready);
   return p.run(s, deadline, what);
+}
+
+}  // namespace
+
+Status p2p_ring_allreduce(P2P& p, const void* send, void* recv, int64_t count, int dtype, int op, double prescale,
+                          double postscale, int64_t divisor, Deadline deadline, const std::string& what) {
+  const size_t es = dtype_bytes(dtype);
+  const int64_t piece = std::max<int64_t>(1, int64_t(kRingPieceBytes / es));
+  for (int64_t at = 0; at < count; at += piece) {
+    const int64_t len = std::min(piece, count - at);
+    Status st = ring_piece(p, static_cast<const char*>(send) + size_t(at) * es, static_cast<char*>(recv) + size_t(at) * es,
+                           len, dtype, op, prescale, postscale, divisor, deadline, what);
+    if (!st.is_ok()) return st;
+  }
+  return Status::ok();
 }
 
 }  // namespace hpcdl
