@@ -49,7 +49,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("shm_chunk_bytes", "shm_chunk_bytes", "HPCDL_SHM_CHUNK_BYTES", None, None, int),
     Setting("shm_stores", "shm_stores", "HPCDL_SHM_STORES", None, "auto", str),
     # Microseconds a small TCP exchange polls its sockets before it sleeps, while polling pays; 0: never.
-    Setting("tcp_spin_us", "tcp_spin_us", "HPCDL_TCP_SPIN_US", None, 30, int),
+    # Unset (None): the runtime's choice, 30 where the host has more cores than local ranks, else 0.
+    Setting("tcp_spin_us", "tcp_spin_us", "HPCDL_TCP_SPIN_US", None, None, int),
     Setting(
         "hierarchical_allreduce",
         "hierarchical",

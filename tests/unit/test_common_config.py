@@ -36,6 +36,9 @@ def test_bad_values_name_the_variable() -> None:
         config.resolve({"timeout_seconds": 3}, {})
     with pytest.raises(HpcdlConfigError, match="positive"):
         config.resolve({"timeout": 0}, {})
+    with pytest.raises(HpcdlConfigError, match=r"HPCDL_TCP_SPIN_US='-5'.*non-negative"):
+        config.resolve({}, {"HPCDL_TCP_SPIN_US": "-5"})
+    assert config.resolve({}, {}).get("tcp_spin_us") is None  # unset: the runtime chooses
 
 
 def test_options_text_and_autotune_fixed() -> None:

@@ -206,6 +206,10 @@ Status TcpComm::run(Schedule& schedule, Deadline deadline, const std::string& wh
   }
   bool may_spin = most_to_one <= 2 * small_message_bytes_, spinning = false;
   Clock::time_point spin_start, last_look;
+  struct Disarm {  // a ring not due when the schedule ends is not needed: every peer took part
+    bool& armed;
+    ~Disarm() { armed = false; }
+  } disarm{ring_armed_};
   std::vector<pollfd> fds;
   while (true) {
     bool moved = false;
@@ -219,7 +223,8 @@ Status TcpComm::run(Schedule& schedule, Deadline deadline, const std::string& wh
       if (!st.is_ok()) return st;
     }
     if (spinning && (moved || open == 0)) {
-      spin_.paid(Clock::now() - last_look < SocketSpin::kPreempted);
+      spin_.ended(Clock::now() - last_look < SocketSpin::kPreempted ? SocketSpin::Outcome::kInTime
+                                                                     : SocketSpin::Outcome::kPreempted);
       spinning = false;
     }
     if (open == 0) return Status::ok();
@@ -232,15 +237,18 @@ Status TcpComm::run(Schedule& schedule, Deadline deadline, const std::string& wh
       const auto now = Clock::now();
       const bool preempted = now - last_look >= SocketSpin::kPreempted;
       last_look = now;
+      ring_now_if_due(now);
       if (!preempted && now - spin_start < spin_.window()) {
         cpu_relax();
         continue;
       }
-      spin_.paid(false);
+      spin_.ended(preempted ? SocketSpin::Outcome::kPreempted : SocketSpin::Outcome::kLate);
       spinning = false;
       may_spin = false;  // the rest of this schedule sleeps
     }
-    // Nothing could move: sleep until a socket has room for a ready send or bytes for a receive.
+    // Nothing could move: sleep until a socket has room for a ready send or bytes for a receive. A sleeper
+    // cannot ring later, so a ring still armed goes now.
+    ring_now_if_due(Clock::time_point::max());
     fds.clear();
     for (const Lane& l : in)
       if (!l.finished()) fds.push_back({l.fd, POLLIN, 0});
@@ -308,6 +316,21 @@ void TcpComm::notify_peers(uint32_t cycle) {
   const char byte = static_cast<char>(cycle & 0xff);
   for (int fd : bell_fds_)
     if (fd >= 0) (void)!send(fd, &byte, 1, MSG_NOSIGNAL | MSG_DONTWAIT);  // a full pipe already rings
+}
+
+// Like the shared-memory transport's: a peer in step joins the cycle without being rung, so its engine
+// thread is not woken to contend with the caller that runs the cycle on the direct path. Rung when due
+// while the exchange polls, and at the latest before it sleeps.
+void TcpComm::ring_if_late(uint32_t cycle, std::chrono::nanoseconds after) {
+  ring_armed_ = true;
+  ring_cycle_ = cycle;
+  ring_at_ = Clock::now() + after;
+}
+
+void TcpComm::ring_now_if_due(Clock::time_point now) {
+  if (!ring_armed_ || now < ring_at_) return;
+  ring_armed_ = false;
+  notify_peers(ring_cycle_);
 }
 
 void TcpComm::notify_self() {

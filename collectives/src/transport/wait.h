@@ -33,15 +33,22 @@ bool process_alive(int pid);
 
 // Whether a rank waiting on its sockets polls them for a short window before it sleeps in poll(). A sleep
 // costs a wake-up (tens of microseconds in a VM, where an idle vCPU halts): on idle cores polling answers a
-// 4-byte allreduce between two hosts in 9-10 us instead of 41-53 us. But a poller keeps a core, and where
+// 4-byte allreduce between two hosts in 8-10 us instead of 41-53 us. But a poller keeps a core, and where
 // ranks share cores with each other or with other work, a sleeper is woken ahead of the busy thread while a
-// poller waits for its turn: there polling made the same call 2-2.5 times slower. So the window is used
-// while it pays: a poll that saw no bytes within the window, or in which the thread lost its core (a gap
-// between two looks), makes the next waits sleep at once, twice as many after each such poll in a row (up
-// to kMaxBackoff); a poll that got its bytes in time ends the backoff. Measurements: benchmarks/README.md.
+// poller waits for its turn: there a fixed poll made the same call 2-2.5 times slower. So:
+// - a poll during which the thread lost its core (a gap between two looks) makes the next waits sleep at
+//   once, twice as many after each such poll in a row, up to kMaxBackoff;
+// - a poll that saw no bytes in its window, on a core it kept, backs off the same way but only up to
+//   kMaxLateBackoff waits: the peer may just have been asleep (its wake-up made the answer late), and two
+//   ranks that both backed off get back to polling only when both poll in the same exchange, which frequent
+//   polls make likely (with no such cap, both ranks could stay asleep, about 47 us a call, for good);
+// - a poll that got its bytes in time ends the backoff.
+// Measurements: benchmarks/README.md.
 class SocketSpin {
  public:
-  static constexpr int kMaxBackoff = 1024;  // waits that sleep at once after many failed polls in a row
+  enum class Outcome { kInTime, kLate, kPreempted };
+  static constexpr int kMaxBackoff = 1024;    // waits that sleep at once after many lost cores in a row
+  static constexpr int kMaxLateBackoff = 8;  // after many late answers in a row
   // A gap this long between two looks at the sockets means the poller was descheduled.
   static constexpr std::chrono::microseconds kPreempted{20};
 
@@ -56,14 +63,20 @@ class SocketSpin {
     }
     return true;
   }
-  // How a poll ended: bytes in time on a core kept throughout, or not.
-  void paid(bool in_time) {
-    if (in_time) {
-      backoff_ = 0;
-      return;
+  void ended(Outcome outcome) {
+    switch (outcome) {
+      case Outcome::kInTime:
+        backoff_ = 0;
+        break;
+      case Outcome::kLate:
+        backoff_ = std::min(std::max(1, backoff_ * 2), std::max(backoff_, kMaxLateBackoff));
+        skip_ = backoff_;
+        break;
+      case Outcome::kPreempted:
+        backoff_ = backoff_ == 0 ? 1 : std::min(kMaxBackoff, backoff_ * 2);
+        skip_ = backoff_;
+        break;
     }
-    backoff_ = backoff_ == 0 ? 1 : std::min(kMaxBackoff, backoff_ * 2);
-    skip_ = backoff_;
   }
 
  private:
