@@ -64,7 +64,7 @@ void Engine::decide_and_run(const std::vector<NameRecord*>& work) {
     return a->sequence < b->sequence;
   });
   const auto now = Clock::now();
-  const int64_t now_stamp = steady_ns(Clock::now());
+  const int64_t now_stamp = steady_ns(now);
   std::vector<NameRecord*> runnable;
   std::vector<NameRecord*> finished;  // each record listed once (NameRecord::finished)
   auto done = [&](NameRecord& r) {
