@@ -272,18 +272,6 @@ void ShmComm::publish() {
   }
 }
 
-void ShmComm::ring_if_late(uint32_t cycle, std::chrono::nanoseconds after) {
-  ring_armed_ = true;
-  ring_cycle_ = cycle;
-  ring_at_ = Clock::now() + after;
-}
-
-void ShmComm::ring_now_if_due(Clock::time_point now) {
-  if (!ring_armed_ || now < ring_at_) return;
-  ring_armed_ = false;
-  notify_peers(ring_cycle_);
-}
-
 // Spins for a few microseconds (a peer in step is that close), then sleeps on the segment's futex until a
 // publish wakes it: a waiter never holds a core that another rank, or another thread of the host, needs
 // for longer than the spin. A sleeper looks at the peer it waits for every 50 ms: a dead one ends the wait.
@@ -291,7 +279,7 @@ template <class Missing>
 Status ShmComm::wait_until(Missing missing, Deadline deadline, const std::string& what) {
   int m = missing();
   if (m < 0) {
-    ring_armed_ = false;
+    late_ring_.drop();
     return Status::ok();
   }
   auto* hdr = static_cast<Header*>(base_);
@@ -299,24 +287,24 @@ Status ShmComm::wait_until(Missing missing, Deadline deadline, const std::string
   for (unsigned i = 1;; ++i) {
     cpu_relax();
     if ((m = missing()) < 0) {
-      ring_armed_ = false;
+      late_ring_.drop();
       return Status::ok();
     }
     if ((i & 63) == 0) {
       const auto now = Clock::now();
-      ring_now_if_due(now);
+      late_ring_.ring_if_due(*this, now);
       if (now - start > policy_.spin) break;
     }
   }
   for (auto until = start + policy_.spin + policy_.yield, now = Clock::now(); now < until; now = Clock::now()) {
-    ring_now_if_due(now);
+    late_ring_.ring_if_due(*this, now);
     sched_yield();
     if ((m = missing()) < 0) {
-      ring_armed_ = false;
+      late_ring_.drop();
       return Status::ok();
     }
   }
-  ring_now_if_due(Clock::time_point::max());
+  late_ring_.ring_if_due(*this, Clock::time_point::max());
   auto last_check = Clock::now();
   while (true) {
     hdr->sleepers.fetch_add(1, std::memory_order_seq_cst);

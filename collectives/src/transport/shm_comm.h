@@ -61,7 +61,7 @@ class ShmComm : public Comm {
   void notify_peers(uint32_t cycle) override;
   void notify_self() override;
   Bell wait_notify(uint32_t cycle, Deadline until) override;
-  void ring_if_late(uint32_t cycle, std::chrono::nanoseconds after) override;
+  void ring_if_late(uint32_t cycle, std::chrono::nanoseconds after) override { late_ring_.arm(cycle, after); }
 
  private:
   ShmComm() = default;
@@ -77,7 +77,6 @@ class ShmComm : public Comm {
   char* desc_area(int r, uint32_t step) const;
   void publish();
   void ring(int r, uint32_t cycle);
-  void ring_now_if_due(Clock::time_point now);
   Status wait_all(Deadline deadline, const std::string& what);
   Status wait_rank(int r, Deadline deadline, const std::string& what);
   template <class Missing>
@@ -100,10 +99,7 @@ class ShmComm : public Comm {
   size_t ctl_off_ = 0, desc_off_ = 0, slot_off_ = 0, desc_bytes_ = 0;
   uint32_t step_ = 0;
   uint32_t pokes_seen_ = 0;
-  // ring_if_late: the cycle to ring for when the next wait has not found every peer by ring_at_.
-  bool ring_armed_ = false;
-  uint32_t ring_cycle_ = 0;
-  Clock::time_point ring_at_;
+  LateRing late_ring_;  // ring_if_late's, rung by the next wait
   Status broken_;
   WaitPolicy policy_;
   StagingStores stores_;

@@ -206,10 +206,10 @@ Status TcpComm::run(Schedule& schedule, Deadline deadline, const std::string& wh
   }
   bool may_spin = most_to_one <= 2 * small_message_bytes_, spinning = false;
   Clock::time_point spin_start, last_look;
-  struct Disarm {  // a ring not due when the schedule ends is not needed: every peer took part
-    bool& armed;
-    ~Disarm() { armed = false; }
-  } disarm{ring_armed_};
+  struct DropRing {  // a ring not due when the schedule ends is not needed: every peer took part
+    LateRing& ring;
+    ~DropRing() { ring.drop(); }
+  } drop_ring{late_ring_};
   std::vector<pollfd> fds;
   while (true) {
     bool moved = false;
@@ -237,7 +237,7 @@ Status TcpComm::run(Schedule& schedule, Deadline deadline, const std::string& wh
       const auto now = Clock::now();
       const bool preempted = now - last_look >= SocketSpin::kPreempted;
       last_look = now;
-      ring_now_if_due(now);
+      late_ring_.ring_if_due(*this, now);
       if (!preempted && now - spin_start < spin_.window()) {
         cpu_relax();
         continue;
@@ -246,9 +246,8 @@ Status TcpComm::run(Schedule& schedule, Deadline deadline, const std::string& wh
       spinning = false;
       may_spin = false;  // the rest of this schedule sleeps
     }
-    // Nothing could move: sleep until a socket has room for a ready send or bytes for a receive. A sleeper
-    // cannot ring later, so a ring still armed goes now.
-    ring_now_if_due(Clock::time_point::max());
+    // Nothing could move: sleep until a socket has room for a ready send or bytes for a receive.
+    late_ring_.ring_if_due(*this, Clock::time_point::max());
     fds.clear();
     for (const Lane& l : in)
       if (!l.finished()) fds.push_back({l.fd, POLLIN, 0});
@@ -316,21 +315,6 @@ void TcpComm::notify_peers(uint32_t cycle) {
   const char byte = static_cast<char>(cycle & 0xff);
   for (int fd : bell_fds_)
     if (fd >= 0) (void)!send(fd, &byte, 1, MSG_NOSIGNAL | MSG_DONTWAIT);  // a full pipe already rings
-}
-
-// Like the shared-memory transport's: a peer in step joins the cycle without being rung, so its engine
-// thread is not woken to contend with the caller that runs the cycle on the direct path. Rung when due
-// while the exchange polls, and at the latest before it sleeps.
-void TcpComm::ring_if_late(uint32_t cycle, std::chrono::nanoseconds after) {
-  ring_armed_ = true;
-  ring_cycle_ = cycle;
-  ring_at_ = Clock::now() + after;
-}
-
-void TcpComm::ring_now_if_due(Clock::time_point now) {
-  if (!ring_armed_ || now < ring_at_) return;
-  ring_armed_ = false;
-  notify_peers(ring_cycle_);
 }
 
 void TcpComm::notify_self() {

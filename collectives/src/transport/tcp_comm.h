@@ -43,7 +43,7 @@ class TcpComm : public Comm, public P2P {
   void notify_peers(uint32_t cycle) override;
   void notify_self() override;
   Bell wait_notify(uint32_t cycle, Deadline until) override;
-  void ring_if_late(uint32_t cycle, std::chrono::nanoseconds after) override;
+  void ring_if_late(uint32_t cycle, std::chrono::nanoseconds after) override { late_ring_.arm(cycle, after); }
 
   // P2P
   int p2p_rank() const override { return rank_; }
@@ -56,7 +56,6 @@ class TcpComm : public Comm, public P2P {
   Status check_usable() const;
   Status guard(Status status);
   std::string peer_name(int r) const;
-  void ring_now_if_due(Clock::time_point now);
 
   int rank_ = 0, size_ = 1;
   std::vector<int> world_;
@@ -68,10 +67,7 @@ class TcpComm : public Comm, public P2P {
   uint32_t bell_ = 0;  // the latest cycle a peer rang for (only wait_notify's thread touches it)
   size_t small_message_bytes_ = 65536;
   SocketSpin spin_;  // small schedules poll their sockets first while that pays (run() is never concurrent)
-  // ring_if_late: the cycle to ring for when the next schedule has not completed by ring_at_ (or sleeps).
-  bool ring_armed_ = false;
-  uint32_t ring_cycle_ = 0;
-  Clock::time_point ring_at_;
+  LateRing late_ring_;  // ring_if_late's, rung by the next schedule (run() is never concurrent)
   Status broken_;
 };
 

@@ -84,6 +84,32 @@ class SocketSpin {
   int backoff_ = 0, skip_ = 0;
 };
 
+// The engine's doorbell rung late (Comm::ring_if_late), as the transports that can do it do it: a cycle
+// arms it; the transport's wait rings the peers when it is due, and at the latest before the wait sleeps
+// (a sleeper cannot ring later); a wait that ends first drops it, since every peer took part unrung. A
+// peer in step then joins the cycle without its engine thread being woken to contend with the caller that
+// runs the cycle on the direct path.
+class LateRing {
+ public:
+  void arm(uint32_t cycle, std::chrono::nanoseconds after) {
+    armed_ = true;
+    cycle_ = cycle;
+    at_ = Clock::now() + after;
+  }
+  void drop() { armed_ = false; }
+  // Rings `comm`'s peers for the armed cycle when it is due at `now` (Clock::time_point::max(): at once).
+  void ring_if_due(Comm& comm, Clock::time_point now) {
+    if (!armed_ || now < at_) return;
+    armed_ = false;
+    comm.notify_peers(cycle_);
+  }
+
+ private:
+  bool armed_ = false;
+  uint32_t cycle_ = 0;
+  Clock::time_point at_;
+};
+
 struct WaitPolicy {
   std::chrono::microseconds spin{20};
   std::chrono::microseconds yield{50};
