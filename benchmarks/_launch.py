@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
+from typing import Optional
 
 import numpy as np
 
@@ -50,12 +51,19 @@ def use_gpu_operations(mode: str) -> None:
     os.environ["HPCDL_GPU_OPERATIONS"] = mode
 
 
-def slots_per_host(hosts: str) -> list[int]:
-    """The ranks on each host of an ``hpcdl run -H`` list, read as ``hpcdl run`` reads it (a host without
-    ``:N`` has one, a repeated host adds up); ``LaunchError`` for a list it would refuse."""
+def slots_per_host(parser: argparse.ArgumentParser, hosts: Optional[str]) -> list[int]:
+    """The ranks on each host of a ``--hosts`` list (``hpcdl run -H`` syntax, read as ``hpcdl run`` reads
+    it: a host without ``:N`` has one, a repeated host adds up); none without one. A list ``hpcdl run``
+    would refuse is a usage error of `parser`, naming the entry."""
+    from hpcdl.runner.errors import LaunchError
     from hpcdl.runner.hosts import parse_hosts_arg
 
-    return [host.slots for host in parse_hosts_arg(hosts)]
+    if not hosts:
+        return []
+    try:
+        return [host.slots for host in parse_hosts_arg(hosts)]
+    except LaunchError as exc:
+        parser.error(str(exc))
 
 
 def free_port() -> int:

@@ -26,7 +26,6 @@ import numpy as np
 
 from hpcdl.common.exceptions import HpcdlError
 from hpcdl.common.sizes import parse_size
-from hpcdl.runner.errors import LaunchError
 
 try:
     from ._launch import (
@@ -411,10 +410,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     sizes = args.sizes or DEFAULT_SIZES
     if args.max_bytes:
         sizes = [s for s in sizes if s <= args.max_bytes]
-    try:
-        per_host = slots_per_host(args.hosts) if args.hosts else []
-    except LaunchError as exc:
-        parser.error(str(exc))
+    per_host = slots_per_host(parser, args.hosts)
     variants = args.variants.split(",") if args.variants else _default_variants(per_host)
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:

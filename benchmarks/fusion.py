@@ -41,8 +41,6 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from hpcdl.runner.errors import LaunchError
-
 try:
     from ._launch import (
         NO_PROGRESS_HELP,
@@ -335,10 +333,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     if args.worker:
         worker(args.iterations, args.warmup, args.latency_repeats, skip)
         return
-    try:
-        per_host = slots_per_host(args.hosts) if args.hosts else []
-    except LaunchError as exc:
-        parser.error(str(exc))
+    per_host = slots_per_host(parser, args.hosts)
     ranks = args.num_proc if args.num_proc is not None else sum(per_host) or 2
     if ranks < 1:
         parser.error("-np must be at least 1")

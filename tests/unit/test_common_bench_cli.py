@@ -48,3 +48,13 @@ def test_allreduce_sizes_take_units_as_max_bytes_does() -> None:
     module = importlib.import_module("hpcdl.benchmarks.allreduce")
     assert module._sizes("4,64KiB,1M") == [4, 64 << 10, 1 << 20]
     assert module._size("1G") == 1 << 30
+
+
+@pytest.mark.parametrize("name", ["allreduce", "fusion"])
+def test_a_hosts_list_hpcdl_run_would_refuse_is_a_usage_error_naming_the_entry(name: str, capsys) -> None:
+    module = importlib.import_module(f"hpcdl.benchmarks.{name}")
+    with pytest.raises(SystemExit) as done:
+        module.main(["--hosts", "host1:2,host2:x"])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and "Traceback" not in err
+    assert "-H entry 'host2:x'" in err and "not a whole number" in err
