@@ -63,8 +63,12 @@ std::vector<FlightRecord> FlightRecorder::recent() const {
   for (uint64_t i = count_ >= n ? count_ - n + 1 : 1; n > 0 && i <= count_; ++i) {
     const Slot& s = ring_[i % n];
     if (s.record.seq != i) continue;
-    out.push_back(s.record);
-    if (s.live) out.back().assign(*s.live);
+    if (s.live) {
+      out.emplace_back();
+      out.back().assign(*s.live);
+    } else {
+      out.push_back(s.record);
+    }
   }
   return out;
 }
