@@ -9,6 +9,8 @@ measured) and times, in the same processes and on the same float32 values, for s
 - ``engine``: ``hpcdl.common.engine.allreduce_async(a, name=..., out=a)``, ``wait()``, ``release()``;
 - ``hvd.allreduce``: ``hpcdl.torch.allreduce(t, name=...)`` (out of place, as Horovod users call it);
 - ``hvd.allreduce_``: ``hpcdl.torch.allreduce_(t, name=...)`` (in place);
+- ``hvd unnamed``: ``hpcdl.torch.allreduce(t)`` with no name, so a name the ranks have not used before every
+  call (``allreduce.noname.<n>``), as scripts that average a metric often call it;
 - ``horovod``: with ``--horovod``, ``horovod.torch.allreduce(t, name=...)``, Horovod itself initialised in the
   same processes (its MPI controller under mpirun; its background thread runs beside every column).
 
@@ -41,11 +43,12 @@ import numpy as np
 OPENMPI = "/usr/bin/mpirun.openmpi"
 
 DEFAULT_SIZES = [4 * 4**k for k in range(14)]  # 4 B .. 256 MiB
-IMPLS = ("mpi4py", "runtime", "engine", "hvd.allreduce", "hvd.allreduce_", "horovod")
+IMPLS = ("mpi4py", "runtime", "engine", "hvd.allreduce", "hvd.allreduce_", "hvd unnamed", "horovod")
 # (numerator, denominator, label): ratios of paired per-round times.
 RATIOS = (
     ("hvd.allreduce", "runtime", "hvd.allreduce / runtime"),
     ("engine", "runtime", "engine / runtime"),
+    ("hvd unnamed", "hvd.allreduce", "hvd unnamed / named"),
     ("mpi4py", "hvd.allreduce", "mpi4py / hvd.allreduce"),
     ("mpi4py", "hvd.allreduce_", "mpi4py / hvd.allreduce_"),
     ("horovod", "hvd.allreduce", "horovod / hvd.allreduce"),
@@ -108,6 +111,7 @@ def _impls(nbytes: int, horovod: bool) -> dict[str, Callable[[], None]]:
         t = torch.from_numpy(a)
         impls["hvd.allreduce"] = lambda: hvd.allreduce(t, name=f"lat.hvd.{nbytes}", op=hvd.Sum)
         impls["hvd.allreduce_"] = lambda: hvd.allreduce_(t, name=f"lat.hvd_.{nbytes}", op=hvd.Sum)
+        impls["hvd unnamed"] = lambda: hvd.allreduce(t, op=hvd.Sum)
     except ImportError:
         pass
     if horovod:

@@ -226,8 +226,8 @@ def run(
     keep: Any = None,
 ) -> None:
     """Submit an operation whose output the caller owns (allreduce, broadcast, reducescatter) and wait for
-    it: a blocking collective, with no handle. When the engine is idle and the response cache knows the
-    name, the runtime negotiates and runs it on the calling thread (the direct path of c_api.h's engine).
+    it: a blocking collective, with no handle. When the engine is idle, the runtime negotiates and runs it
+    on the calling thread (the direct path of c_api.h's engine).
     ``keep`` owns the buffers; it stays alive past a timeout, while the operation may still run."""
     if not _bound:
         _lib()

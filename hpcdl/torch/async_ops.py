@@ -229,7 +229,7 @@ def allreduce_now(
 ) -> bool:
     """The blocking allreduce of a contiguous CPU tensor into ``output`` (a fresh contiguous tensor, or the
     tensor itself): one call into the runtime, which runs the collective on this thread when the engine is
-    idle and knows the name (its direct path). False, with nothing submitted, where the general launcher must
+    idle (its direct path). False, with nothing submitted, where the general launcher must
     take the call (another layout or device, the GPU path, Adasum)."""
     if op == Adasum or not tensor.is_contiguous() or tensor.device.type != "cpu" or _gpu.takes((tensor,)):
         return False

@@ -1,13 +1,12 @@
 """Rank programs of tests/parallel/test_engine_direct_path.py: blocking collectives that run on the caller's
-thread (the engine's direct path: the name is in the response cache and the engine is idle), beside
-operations in flight, with mismatches, joined ranks, process sets, a re-initialised runtime and a peer that
-shuts down. ``python direct_path_checks.py SCENARIO`` prints ``PASS <check>`` per check; the first failure
-raises. Which operations ran on the caller's thread comes from this rank's flight recorder (``direct``).
-The direct path is taken when the engine thread is idle at the moment of the wait and the peers meet the
-caller in the negotiation, which a loaded or oversubscribed host changes for any one call: each check
-repeats its calls (the process-set check until the job saw one, within bounds) and prints
-``RESULT direct <check> <calls that took it>``; the test wants some in the job.
-"""
+thread (the engine's direct path: a lone, small host operation while the engine is idle), beside operations
+in flight, with mismatches, unnamed operations (a fresh name each call), joined ranks, process sets, a
+re-initialised runtime and a peer that shuts down. ``python direct_path_checks.py SCENARIO`` prints ``PASS
+<check>`` per check; the first failure raises. Which operations ran on the caller's thread comes from this
+rank's flight recorder (``direct``). The direct path is taken when the engine thread is idle at the moment
+of the wait and the peers meet the caller in the negotiation, which a loaded or oversubscribed host changes
+for any one call: each check repeats its calls (the process-set check until the job saw one, within bounds)
+and prints ``RESULT direct <check> <calls that took it>``; the test wants some in the job."""
 
 from __future__ import annotations
 
@@ -35,11 +34,14 @@ def reduce_now(name: str, values: np.ndarray, process_set: int = 0) -> np.ndarra
     return E.synchronize(E.allreduce_async(values.copy(), name=name, op=SUM, process_set=process_set))
 
 
-def ran_directly(name: str) -> list[bool]:
-    """For each recorded operation named `name` on this rank, whether the caller's thread ran it."""
+def ran_directly(name: str, prefix: bool = False) -> list[bool]:
+    """For each recorded operation named `name` (or, with `prefix`, whose name starts with it) on this rank,
+    whether the caller's thread ran it."""
     E.dump_flight_recorder("direct path check")
     dump = json.loads((debug_dir() / f"flight.rank{hc.rank()}.json").read_text())
-    return [op["direct"] for op in dump["ops"] if op["name"] == name]
+    return [
+        op["direct"] for op in dump["ops"] if op["name"] == name or (prefix and op["name"].startswith(name))
+    ]
 
 
 def report_direct(check: str, name: str) -> None:
@@ -90,6 +92,24 @@ def check_mismatch_is_caught() -> None:
         np.testing.assert_array_equal(reduce_now("mm", np.ones(4, np.float32)), np.full(4, n, np.float32))
     report_direct("mismatch", "mm")
     passed("mismatch")
+
+
+def check_unnamed() -> None:
+    """Unnamed blocking allreduces (each a name the response cache has never seen, as Horovod's
+    ``allreduce.noname.<n>``) run on the caller's thread too; a mismatch on a first-seen name is caught."""
+    r, n = hc.rank(), hc.size()
+    everyone = sum(mine(q) for q in range(n))
+    for _ in range(20):
+        np.testing.assert_array_equal(E.synchronize(E.allreduce_async(mine(r), op=SUM)), everyone)
+    try:
+        reduce_now("fresh", np.ones(5 if r == n - 1 else 4, np.float32))
+    except HpcdlMismatchError as exc:
+        assert "mismatched shape for allreduce 'fresh'" in str(exc), exc
+    else:
+        raise AssertionError("the mismatched shape of a first-seen name was not reported")
+    np.testing.assert_array_equal(E.synchronize(E.allreduce_async(mine(r), op=SUM)), everyone)
+    print(f"RESULT direct unnamed {sum(ran_directly('allreduce.noname.', prefix=True))}", flush=True)
+    passed("unnamed")
 
 
 def check_join() -> None:
@@ -162,6 +182,7 @@ def check_shutdown_while_waiting() -> None:
 SCENARIOS = {
     "ordering": check_ordering_against_ops_in_flight,
     "mismatch": check_mismatch_is_caught,
+    "unnamed": check_unnamed,
     "join": check_join,
     "process_sets": check_process_sets,
     "reinit": check_reinit,

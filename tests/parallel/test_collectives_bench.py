@@ -50,8 +50,9 @@ def test_latency_benchmark_report_and_a_missing_horovod() -> None:
     options = ["--sizes", "4", "--rounds", "1", "--block-seconds", "0.005", "--no-mpi", "--no-progress"]
     report = json.loads(bench("latency", "-np", "2", "--json", *options))
     row = report["sizes"]["4"]
-    assert {"runtime", "engine", "hvd.allreduce", "hvd.allreduce_"} == set(row["median_s"])
+    assert {"runtime", "engine", "hvd.allreduce", "hvd.allreduce_", "hvd unnamed"} == set(row["median_s"])
     assert all(seconds > 0 for seconds in row["median_s"].values()) and row["hvd.allreduce / runtime"] > 0
+    assert row["hvd unnamed / named"] > 0
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run(
         [sys.executable, "-m", "hpcdl", "bench", "latency", "--horovod", *options],

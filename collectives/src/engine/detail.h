@@ -53,7 +53,7 @@ constexpr std::chrono::microseconds kSettle{100};
 // woken to take part with nothing) keeps every rank on the direct path: it rings after kRingAfterEarly.
 constexpr std::chrono::microseconds kRingAfter{20};
 constexpr std::chrono::microseconds kRingAfterEarly{200};
-// A submission this small, of a name the response cache knows, made while the engine sleeps, does not wake
+// A submission this small, made while the engine sleeps and nothing else waits in its queue, does not wake
 // it: its caller usually waits for it next and then runs the cycle itself (the direct path). The engine
 // thread still runs it when anything else wakes it, at the latest within a second.
 constexpr int64_t kDeferMaxBytes = 64 * 1024;

@@ -18,9 +18,10 @@
 // took part in is dropped, so nothing ever needs clearing and a rank with nothing to say sleeps.
 //
 // Who runs a cycle. The engine thread, or the caller itself: a caller that waits for an operation its
-// engine has not packed yet, whose name the response cache has agreed on, finds the engine idle (the cycle
-// token free), runs the cycle on its own thread (the direct path: no thread hand-off, one exchange for a
-// small allreduce, whose data rides in the control message). Whoever holds the cycle token (cycle_mutex_)
+// engine has not packed yet and finds the engine idle (the cycle token free) runs the cycle on its own
+// thread (the direct path: no thread hand-off, one exchange for a small allreduce, whose data rides in the
+// control message). A name the response cache has agreed on travels as its id; a new one (an unnamed
+// operation's allreduce.noname.<n> is new every call) travels in full, in the same single exchange. Whoever holds the cycle token (cycle_mutex_)
 // runs cycles; everything marked "cycle runner" below belongs to the token holder.
 //
 // Bursts. While a caller submits back to back (a training step's gradients), the engine thread lets the

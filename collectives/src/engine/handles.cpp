@@ -148,11 +148,10 @@ Status Engine::enqueue(const hpcdl_request& r, int64_t* handle) {
   last_enqueue_ = op->submitted;
   const bool alone = queue_.empty();
   queue_.push_back(std::move(op));
-  // A lone, small submission of a name the response cache knows: its caller will most likely wait for it
-  // next and run its cycle itself (see try_direct), so the engine thread is not woken for it (an engine
-  // thread in the middle of a cycle packs it with the rest, and one about to sleep leaves it). Anything
-  // else wakes it.
-  if (alone && record->cache_id >= 0 && q.placement == HPCDL_PLACEMENT_HOST && bytes <= kDeferMaxBytes)
+  // A lone, small host submission: its caller will most likely wait for it next and run its cycle itself
+  // (see try_direct), so the engine thread is not woken for it (an engine thread in the middle of a cycle
+  // packs it with the rest, and one about to sleep leaves it). Anything else wakes it.
+  if (alone && q.placement == HPCDL_PLACEMENT_HOST && bytes <= kDeferMaxBytes)
     deferred_ = true;
   else
     wake_engine();
@@ -204,20 +203,17 @@ void Engine::collected(EngineOp& op) {
   }
 }
 
-// The direct path: a caller that waits for an operation nobody has packed yet, of a name whose submission the
-// response cache has agreed on, runs the cycle on its own thread when no cycle runs: no hand-off to the
-// engine thread and back. Every rank runs the same cycles as ever, so ordering, validation, the stall
-// inspector and shutdown work as on the engine thread. True when it ran a cycle.
+// The direct path: a caller that waits for an operation nobody has packed yet runs the cycle on its own
+// thread when no cycle runs: no hand-off to the engine thread and back. The response cache only makes the
+// cycle's message shorter: a name seen for the first time (an unnamed operation's, new every call) runs
+// here too. Every rank runs the same cycles as ever, so ordering, validation, the stall inspector and
+// shutdown work as on the engine thread. True when it ran a cycle.
 bool Engine::try_direct(const std::shared_ptr<EngineOp>& op) {
   std::unique_lock<std::mutex> token(cycle_mutex_, std::try_to_lock);
   if (!token.owns_lock()) return false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (op->packed || !failed_.is_ok()) return false;
-    if (!cached(*op->record, op->request)) {
-      wake_engine();
-      return false;
-    }
   }
   burst_start_ = Clock::now();
   const bool ok = cycle();
