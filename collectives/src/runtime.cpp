@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -43,6 +44,13 @@ size_t default_shm_chunk_bytes() {
 // where the host has a core to spare beyond its ranks: with as many ranks as cores (4 ranks on 2 hosts of
 // the same 2 cores) polling made calls up to 64 KiB 5-15 % slower.
 constexpr long long kDefaultTcpSpinUs = 30;
+
+// The send buffer of a TCP data connection, when HPCDL_TCP_SEND_BUFFER_BYTES does not say (Linux doubles it
+// for its bookkeeping). A sender that may run far ahead of its receiver fills the path with data that has
+// left the caches by the time it is read: between two hosts, 256 KiB made 4-64 MiB allreduces 1.8-2.5x
+// faster than 4 MiB did (and than the kernel's autotuning), 128 and 384 KiB less so, 64 KiB slowed 256 KiB
+// ones (benchmarks/README.md). It bounds one connection to 512 KiB per round trip: 5 GB/s at 100 us.
+constexpr long long kDefaultTcpSendBufferBytes = 256 << 10;
 
 bool spare_core(int local_ranks) {
   cpu_set_t allowed;
@@ -294,8 +302,7 @@ Status Runtime::start(const Options& options) {
     Status st = ensure_open_files(tcp_meshes * 2 * size_t(size_ - 1) + 6 * size_t(per_host.size()),
                                   "connections to the job's " + std::to_string(size_ - 1) + " other ranks");
     if (!st.is_ok()) return st;
-    st = TcpComm::create(*endpoint_, peers_, world, rank_, "boot", 0, std::chrono::microseconds(0), deadline,
-                         &world_boot_);
+    st = TcpComm::create(*endpoint_, peers_, world, rank_, "boot", TcpComm::Params{0}, deadline, &world_boot_);
     if (!st.is_ok()) return st;
   }
   Status st = build_process_set(0, world);
@@ -415,10 +422,13 @@ Status Runtime::join_members(const std::vector<int>& members) {
 
 Status Runtime::make_tcp_comm(const std::vector<int>& ranks, int my, const std::string& key, Deadline deadline,
                               std::shared_ptr<TcpComm>* out) {
-  const size_t small = size_t(options_.get_int("small_message_bytes", 65536));
+  TcpComm::Params params;
+  params.small_message_bytes = size_t(options_.get_int("small_message_bytes", 65536));
   const long long default_spin = spare_core(local_size_) ? kDefaultTcpSpinUs : 0;
-  const std::chrono::microseconds spin(std::max<long long>(0, options_.get_int("tcp_spin_us", default_spin)));
-  return TcpComm::create(*endpoint_, peers_, ranks, my, key, small, spin, deadline, out);
+  params.spin = std::chrono::microseconds(std::max<long long>(0, options_.get_int("tcp_spin_us", default_spin)));
+  params.send_buffer_bytes = int(std::clamp<long long>(
+      options_.get_int("tcp_send_buffer_bytes", kDefaultTcpSendBufferBytes), 0, std::numeric_limits<int>::max() / 2));
+  return TcpComm::create(*endpoint_, peers_, ranks, my, key, params, deadline, out);
 }
 
 std::string Runtime::transport_name(bool local) const { return local ? local_transport_ : cross_transport_; }

@@ -208,6 +208,7 @@ def run_command(
     shm_chunk_bytes: Optional[int] = _tunable("shm_chunk_bytes", "--shm-chunk-bytes"),
     shm_stores: Optional[str] = _tunable("shm_stores", "--shm-stores"),
     tcp_spin_us: Optional[int] = _tunable("tcp_spin_us", "--tcp-spin-us"),
+    tcp_send_buffer_bytes: Optional[int] = _tunable("tcp_send_buffer_bytes", "--tcp-send-buffer-bytes"),
     gpu_operations: Optional[str] = _tunable("gpu_operations", "--gpu-operations"),
     num_nccl_streams: Optional[int] = _tunable("num_nccl_streams", "--num-nccl-streams"),
     disable_nvtx_ranges: Optional[bool] = _tunable(

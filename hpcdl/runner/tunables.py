@@ -94,6 +94,10 @@ TUNABLES: tuple[Tunable, ...] = (
     Tunable("tcp_spin_us", int, "tcp_spin_us",
             "Microseconds a small exchange over TCP polls its sockets before it sleeps (0: sleep at once); "
             "polling stops by itself while it does not pay.", minimum=0),
+    Tunable("tcp_send_buffer_bytes", int, "tcp_send_buffer_bytes",
+            "Send buffer of each TCP data connection (default 256 KiB: a sender that runs far ahead of its "
+            "receiver makes large transfers slower; raise it for long round trips; 0: 4 MiB).",
+            minimum=0),
     Tunable("shm_stores", str, "shm_stores",
             "How shared-memory chunks are written: cached, streaming (non-temporal) or auto (timed).",
             str.lower, choices=("auto", "cached", "streaming")),

@@ -15,14 +15,14 @@
 namespace hpcdl {
 
 Status TcpComm::create(Endpoint& endpoint, const std::vector<PeerInfo>& world, const std::vector<int>& world_ranks,
-                       int my_rank, const std::string& key, size_t small_message_bytes,
-                       std::chrono::microseconds spin, Deadline deadline, std::shared_ptr<TcpComm>* out) {
+                       int my_rank, const std::string& key, const Params& params, Deadline deadline,
+                       std::shared_ptr<TcpComm>* out) {
   std::shared_ptr<TcpComm> c(new TcpComm());
   c->rank_ = my_rank;
   c->size_ = int(world_ranks.size());
   c->world_ = world_ranks;
-  c->small_message_bytes_ = small_message_bytes;
-  c->spin_ = SocketSpin(spin);
+  c->small_message_bytes_ = params.small_message_bytes;
+  c->spin_ = SocketSpin(params.spin);
   c->fds_.assign(world_ranks.size(), -1);
   c->bell_fds_.assign(world_ranks.size(), -1);
   for (int w : world_ranks) c->hosts_.push_back(world[size_t(w)].host);
@@ -42,6 +42,9 @@ Status TcpComm::create(Endpoint& endpoint, const std::vector<PeerInfo>& world, c
     if (st.is_ok()) st = endpoint.accept(peer, key + "/bell", deadline, &c->bell_fds_[size_t(j)]);
     if (!st.is_ok()) return st;
   }
+  if (params.send_buffer_bytes > 0)
+    for (int fd : c->fds_)
+      if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &params.send_buffer_bytes, sizeof params.send_buffer_bytes);
   *out = std::move(c);
   return Status::ok();
 }

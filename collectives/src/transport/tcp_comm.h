@@ -17,10 +17,15 @@ class Endpoint;
 
 class TcpComm : public Comm, public P2P {
  public:
+  struct Params {
+    size_t small_message_bytes = 65536;  // up to this, the one-round exchange; above, rings
+    std::chrono::microseconds spin{0};  // how long small schedules poll first (SocketSpin)
+    int send_buffer_bytes = 0;           // SO_SNDBUF of the data connections (0: the endpoint's)
+  };
   // Collective over the members: `key` must be the same on all of them and unique per communicator.
   static Status create(Endpoint& endpoint, const std::vector<PeerInfo>& world, const std::vector<int>& world_ranks,
-                       int my_rank, const std::string& key, size_t small_message_bytes,
-                       std::chrono::microseconds spin, Deadline deadline, std::shared_ptr<TcpComm>* out);
+                       int my_rank, const std::string& key, const Params& params, Deadline deadline,
+                       std::shared_ptr<TcpComm>* out);
   ~TcpComm() override;
 
   int rank() const override { return rank_; }
