@@ -76,8 +76,9 @@ struct Ring {
 };
 
 // The bytes a ring moves at once per chunk: large enough for few system calls, small enough that a received
-// chunk is still in cache when it is reduced.
-constexpr size_t kRingChunkBytes = 256 << 10;
+// chunk is still in cache when it is reduced. With 256 KiB send buffers, 128 KiB chunks made 512 KiB-1 MiB
+// allreduces between two hosts 10-15 % faster than 256 KiB ones, and 2-16 MiB ones as fast (within 3 %).
+constexpr size_t kRingChunkBytes = 128 << 10;
 // A ring allreduce larger than this runs as consecutive rings over pieces of this size. A lane sends its
 // items in order, so in one ring over the whole buffer the allgather's first chunk waits behind the whole
 // reduce-scatter, and the chunks it sends have long left the cache; pieces bound that distance. Between two
