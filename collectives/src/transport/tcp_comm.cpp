@@ -94,11 +94,12 @@ constexpr int kMaxGather = 16;
 // Moves every lane as far as its socket and its dependencies allow, and sleeps in poll() only when no lane
 // can move: a ring's sends, receives and reductions overlap, and a small exchange with every peer costs
 // one round trip. Consecutive ready sends of a lane go out in one sendmsg() straight from their buffers.
-// A small schedule (at most twice small_message_bytes to any one peer: the exchange path with its
-// descriptor, the engine's control messages) polls its sockets for a short window before it sleeps, while
-// that pays (see SocketSpin). A large one sleeps at once: polling did not make 256 KiB-4 MiB allreduces
-// between two hosts faster and made 64 MiB ones 12 % slower, since a poller takes a core the kernel's copies
-// need.
+// Before it sleeps, a wait polls its sockets for a short window while that pays (see SocketSpin). A small
+// schedule (at most twice small_message_bytes to any one peer: the exchange path with its descriptor, the
+// engine's control messages) waits for its peers, so an answer that comes late makes its later waits, and
+// those of the next schedules, sleep at once for a while. A large one waits for the wire: a wait that
+// outlasts the window sleeps, and the next polls again (between two hosts, 256 KiB allreduces 30 % faster
+// and 1 MiB ones 10-15 %, 4-64 MiB the same: benchmarks/README.md).
 Status TcpComm::run(Schedule& schedule, Deadline deadline, const std::string& what) {
   auto& sends = schedule.sends();
   auto& recvs = schedule.recvs();
@@ -207,7 +208,8 @@ Status TcpComm::run(Schedule& schedule, Deadline deadline, const std::string& wh
     for (int i : l.items) bytes += sends[size_t(i)].len;
     most_to_one = std::max(most_to_one, bytes);
   }
-  bool may_spin = most_to_one <= 2 * small_message_bytes_, spinning = false;
+  const bool small = most_to_one <= 2 * small_message_bytes_;
+  bool may_spin = true, spinning = false;
   Clock::time_point spin_start, last_look;
   struct DropRing {  // a ring not due when the schedule ends is not needed: every peer took part
     LateRing& ring;
@@ -245,9 +247,11 @@ Status TcpComm::run(Schedule& schedule, Deadline deadline, const std::string& wh
         cpu_relax();
         continue;
       }
-      spin_.ended(preempted ? SocketSpin::Outcome::kPreempted : SocketSpin::Outcome::kLate);
       spinning = false;
-      may_spin = false;  // the rest of this schedule sleeps
+      if (preempted || small) {
+        spin_.ended(preempted ? SocketSpin::Outcome::kPreempted : SocketSpin::Outcome::kLate);
+        may_spin = false;  // the rest of this schedule sleeps
+      }
     }
     // Nothing could move: sleep until a socket has room for a ready send or bytes for a receive.
     late_ring_.ring_if_due(*this, Clock::time_point::max());
