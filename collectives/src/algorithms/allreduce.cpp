@@ -60,10 +60,10 @@ Status ring_piece(P2P& p, const void* send, void* recv, int64_t count, int dtype
     offsets[size_t(i) + 1] = offsets[size_t(i)] + size_t(len) * es;
   }
   const Ring ring(p, std::move(offsets), kRingChunkBytes);
-  std::vector<char> tmp(std::min(ring.chunk, ring.seg_len(0)));
+  char* tmp = p.scratch(std::min(ring.chunk, ring.seg_len(0)));
   Schedule s;
-  const std::vector<int> ready = ring_reduce_scatter(s, ring, in, out, out + ring.offsets[size_t(r)], tmp.data(), dtype,
-                                                     op, postscale, divisor);
+  const std::vector<int> ready = ring_reduce_scatter(s, ring, in, out, out + ring.offsets[size_t(r)], tmp, dtype, op,
+                                                     postscale, divisor);
   ring_allgather(s, ring, out, ready);
   return p.run(s, deadline, what);
 }

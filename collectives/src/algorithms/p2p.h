@@ -23,6 +23,9 @@ class P2P {
   // Runs every item of the schedule (comm ranks as peers) and returns when all are done, or with the first
   // error: a lost peer or the deadline, naming the peer, or a receive action's status.
   virtual Status run(Schedule& schedule, Deadline deadline, const std::string& what) = 0;
+  // A buffer of at least `bytes` that the communicator keeps from one collective to the next (it runs one
+  // at a time): a ring's chunk in flight without an allocation, zeroing and page faults on every call.
+  virtual char* scratch(size_t bytes) = 0;
   // Sends to comm rank `to` while receiving from comm rank `from` (-1 skips either side).
   Status sendrecv(int to, const void* send, size_t send_bytes, int from, void* recv, size_t recv_bytes,
                   Deadline deadline, const std::string& what);

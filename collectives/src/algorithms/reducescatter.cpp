@@ -55,9 +55,10 @@ Status p2p_reducescatter(P2P& p, const void* send, void* recv, const std::vector
   }
   // Pipelined ring: partial results of the other segments go to `work` on their way; segment r to recv.
   const Ring ring(p, std::move(offsets), kRingChunkBytes);
-  std::vector<char> work(ring.offsets.back()), tmp(ring.chunk);
+  std::vector<char> work(ring.offsets.back());
   Schedule s;
-  ring_reduce_scatter(s, ring, in, work.data(), static_cast<char*>(recv), tmp.data(), dtype, op, postscale, n);
+  ring_reduce_scatter(s, ring, in, work.data(), static_cast<char*>(recv), p.scratch(ring.chunk), dtype, op, postscale,
+                      n);
   return p.run(s, deadline, what);
 }
 

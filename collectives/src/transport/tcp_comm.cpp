@@ -281,6 +281,11 @@ Status TcpComm::run(Schedule& schedule, Deadline deadline, const std::string& wh
   }
 }
 
+char* TcpComm::scratch(size_t bytes) {
+  if (scratch_.size() < bytes) scratch_.resize(bytes);
+  return scratch_.data();
+}
+
 #define HPCDL_TCP_OP(call)                  \
   do {                                      \
     Status usable = check_usable();         \

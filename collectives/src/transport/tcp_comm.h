@@ -55,6 +55,7 @@ class TcpComm : public Comm, public P2P {
   int p2p_size() const override { return size_; }
   const std::vector<int>& p2p_world() const override { return world_; }
   Status run(Schedule& schedule, Deadline deadline, const std::string& what) override;
+  char* scratch(size_t bytes) override;
 
  private:
   TcpComm() = default;
@@ -73,6 +74,7 @@ class TcpComm : public Comm, public P2P {
   size_t small_message_bytes_ = 65536;
   SocketSpin spin_;  // small schedules poll their sockets first while that pays (run() is never concurrent)
   LateRing late_ring_;  // ring_if_late's, rung by the next schedule (run() is never concurrent)
+  std::vector<char> scratch_;
   Status broken_;
 };
 
