@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 
 #include "net/endpoint.h"
 #include "net/socket.h"
@@ -24,6 +25,7 @@ Status TcpComm::create(Endpoint& endpoint, const std::vector<PeerInfo>& world, c
   c->small_message_bytes_ = params.small_message_bytes;
   c->spin_ = SocketSpin(params.spin);
   c->fds_.assign(world_ranks.size(), -1);
+  c->ahead_.resize(world_ranks.size());
   c->bell_fds_.assign(world_ranks.size(), -1);
   for (int w : world_ranks) c->hosts_.push_back(world[size_t(w)].host);
   c->spans_hosts_ =
@@ -87,6 +89,9 @@ struct Lane {
 
 // How much one lane moves before the others get a turn, so that a busy direction cannot starve the other.
 constexpr size_t kTurnBytes = 1 << 20;
+// A receive short of this many bytes reads up to kReadAheadBytes into its peer's read-ahead buffer.
+constexpr size_t kReadAheadBelow = 4096;
+constexpr size_t kReadAheadBytes = 64 << 10;
 constexpr int kMaxGather = 16;
 
 }  // namespace
@@ -183,7 +188,28 @@ Status TcpComm::run(Schedule& schedule, Deadline deadline, const std::string& wh
         if (l.finished()) --open;
         continue;
       }
-      const ssize_t got = recv(l.fd, head.data + l.done, head.len - l.done, MSG_DONTWAIT);
+      const size_t want = head.len - l.done;
+      ReadAhead& ahead = ahead_[size_t(l.peer)];
+      if (ahead.len > 0) {  // bytes read earlier come first
+        const size_t take = std::min(ahead.len, want);
+        std::memcpy(head.data + l.done, ahead.buf.data() + ahead.at, take);
+        ahead.at += take;
+        ahead.len -= take;
+        l.done += take;
+        *moved = true;
+        continue;
+      }
+      const bool read_ahead = want < kReadAheadBelow;
+      if (read_ahead && ahead.buf.empty()) ahead.buf.resize(kReadAheadBytes);
+      const ssize_t got = read_ahead ? recv(l.fd, ahead.buf.data(), ahead.buf.size(), MSG_DONTWAIT)
+                                     : recv(l.fd, head.data + l.done, want, MSG_DONTWAIT);
+      if (got > 0 && read_ahead) {
+        ahead.at = 0;
+        ahead.len = size_t(got);
+        l.waiting = false;
+        *moved = true;
+        continue;
+      }
       if (got > 0) {
         l.done += size_t(got);
         budget -= std::min(budget, size_t(got));

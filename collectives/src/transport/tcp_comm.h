@@ -75,6 +75,13 @@ class TcpComm : public Comm, public P2P {
   SocketSpin spin_;  // small schedules poll their sockets first while that pays (run() is never concurrent)
   LateRing late_ring_;  // ring_if_late's, rung by the next schedule (run() is never concurrent)
   std::vector<char> scratch_;
+  // Bytes read from a peer's data connection ahead of the receive they belong to (see run()): a small
+  // receive reads whatever the socket holds, so that a descriptor and the data behind it take one recv().
+  struct ReadAhead {
+    std::vector<char> buf;
+    size_t at = 0, len = 0;
+  };
+  std::vector<ReadAhead> ahead_;
   Status broken_;
 };
 
