@@ -89,9 +89,10 @@ struct Lane {
 
 // How much one lane moves before the others get a turn, so that a busy direction cannot starve the other.
 constexpr size_t kTurnBytes = 1 << 20;
-// A receive short of this many bytes reads up to kReadAheadBytes into its peer's read-ahead buffer.
-constexpr size_t kReadAheadBelow = 4096;
-constexpr size_t kReadAheadBytes = 64 << 10;
+// A receive short of this many bytes reads as many into its peer's read-ahead buffer: a small payload comes
+// with its descriptor, and a large one goes straight to its place after the first few bytes (read ahead
+// into 64 KiB, an exchange's 64 KiB payload took 8-14 us longer for the extra copy).
+constexpr size_t kReadAheadBytes = 4096;
 constexpr int kMaxGather = 16;
 
 }  // namespace
@@ -199,7 +200,7 @@ Status TcpComm::run(Schedule& schedule, Deadline deadline, const std::string& wh
         *moved = true;
         continue;
       }
-      const bool read_ahead = want < kReadAheadBelow;
+      const bool read_ahead = want < kReadAheadBytes;
       if (read_ahead && ahead.buf.empty()) ahead.buf.resize(kReadAheadBytes);
       const ssize_t got = read_ahead ? recv(l.fd, ahead.buf.data(), ahead.buf.size(), MSG_DONTWAIT)
                                      : recv(l.fd, head.data + l.done, want, MSG_DONTWAIT);
