@@ -39,7 +39,7 @@ size_t default_shm_chunk_bytes() {
   return std::clamp(size_t(l2) / 4, size_t(256) << 10, size_t(2) << 20);
 }
 
-// How long a small TCP schedule polls its sockets before it sleeps, when HPCDL_TCP_SPIN_US does not say (see
+// How long a wait on TCP sockets polls them before it sleeps, when HPCDL_TCP_SPIN_US does not say (see
 // SocketSpin): 30 us answered a 4-byte allreduce between two idle hosts in 9-10 us, 10 us in 16-33 us. Only
 // where the host has a core to spare beyond its ranks: with as many ranks as cores (4 ranks on 2 hosts of
 // the same 2 cores) polling made calls up to 64 KiB 5-15 % slower.

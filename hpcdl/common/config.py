@@ -48,7 +48,7 @@ SETTINGS: tuple[Setting, ...] = (
     # Unset (None): the runtime's choice, a quarter of the L2 cache within 256 KiB-2 MiB.
     Setting("shm_chunk_bytes", "shm_chunk_bytes", "HPCDL_SHM_CHUNK_BYTES", None, None, int),
     Setting("shm_stores", "shm_stores", "HPCDL_SHM_STORES", None, "auto", str),
-    # Microseconds a small TCP exchange polls its sockets before it sleeps, while polling pays; 0: never.
+    # Microseconds a wait on TCP sockets polls them before it sleeps, while polling pays; 0: never.
     # Unset (None): the runtime's choice, 30 where the host has more cores than local ranks, else 0.
     Setting("tcp_spin_us", "tcp_spin_us", "HPCDL_TCP_SPIN_US", None, None, int),
     # Bytes a TCP data connection may hold unsent; unset (None): the runtime's 256 KiB; 0: 4 MiB.

@@ -92,8 +92,8 @@ TUNABLES: tuple[Tunable, ...] = (
             "Below this size use latency-optimal algorithms, at/above it the ring.", minimum=0),
     Tunable("shm_chunk_bytes", int, "shm_chunk_bytes", "Chunk size of shared-memory transfers.", minimum=1),
     Tunable("tcp_spin_us", int, "tcp_spin_us",
-            "Microseconds a small exchange over TCP polls its sockets before it sleeps (0: sleep at once); "
-            "polling stops by itself while it does not pay.", minimum=0),
+            "Microseconds a wait on TCP sockets polls them before it sleeps (0: sleep at once); polling "
+            "stops by itself while it does not pay.", minimum=0),
     Tunable("tcp_send_buffer_bytes", int, "tcp_send_buffer_bytes",
             "Send buffer of each TCP data connection (default 256 KiB: a sender that runs far ahead of its "
             "receiver makes large transfers slower; raise it for long round trips; 0: 4 MiB).",

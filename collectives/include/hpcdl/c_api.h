@@ -123,7 +123,7 @@ HPCDL_API const char* hpcdl_build_info(void);
  *   timeout_s                     deadline of every blocking wait, seconds (float)
  *   small_message_bytes           below this, latency-optimal algorithms; at/above, ring
  *   shm_chunk_bytes               shared-memory staging buffer per rank and step
- *   tcp_spin_us                   how long a small TCP schedule polls its sockets before it sleeps
+ *   tcp_spin_us                   how long a wait on TCP sockets polls them before it sleeps (us)
  *   tcp_send_buffer_bytes         SO_SNDBUF of TCP data connections (default 256 KiB; 0: 4 MiB)
  *   shm_stores=auto|cached|streaming  how ranks write staged chunks (auto: measured, see staging_stores.h)
  *   hierarchical=auto|0|1         large allreduces within hosts, then across, when ranks span hosts (auto,

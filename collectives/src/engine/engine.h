@@ -21,8 +21,9 @@
 // engine has not packed yet and finds the engine idle (the cycle token free) runs the cycle on its own
 // thread (the direct path: no thread hand-off, one exchange for a small allreduce, whose data rides in the
 // control message). A name the response cache has agreed on travels as its id; a new one (an unnamed
-// operation's allreduce.noname.<n> is new every call) travels in full, in the same single exchange. Whoever holds the cycle token (cycle_mutex_)
-// runs cycles; everything marked "cycle runner" below belongs to the token holder.
+// operation's allreduce.noname.<n> is new every call) travels in full, in the same single exchange.
+// Whoever holds the cycle token (cycle_mutex_) runs cycles; everything marked "cycle runner" below belongs
+// to the token holder.
 //
 // Bursts. While a caller submits back to back (a training step's gradients), the engine thread lets the
 // burst finish before it packs (settle), so that the step is negotiated and fused in one cycle rather than

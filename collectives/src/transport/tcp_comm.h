@@ -19,7 +19,7 @@ class TcpComm : public Comm, public P2P {
  public:
   struct Params {
     size_t small_message_bytes = 65536;  // up to this, the one-round exchange; above, rings
-    std::chrono::microseconds spin{0};  // how long small schedules poll first (SocketSpin)
+    std::chrono::microseconds spin{0};  // how long a wait polls its sockets first (SocketSpin)
     int send_buffer_bytes = 0;           // SO_SNDBUF of the data connections (0: the endpoint's)
   };
   // Collective over the members: `key` must be the same on all of them and unique per communicator.
@@ -72,7 +72,7 @@ class TcpComm : public Comm, public P2P {
   int self_bell_ = -1;
   uint32_t bell_ = 0;  // the latest cycle a peer rang for (only wait_notify's thread touches it)
   size_t small_message_bytes_ = 65536;
-  SocketSpin spin_;  // small schedules poll their sockets first while that pays (run() is never concurrent)
+  SocketSpin spin_;  // waits poll their sockets first while that pays (run() is never concurrent)
   LateRing late_ring_;  // ring_if_late's, rung by the next schedule (run() is never concurrent)
   std::vector<char> scratch_;
   // Bytes read from a peer's data connection ahead of the receive they belong to (see run()): a small
