@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -27,6 +29,10 @@ from hpcdl.diagnosis.consequences import judge
 from hpcdl.diagnosis.tracebacks import last_error
 
 FILE = "exit.rank{rank}.json"
+# What a launcher sends the other ranks once one has failed (srun --kill-on-bad-exit, mpirun, hpcdl run).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+# How long a rank on its way out after an uncaught exception keeps such a signal waiting (see _StopsHeld).
+EXIT_GRACE_S = 10.0
 _installed: dict[str, Any] = {}  # the rank, directory and the hook this one wraps
 
 
@@ -62,6 +68,37 @@ def install(rank: int, directory: Path | None = None) -> None:
 
 
 def _hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+    kept = _ignore_stop_signals()
+    try:
+        _say_last_words(kind, value, tb)
+    finally:
+        if sys.flags.interactive or hasattr(sys, "ps1"):  # the interpreter goes on after the error
+            for signum, handler in kept.items():
+                signal.signal(signum, handler)
+
+
+def _ignore_stop_signals() -> dict[int, Any]:
+    """Ignore a launcher's stop signals from the uncaught exception to the process's exit, so that the rank
+    ends by its own exit status, and return the handlers they had.
+
+    The culprit's exit makes srun (--kill-on-bad-exit) or mpirun stop the other ranks at once, often while
+    one of them is printing the traceback of its consequence or running its exit handlers. A rank ended
+    there loses the line naming the cause, and srun, once a task has ended by a signal, stops forwarding
+    output: the ranks' tracebacks were cut off in one job of eight on a loaded node. Ignored (SIG_IGN, which
+    the interpreter keeps while it finalizes, where it resets its own handlers), not held: an exit that
+    hangs is still ended by the launcher's SIGKILL, seconds later."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}  # only the main thread may set handlers
+    kept = {}
+    for signum in STOP_SIGNALS:
+        handler = signal.getsignal(signum)
+        if handler is not None:  # None: set outside Python, and it could not be put back
+            kept[signum] = handler
+            signal.signal(signum, signal.SIG_IGN)
+    return kept
+
+
+def _say_last_words(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
     rank, directory, previous = _installed["rank"], _installed["directory"], _installed["previous"]
     words = None
     if not issubclass(kind, KeyboardInterrupt):

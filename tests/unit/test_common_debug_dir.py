@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -108,3 +109,44 @@ def test_a_rank_cancelled_by_a_stall_shutdown_points_at_the_rank_that_did_not_ta
         "hpcdl: rank 0's error above is a consequence of rank 1 not taking part in the operation (stuck, or "
         "on another code path), not its cause."
     )
+
+
+STOPPED_WHILE_SPEAKING = """
+import atexit, os, signal, sys, time
+from pathlib import Path
+from hpcdl.common import last_words
+from hpcdl.common.exceptions import HpcdlShutdownError
+
+def printing_traceback_when_the_launcher_stops_the_job(kind, value, tb):
+    os.kill(os.getpid(), signal.SIGTERM)  # srun --kill-on-bad-exit: the culprit has just exited
+    sys.__excepthook__(kind, value, tb)
+
+def exit_handler():
+    os.kill(os.getpid(), signal.SIGHUP)  # and again while the runtime shuts down
+    time.sleep(0.2)
+    print("the exit handlers ran", file=sys.stderr, flush=True)
+
+atexit.register(exit_handler)
+sys.excepthook = printing_traceback_when_the_launcher_stops_the_job
+last_words.install(0, Path(sys.argv[1]))
+raise HpcdlShutdownError("rank 1 has shut down (called shutdown() or exited): ...")
+"""
+
+
+def test_a_launchers_stop_lets_the_rank_say_whose_end_caused_its_own_and_exit(tmp_path: Path) -> None:
+    """Stop signals that come while a consequence's traceback is printed, or while it exits, are ignored:
+    the line naming the cause is printed, and the rank ends by its own exit status (srun stops forwarding
+    the job's output once a task has ended by a signal)."""
+    culprit = {"rank": 1, "host": "node2", "error": "ValueError: x"}
+    (tmp_path / "exit.rank1.json").write_text(json.dumps(culprit))
+    command = [sys.executable, "-c", STOPPED_WHILE_SPEAKING, str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.splitlines()
+    error = "hpcdl.common.exceptions.HpcdlShutdownError: rank 1 has shut down"
+    assert lines[-3].startswith(error), done.stderr
+    assert lines[-2] == (
+        "hpcdl: rank 0's error above is a consequence of rank 1's end, not its cause. Rank 1 failed first, "
+        "on host node2: ValueError: x."
+    )
+    assert lines[-1] == "the exit handlers ran"
