@@ -8,7 +8,8 @@ that fails, crashes or runs out of time gives FAIL rows and the next step runs. 
 every row passed (in the dry mode: none failed, since what needs a GPU is skipped there).
 
 Standard library only, so that the table is printed even when hpcdl or torch does not import. Each step's
-output is kept in ``--out`` (``<step>.out``, ``<step>.err``), with the table in ``verdict.md``.
+output is kept in ``--out`` (``<step>.out``, ``<step>.err``, and the whole output of a failed scenario of
+step 3 in ``ranks/``), with the table in ``verdict.md``.
 """
 
 from __future__ import annotations
@@ -199,6 +200,8 @@ def steps(python: str, dry: bool, out: Path) -> list[Step]:
         str(HERE / "ranks.py"),
         "--device",
         "cpu" if dry else "cuda",
+        "--log",
+        str(out / "ranks"),
         *(["--quick"] if dry else []),
     ]
     bench = ["--json", "--no-progress", "--gpu-operations", operations]

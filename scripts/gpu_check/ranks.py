@@ -18,6 +18,7 @@ import argparse
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -101,16 +102,22 @@ def run_engine_checks(np_: int) -> None:
         assert len(passes) == 2, f"rank {rank} passed {passes}"
 
 
-def row(what: str, work: Callable[[], None]) -> bool:
+def row(what: str, work: Callable[[], None], log: Path | None = None) -> bool:
+    """One row of the table; a failure's whole text also goes to `log`, when given (the row keeps 400
+    characters of it)."""
     started = time.monotonic()
     try:
         work()
-    except (AssertionError, TimeoutError, OSError) as exc:
+    except Exception as exc:
         detail = " ".join(str(exc).split())
-        emit(what, FAIL, detail[:400] or type(exc).__name__)
-        return False
-    except Exception as exc:  # the runner itself broke: still a row, not a lost table
-        emit(what, FAIL, f"{type(exc).__name__}: {' '.join(str(exc).split())[:400]}")
+        if not isinstance(exc, (AssertionError, TimeoutError, OSError)):  # the runner itself broke
+            detail = f"{type(exc).__name__}: {detail}"
+        where = ""
+        if log is not None:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            log.write_text(f"{what}\n\n{traceback.format_exc()}")
+            where = f" (all of it: {log})"
+        emit(what, FAIL, (detail or type(exc).__name__)[: max(0, 400 - len(where))] + where)
         return False
     emit(what, PASS, f"{time.monotonic() - started:.1f} s")
     return True
@@ -120,6 +127,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), required=True)
     parser.add_argument("--quick", action="store_true", help="a subset (the dry mode in CI)")
+    parser.add_argument("--log", type=Path, help="folder for each failed row's whole output")
     args = parser.parse_args()
     tensors = "CUDA tensors, gloo" if args.device == "cuda" else "CPU tensors, gloo stand-in (dry)"
     ok = True
@@ -127,11 +135,13 @@ def main() -> int:
         if args.quick and not quick:
             continue
         what = f"{np_} ranks, {tensors}: {scenario} ({DESCRIPTIONS[scenario]})"
-        ok &= row(what, lambda np_=np_, scenario=scenario: run_rank_checks(np_, scenario, args.device))
+        log = args.log / f"{np_}-ranks-{scenario}.txt" if args.log else None
+        ok &= row(what, lambda np_=np_, scenario=scenario: run_rank_checks(np_, scenario, args.device), log)
     for np_ in (2,) if args.quick else (2, 4):
         ok &= row(
             f"{np_} ranks, engine device queue: batches and failed batches",
             lambda n=np_: run_engine_checks(n),
+            args.log / f"{np_}-ranks-engine.txt" if args.log else None,
         )
     return 0 if ok else 1
 

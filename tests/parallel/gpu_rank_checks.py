@@ -33,6 +33,8 @@ from hpcdl.torch import _gpu
 torch.set_num_threads(1)
 
 DEVICE = torch.device(os.environ.get("GPU_RANK_CHECKS_DEVICE", "cpu"))
+if DEVICE.type == "cuda" and DEVICE.index is None:  # what a tensor made on "cuda" says it is on
+    DEVICE = torch.device("cuda", torch.cuda.current_device())
 EVENS = hvd.ProcessSet([0, 2])
 
 

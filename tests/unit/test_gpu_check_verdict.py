@@ -138,3 +138,20 @@ def test_the_install_row_gives_the_build_time_and_cmake_or_the_failure(tmp_path:
     )
     row = check.install_row(argparse.Namespace(install_rc=None, install_seconds=0.0, install_log=None))
     assert row.result == SKIP
+
+
+def test_a_failed_rank_scenario_keeps_its_whole_output_and_its_row_says_where(tmp_path: Path, capsys) -> None:
+    import ranks
+
+    output = "".join(f"output line {i}\n" for i in range(200))
+
+    def failing() -> None:
+        raise AssertionError(f"order failed:\n{output}the last line")
+
+    log = tmp_path / "ranks" / "2-ranks-order.txt"
+    assert not ranks.row("2 ranks: order", failing, log)
+    (row,) = verdict.parse(capsys.readouterr().out)
+    assert row.result == FAIL and row.figure.endswith(f"(all of it: {log})") and len(row.figure) <= 400
+    kept = log.read_text()
+    assert kept.startswith("2 ranks: order\n") and output in kept
+    assert kept.rstrip().endswith("the last line")
