@@ -230,7 +230,7 @@ class Engine {
   Want idle_wait(std::unique_lock<std::mutex>& token);
   Want cycle_wanted(bool rung);  // cycle runner, under mutex_
   void yield_to_caller();
-  void settle();
+  void settle(bool burst_start);
   void wait_for_batch();
   std::pair<Clock::duration, int64_t> batching_knobs() const;
   void score_burst();
@@ -373,6 +373,9 @@ class Engine {
   bool fused_last_cycle_ = false;
   int64_t widest_pack_ = 0;  // most operations this rank packed into one cycle of the current burst
   bool bursty_ = false;      // the previous burst packed several operations into a cycle (see settle)
+  bool streaming_ = false;   // the last submission came within kSettle of the one before, with no wait
+                             // between them (see settle)
+  bool waited_ = false;      // a caller waited since the last submission
   Clock::time_point last_cycle_start_;
   // Autotune accounting of the current burst.
   Clock::time_point burst_start_;

@@ -145,6 +145,11 @@ Status Engine::enqueue(const hpcdl_request& r, int64_t* handle) {
   ++unfinished_;
   const int64_t bytes = elements * dtype_size(q.dtype);
   queue_bytes_ += bytes;
+  // Within kSettle of the previous submission and no wait between them: the caller streams a burst (see
+  // settle), also when the engine thread, faster than the caller, has taken each submission in a cycle of
+  // its own. (A loop that waits for each operation before the next is no burst: it would pay a wake-up.)
+  streaming_ = !waited_ && op->submitted - last_enqueue_ < kSettle;
+  waited_ = false;
   last_enqueue_ = op->submitted;
   const bool alone = queue_.empty();
   queue_.push_back(std::move(op));
@@ -185,6 +190,7 @@ Status Engine::poll(int64_t handle) {
   std::lock_guard<std::mutex> lock(mutex_);
   std::shared_ptr<EngineOp> op = find(handle);
   if (!op) return unknown_handle(handle);
+  waited_ = true;
   Status s = op_status(*op);
   if (s.code != HPCDL_PENDING) collected(*op);
   else if (!op->packed && deferred_) wake_engine();  // a caller that polls does not run the cycle itself
@@ -236,6 +242,7 @@ Status Engine::wait(int64_t handle, double timeout_s) {
     std::lock_guard<std::mutex> lock(mutex_);
     op = find(handle);
     if (!op) return unknown_handle(handle);
+    waited_ = true;
     if (op->status.load(std::memory_order_acquire) != HPCDL_PENDING) {
       collected(*op);
       return op_status(*op);
