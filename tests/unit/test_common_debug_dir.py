@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -61,11 +62,16 @@ def test_another_users_directory_is_refused(tmp_path: Path) -> None:
 
 
 def _raise(exc: BaseException) -> None:
-    """Run the installed excepthook on `exc` as the interpreter would for an uncaught exception."""
+    """Run the installed excepthook on `exc` as the interpreter would for an uncaught exception (and put
+    back the stop signals' handlers, which the hook leaves ignored in a process that is about to exit)."""
+    kept = {signum: signal.getsignal(signum) for signum in last_words.STOP_SIGNALS}
     try:
         raise exc
     except BaseException as caught:
         sys.excepthook(type(caught), caught, caught.__traceback__)
+    finally:
+        for signum, handler in kept.items():
+            signal.signal(signum, handler)
 
 
 def test_last_words_are_kept_and_a_consequence_points_at_the_cause(
