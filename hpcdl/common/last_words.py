@@ -31,8 +31,6 @@ from hpcdl.diagnosis.tracebacks import last_error
 FILE = "exit.rank{rank}.json"
 # What a launcher sends the other ranks once one has failed (srun --kill-on-bad-exit, mpirun, hpcdl run).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-# How long a rank on its way out after an uncaught exception keeps such a signal waiting (see _StopsHeld).
-EXIT_GRACE_S = 10.0
 _installed: dict[str, Any] = {}  # the rank, directory and the hook this one wraps
 
 
