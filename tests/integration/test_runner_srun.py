@@ -283,17 +283,17 @@ def test_every_ranks_stack_through_the_srun_step(cluster: SlurmCluster, tmp_path
         cwd=tmp_path, env={"CULPRIT": "3"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        deadline, shown = time.monotonic() + 90, ""
-        while "in stuck_in_dataloader" not in shown:
-            assert time.monotonic() < deadline, f"no stacks showed where rank 3 is:\n{shown}"
+        # Until every rank is where it stays: a rank may still be in init() while rank 3 already sleeps.
+        deadline, shown, parts = time.monotonic() + 90, "", []
+        while not (len(parts) == 5 and "in stuck_in_dataloader" in parts[4] and
+                   all("in synchronize" in part for part in parts[1:4])):  # fmt: skip
+            assert time.monotonic() < deadline, f"no stacks showed where every rank is:\n{shown}"
             asked = cluster.run([sys.executable, "-m", "hpcdl", "debug", "stacks"], cwd=tmp_path, timeout=60)
             shown = asked.stdout + asked.stderr
+            parts = shown.split("=== rank ")
     finally:
         job.terminate()
         job.communicate(timeout=60)
-    parts = shown.split("=== rank ")
     assert [part.split(" ===")[0] for part in parts[1:]] == [
         f"{r} on host node{1 + r // 2}" for r in range(4)
     ]
-    assert all("in synchronize" in part for part in parts[1:4]), shown
-    assert "in stuck_in_dataloader" in parts[4]
