@@ -6,10 +6,11 @@
  * whole negotiation. Here submit() builds the hpcdl_request on the stack from Python objects, calls the
  * runtime and returns the handle object in one call; allreduce() does the same straight from NumPy
  * arrays (a gradient's allreduce, with the checks its Python helper made); the handle's poll, wait,
- * release and result, and its deallocation, are C too.
+ * release and result, and its deallocation, are C too. allreduce_now() is hpcdl.common.allreduce's in-place
+ * call on a NumPy array (no engine), where ctypes and the helper's checks cost about 1 us of a 2 us call.
  *
- * It links to nothing: bind() hands it the addresses of hpcdl_enqueue, hpcdl_wait, hpcdl_poll and
- * hpcdl_release from the library hpcdl.common.library loaded through ctypes, so HPCDL_LIBRARY keeps
+ * It links to nothing: bind() hands it the addresses of hpcdl_enqueue, hpcdl_wait, hpcdl_poll,
+ * hpcdl_release and hpcdl_allreduce from the library hpcdl.common.library loaded through ctypes, so HPCDL_LIBRARY keeps
  * selecting the runtime and the C ABI (c_api.h) stays the only contract with it.
  */
 #define PY_SSIZE_T_CLEAN
@@ -41,6 +42,7 @@ static enqueue_fn enqueue_ptr;
 static wait_fn wait_ptr;
 static handle_fn poll_ptr;
 static __typeof__(&hpcdl_release) release_ptr;
+static __typeof__(&hpcdl_allreduce) allreduce_ptr;
 static PyObject* raise_status; /* Python callable: raises the hpcdl exception for a status */
 static PyObject* error_class;   /* hpcdl.common.exceptions.HpcdlError */
 /* What allreduce() accepts without the Python helper: numpy.ndarray, and the buffer formats of the dtypes
@@ -70,20 +72,22 @@ static PyObject* fail(int status) {
   return NULL;
 }
 
-/* bind(enqueue, wait, poll, release, raise_status, error_class, array_type, formats): the functions'
- * addresses in the loaded runtime, the callable that raises for a status, the exception class of bad
- * submissions, numpy.ndarray and a dict {buffer format: runtime dtype code}. */
+/* bind(enqueue, wait, poll, release, allreduce, raise_status, error_class, array_type, formats): the
+ * functions' addresses in the loaded runtime, the callable that raises for a status, the exception class
+ * of bad submissions, numpy.ndarray and a dict {buffer format: runtime dtype code}. */
+#define NFUNCTIONS 5
 static PyObject* bind(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 8 || !PyType_Check(args[6]) || !PyDict_Check(args[7]) || PyDict_GET_SIZE(args[7]) > MAX_FORMATS) {
+  if (nargs != NFUNCTIONS + 4 || !PyType_Check(args[NFUNCTIONS + 2]) || !PyDict_Check(args[NFUNCTIONS + 3]) ||
+      PyDict_GET_SIZE(args[NFUNCTIONS + 3]) > MAX_FORMATS) {
     PyErr_SetString(PyExc_TypeError,
-                    "bind() takes the addresses of enqueue, wait, poll and release, raise_status, error_class, "
-                    "the array type and a dict of at most 16 buffer formats");
+                    "bind() takes the addresses of enqueue, wait, poll, release and allreduce, raise_status, "
+                    "error_class, the array type and a dict of at most 16 buffer formats");
     return NULL;
   }
   Py_ssize_t pos = 0;
   PyObject *key, *value;
   int n = 0;
-  while (PyDict_Next(args[7], &pos, &key, &value)) {
+  while (PyDict_Next(args[NFUNCTIONS + 3], &pos, &key, &value)) {
     const char* f = PyUnicode_AsUTF8(key);
     long code = PyLong_AsLong(value);
     if (f == NULL || (code == -1 && PyErr_Occurred())) return NULL;
@@ -95,9 +99,9 @@ static PyObject* bind(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
     formats[n++].dtype = (int32_t)code;
   }
   nformats = n;
-  Py_XSETREF(array_type, (PyTypeObject*)Py_NewRef(args[6]));
-  void* f[4];
-  for (int i = 0; i < 4; ++i) {
+  Py_XSETREF(array_type, (PyTypeObject*)Py_NewRef(args[NFUNCTIONS + 2]));
+  void* f[NFUNCTIONS];
+  for (int i = 0; i < NFUNCTIONS; ++i) {
     f[i] = PyLong_AsVoidPtr(args[i]);
     if (f[i] == NULL) {
       if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "bind() got a NULL function address");
@@ -109,8 +113,9 @@ static PyObject* bind(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   wait_ptr = (wait_fn)f[1];
   poll_ptr = (handle_fn)f[2];
   release_ptr = (__typeof__(&hpcdl_release))f[3];
-  Py_XSETREF(raise_status, Py_NewRef(args[4]));
-  Py_XSETREF(error_class, Py_NewRef(args[5]));
+  allreduce_ptr = (__typeof__(&hpcdl_allreduce))f[4];
+  Py_XSETREF(raise_status, Py_NewRef(args[NFUNCTIONS]));
+  Py_XSETREF(error_class, Py_NewRef(args[NFUNCTIONS + 1]));
   Py_RETURN_NONE;
 }
 
@@ -499,6 +504,46 @@ static PyObject* allreduce(PyObject* self, PyObject* const* args, Py_ssize_t nar
   return h;
 }
 
+#define ALLREDUCE_NOW_ARGS 5
+
+/* allreduce_now(a, reduce_op, prescale, postscale, process_set) -> True, or None where hpcdl.common's
+ * Python code must take the call: the runtime's blocking allreduce of a NumPy array in place, without the
+ * engine. Takes a writeable C-contiguous numpy.ndarray of a dtype the runtime has and at least one element;
+ * anything else returns None. The array's buffer stays exported, so nothing can resize it, while the
+ * collective runs with the GIL released. */
+static PyObject* allreduce_now(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != ALLREDUCE_NOW_ARGS) {
+    PyErr_Format(PyExc_TypeError, "allreduce_now() takes %d arguments (%zd given)", ALLREDUCE_NOW_ARGS, nargs);
+    return NULL;
+  }
+  PyObject* a = args[0];
+  if (allreduce_ptr == NULL || !PyObject_TypeCheck(a, array_type)) Py_RETURN_NONE;
+  Py_buffer buf;
+  if (PyObject_GetBuffer(a, &buf, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) != 0) {
+    PyErr_Clear();
+    Py_RETURN_NONE;
+  }
+  const int32_t dtype = dtype_of_format(buf.format);
+  if (dtype < 0 || buf.len == 0 || buf.itemsize <= 0) {
+    PyBuffer_Release(&buf);
+    Py_RETURN_NONE;
+  }
+  const int op = (int)PyLong_AsLong(args[1]);
+  const double prescale = PyFloat_AsDouble(args[2]), postscale = PyFloat_AsDouble(args[3]);
+  const int process_set = (int)PyLong_AsLong(args[4]);
+  if (PyErr_Occurred()) {
+    PyBuffer_Release(&buf);
+    return NULL;
+  }
+  int status;
+  Py_BEGIN_ALLOW_THREADS
+  status = allreduce_ptr(buf.buf, buf.buf, buf.len / buf.itemsize, dtype, op, prescale, postscale, process_set);
+  Py_END_ALLOW_THREADS
+  PyBuffer_Release(&buf);
+  if (status != HPCDL_OK) return fail(status);
+  Py_RETURN_TRUE;
+}
+
 #define RUN_ARGS 12
 
 /* run(op_type, name, process_set, dtype, input, output, shape, reduce_op, prescale, postscale, root, keep):
@@ -565,13 +610,16 @@ static PyObject* run(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
 
 static PyMethodDef methods[] = {
     {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL,
-     "bind(enqueue, wait, poll, release, raise_status, error_class, array_type, formats)"},
+     "bind(enqueue, wait, poll, release, allreduce, raise_status, error_class, array_type, formats)"},
     {"submit", (PyCFunction)(void (*)(void))submit, METH_FASTCALL,
      "submit(cls, op_type, name, process_set, dtype, input, output, shape, reduce_op, prescale, postscale, "
      "root, splits, group_id, group_size, keep, result, value, placement, tag) -> handle (a cls instance)"},
     {"run", (PyCFunction)(void (*)(void))run, METH_FASTCALL,
      "run(op_type, name, process_set, dtype, input, output, shape, reduce_op, prescale, postscale, root, keep): "
      "submit an operation with a caller-owned output and wait for it"},
+    {"allreduce_now", (PyCFunction)(void (*)(void))allreduce_now, METH_FASTCALL,
+     "allreduce_now(a, reduce_op, prescale, postscale, process_set) -> True, or None when the Python code must "
+     "take the call"},
     {"allreduce", (PyCFunction)(void (*)(void))allreduce, METH_FASTCALL,
      "allreduce(cls, op_type, a, name, reduce_op, prescale, postscale, out, process_set) -> handle, or None "
      "when the Python helper must take the call"},

@@ -209,7 +209,7 @@ FUNCTIONS: dict[str, tuple[Any, tuple[Any, ...]]] = {
 }
 
 # What _hotpath calls, by address, in this order (see hpcdl/common/_hotpath.c: bind()).
-HOTPATH = ("hpcdl_enqueue", "hpcdl_wait", "hpcdl_poll", "hpcdl_release")
+HOTPATH = ("hpcdl_enqueue", "hpcdl_wait", "hpcdl_poll", "hpcdl_release", "hpcdl_allreduce")
 
 
 def declare(lib: ctypes.CDLL) -> None:

@@ -9,7 +9,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Optional, Union
 
-from hpcdl.common import config, discovery, elastic, last_words, library, mpi_library, stacks
+from hpcdl.common import binding, config, discovery, elastic, last_words, library, mpi_library, stacks
 from hpcdl.common.exceptions import HpcdlConfigError, HpcdlError, HpcdlNotInitializedError
 
 _lock = threading.Lock()
@@ -47,7 +47,7 @@ def init(
     """
     global _atexit_registered
     with _lock:
-        lib = library.load()
+        lib = binding.runtime()  # the C hot paths too, from the first collective on
         if lib.hpcdl_is_initialized():
             return
         resolved = config.resolve(settings)

@@ -17,19 +17,17 @@ from __future__ import annotations
 
 import ctypes
 import struct
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import numpy as np
 
-from hpcdl.common import _hotpath, abi
+from hpcdl.common import _hotpath, abi, binding
 from hpcdl.common.abi import Status
-from hpcdl.common.exceptions import HpcdlError, error_for
-from hpcdl.common.library import load
+from hpcdl.common.exceptions import HpcdlError
 from hpcdl.common.ops import reducescatter_rows
-from hpcdl.common.types import Buffer, DType, OpType, Placement, ReduceOp, buffer_formats, dtype_of
+from hpcdl.common.types import Buffer, DType, OpType, Placement, ReduceOp, dtype_of
 
 # hpcdl.common exports these (DeviceBatch and DeviceQueue serve the GPU path's executor only).
 __all__ = [
@@ -56,24 +54,16 @@ _OK = int(Status.OK)
 _ALLREDUCE = OpType.ALLREDUCE  # a module global: looking a member up on its enum class costs ~0.1 us
 
 
-_bound = False
-_bind_lock = threading.Lock()
+_bound = False  # this module's copy of binding's flag: a module global is the cheapest look on the hot path
+_raise = binding.raise_status
 
 
 def _lib() -> ctypes.CDLL:
     """The runtime, with ``_hotpath`` bound to it (once)."""
     global _bound
-    lib = load()
-    if not _bound:
-        with _bind_lock:
-            _hotpath.bind(*abi.addresses(lib, abi.HOTPATH), _raise, HpcdlError, np.ndarray, buffer_formats())
-            _bound = True
+    lib = binding.runtime()
+    _bound = True
     return lib
-
-
-def _raise(status: int) -> None:
-    """Raise the hpcdl exception for a failed C call, with the runtime's message."""
-    raise error_for(status, (_lib().hpcdl_last_error() or b"").decode(errors="replace"))
 
 
 class Handle(_hotpath.HandleBase):

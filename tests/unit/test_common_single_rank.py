@@ -148,6 +148,41 @@ def test_reducing_into_a_given_array_takes_the_one_call_c_path(runtime) -> None:
     np.testing.assert_array_equal(engine.synchronize(engine.allreduce_async(a, op=ReduceOp.SUM, out=a)), a)
 
 
+def test_direct_in_place_allreduce_is_one_c_call(runtime) -> None:
+    """``hpcdl.common.allreduce(a, out=a)`` of a writeable C-contiguous array is one C call
+    (``_hotpath.allreduce_now``), for every dtype the runtime has: the dtype it reads from the buffer format
+    must be the array's own, which a prescale shows on one rank. What it cannot take (a read-only, strided,
+    byte-swapped or empty array, a list) returns None there, and ``allreduce`` still gives its errors."""
+    from hpcdl.common import _hotpath
+    from hpcdl.common.types import _FROM_NUMPY
+
+    for np_dtype in _FROM_NUMPY:
+        if np_dtype == np.bool_:
+            continue
+        a = (np.arange(6) % 3 + 1).astype(np_dtype).reshape(2, 3)
+        expected = a.astype(np.float64) * 2
+        assert _hotpath.allreduce_now(a, int(ReduceOp.SUM), 2.0, 1.0, 0) is True
+        np.testing.assert_allclose(a.astype(np.float64), expected, rtol=1e-2)
+        assert hc.allreduce(a, op=ReduceOp.SUM, prescale=0.5, out=a) is a
+        np.testing.assert_allclose(a.astype(np.float64), expected / 2, rtol=1e-2)
+
+    frozen = np.ones(4, np.float32)
+    frozen.flags.writeable = False
+    strided = np.ones(8, np.float32)[::2]
+    swapped = np.ones(4, np.dtype(np.float32).newbyteorder())
+    for refused in (frozen, strided, swapped, np.ones(0, np.float32), [1.0, 2.0]):
+        assert _hotpath.allreduce_now(refused, int(ReduceOp.SUM), 1.0, 1.0, 0) is None
+    for refused in (frozen, strided):
+        with pytest.raises(hc.HpcdlConfigError, match="writeable C-contiguous"):
+            hc.allreduce(refused, out=refused)
+    # A failure inside the runtime raises its exception, with its message, through the C call.
+    a = np.ones(3, np.float32)
+    with pytest.raises(hc.HpcdlConfigError, match="no process set with id 99"):
+        _hotpath.allreduce_now(a, int(ReduceOp.SUM), 1.0, 1.0, 99)
+    with pytest.raises(hc.HpcdlConfigError, match="no process set with id 99"):
+        hc.allreduce(a, out=a, process_set=99)
+
+
 def test_engine_refuses_a_broadcast_root_outside_the_set(runtime) -> None:
     from hpcdl.common import engine
 
