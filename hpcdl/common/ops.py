@@ -82,16 +82,8 @@ def allreduce(
     if out is a and dtype is None and _hotpath.allreduce_now(a, op, prescale, postscale, process_set):
         return a
     kind = _FROM_NUMPY.get(a.dtype) if dtype is None and isinstance(a, np.ndarray) else None
-    if out is a and kind is not None and a.size:
-        # from_buffer succeeding proves that `a` is a C-contiguous, writeable array.
-        try:
-            ptr = _addressof(_from_buffer(a))
-        except (TypeError, ValueError):
-            raise HpcdlConfigError("allreduce in place needs a writeable C-contiguous array") from None
-        code = library.load().hpcdl_allreduce(ptr, ptr, a.size, kind, op, prescale, postscale, process_set)
-        if code:
-            library.check(code)
-        return a
+    if out is a and kind is not None and a.size and not (a.flags.writeable and a.flags.c_contiguous):
+        raise HpcdlConfigError("allreduce in place needs a writeable C-contiguous array")
     src = _contiguous(a, "allreduce")
     kind = _resolve_dtype(src, dtype)
     if out is None:
