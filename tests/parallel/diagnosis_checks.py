@@ -102,9 +102,13 @@ def submit_in_order(api: Api, first: str, second: str) -> None:
 
 
 def other_order(api: Api) -> None:
-    """Rank 0 runs 'order.a' then 'order.b', the others 'order.b' then 'order.a': each waits for the other."""
+    """Rank 0 runs 'order.a' then 'order.b', the others 'order.b' then 'order.a': each waits for the other.
+    The others submit 1.5 s after rank 0, so that 'order.a' reaches the stall shutdown time well before
+    'order.b' does."""
     api.allreduce("order.warm")
     names = ("order.a", "order.b") if hc.rank() == 0 else ("order.b", "order.a")
+    if hc.rank() != 0:
+        time.sleep(1.5)
     result(**error_of(lambda: submit_in_order(api, *names)))
     api.shutdown()
 

@@ -104,10 +104,17 @@ def test_a_rank_stuck_in_c_code_holding_the_gil_is_shown_where_it_is(tmp_path: P
 
 @pytest.mark.parametrize("launcher", ["hpcdl", openmpi])
 def test_ops_submitted_in_another_order_show_what_each_rank_submitted(tmp_path: Path, launcher: str) -> None:
+    """'order.a' (rank 0's) passes the stall shutdown time first; 'order.b' (rank 1's) is cancelled with it,
+    so rank 1 too is told where rank 0 is, rather than only that rank 0 left."""
     ranks = run(tmp_path, 2, "order", launcher)
-    for r, other, theirs in ((ranks[0], 1, "order.b"), (ranks[1], 0, "order.a")):
+    ends = (
+        "s (HPCDL_STALL_SHUTDOWN_TIME_SECONDS); it was cancelled",
+        "the stall shutdown of allreduce 'order.a' ends it",
+    )
+    for r, other, theirs, end in ((ranks[0], 1, "order.b", ends[0]), (ranks[1], 0, "order.a", ends[1])):
         assert r.result and r.result["error"] == "HpcdlShutdownError", r.stdout + r.stderr
         message = r.result["message"]
+        assert message.startswith("stall shutdown: ") and end in message, message
         assert f"rank {other} (host " in message, message
         assert f"its engine last submitted allreduce '{theirs}' (submitted" in message, message
         assert any(line.endswith("in submit_in_order") for line in frames(message)), message

@@ -54,7 +54,9 @@ def check_pictures(directory: Path) -> None:
     assert pixels_of(efficiency, plots.THRESHOLD) > 200
     breakdown = imread(directory / "breakdown.png")
     assert breakdown.shape[:2] == size
-    assert pixels_of(breakdown, plots.COMPUTE) > 20_000  # three bars
+    # three stacked bars; how much of each is compute depends on the machine's load, their sum does not
+    compute, communication = pixels_of(breakdown, plots.COMPUTE), pixels_of(breakdown, plots.COMMUNICATION)
+    assert compute > 2_000 and compute + communication > 20_000, (compute, communication)
     assert (directory / "speedup.svg").read_text().lstrip().startswith("<?xml")
 
 

@@ -310,7 +310,9 @@ void Engine::remember(NameRecord& r) {
 
 // World rank 0, every second: operations some ranks submitted and others have not, for longer than the
 // stall check time (a warning) or the stall shutdown time (they are cancelled on every rank). Either report
-// waits for the missing ranks' own reports first (see finish_stall_report).
+// waits for the missing ranks' own reports first (see finish_stall_report). A shutdown takes every stalled
+// operation with it, also those younger than the shutdown time: ranks whose operations were cancelled
+// raise and leave, so the others could only end by their departure, and would be told less.
 void Engine::stall_check(Clock::time_point now) {
   if (!stall_check_enabled_ || now < next_stall_check_ || stall_report_.active) return;
   next_stall_check_ = now + std::chrono::seconds(1);
@@ -320,19 +322,33 @@ void Engine::stall_check(Clock::time_point now) {
   std::vector<NameRecord*> entries;
   for (NameRecord* r = negotiating_; r != nullptr; r = r->next_negotiating) entries.push_back(r);
   std::sort(entries.begin(), entries.end(), [](const NameRecord* a, const NameRecord* b) { return a->key < b->key; });
+  struct Stalled {
+    NameRecord* record;
+    double age;
+    std::vector<int> missing, present;
+  };
+  std::vector<Stalled> stalled;
+  const NameRecord* shutdown_cause = nullptr;  // the first operation past the stall shutdown time
   for (NameRecord* entry : entries) {
     NameRecord& r = *entry;
-    double age = seconds_between(r.first_seen, now);
     if (r.any() == nullptr) continue;
-    std::vector<int> missing, present;
+    Stalled s{entry, seconds_between(r.first_seen, now), {}, {}};
     const std::set<int>& joined = joined_[r.key.first];
     for (size_t m = 0; m < r.by_member.size(); ++m) {
       int w = r.members[m];
-      if (r.by_member[m]) present.push_back(w);
-      else if (joined.count(w) == 0 || r.any()->op_type == HPCDL_OP_JOIN) missing.push_back(w);
+      if (r.by_member[m]) s.present.push_back(w);
+      else if (joined.count(w) == 0 || r.any()->op_type == HPCDL_OP_JOIN) s.missing.push_back(w);
     }
-    if (missing.empty()) continue;
-    const bool shutdown = stall_shutdown_s_ > 0 && age >= stall_shutdown_s_;
+    if (s.missing.empty()) continue;
+    if (shutdown_cause == nullptr && stall_shutdown_s_ > 0 && s.age >= stall_shutdown_s_) shutdown_cause = entry;
+    stalled.push_back(std::move(s));
+  }
+  for (const Stalled& s : stalled) {
+    NameRecord& r = *s.record;
+    const double age = s.age;
+    const std::vector<int>& missing = s.missing;
+    const std::vector<int>& present = s.present;
+    const bool shutdown = shutdown_cause != nullptr && age >= std::min(stall_check_s_, stall_shutdown_s_);
     if (!shutdown && (age < stall_check_s_ || seconds_between(r.last_stall_warning, now) < stall_check_s_)) continue;
     char age_text[32];
     std::snprintf(age_text, sizeof age_text, "%.1f", age);
@@ -344,8 +360,11 @@ void Engine::stall_check(Clock::time_point now) {
           {r.key.first, r.key.second,
            "stall shutdown: " + describe(*r.any()) + " was submitted by " + ranks_text(present) + " but " +
                ranks_text(missing) + (missing.size() == 1 ? " has" : " have") + " not submitted it after " +
-               age_text + " s (HPCDL_STALL_SHUTDOWN_TIME_SECONDS); it was cancelled on every rank. A rank "
-               "that never submits this name is stuck or took a different code path." +
+               age_text + " s" +
+               (age >= stall_shutdown_s_ ? std::string(" (HPCDL_STALL_SHUTDOWN_TIME_SECONDS)")
+                                         : "; the stall shutdown of " + describe(*shutdown_cause->any()) + " ends it") +
+               "; it was cancelled on every rank. A rank that never submits this name is stuck or took a "
+               "different code path." +
                (conflict.empty() ? "" : "\n" + conflict)});
       continue;
     }
