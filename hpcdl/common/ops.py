@@ -14,7 +14,7 @@ import numpy as np
 
 from hpcdl.common import _hotpath, basics, library
 from hpcdl.common.exceptions import HpcdlConfigError, HpcdlMismatchError
-from hpcdl.common.types import _FROM_NUMPY, DType, ReduceOp, dtype_of
+from hpcdl.common.types import DType, ReduceOp, dtype_of
 
 _I64 = ctypes.POINTER(ctypes.c_int64)
 
@@ -81,8 +81,7 @@ def allreduce(
     # C-contiguous array of a dtype the runtime has (bound by init); None for anything else.
     if out is a and dtype is None and _hotpath.allreduce_now(a, op, prescale, postscale, process_set):
         return a
-    kind = _FROM_NUMPY.get(a.dtype) if dtype is None and isinstance(a, np.ndarray) else None
-    if out is a and kind is not None and a.size and not (a.flags.writeable and a.flags.c_contiguous):
+    if out is a and isinstance(a, np.ndarray) and a.size and not (a.flags.writeable and a.flags.c_contiguous):
         raise HpcdlConfigError("allreduce in place needs a writeable C-contiguous array")
     src = _contiguous(a, "allreduce")
     kind = _resolve_dtype(src, dtype)

@@ -175,6 +175,9 @@ def test_direct_in_place_allreduce_is_one_c_call(runtime) -> None:
     for refused in (frozen, strided):
         with pytest.raises(hc.HpcdlConfigError, match="writeable C-contiguous"):
             hc.allreduce(refused, out=refused)
+        with pytest.raises(hc.HpcdlConfigError, match="writeable C-contiguous"):  # the dtype named too
+            hc.allreduce(refused, out=refused, dtype=DType.FLOAT32)
+    assert frozen.tolist() == [1.0] * 4
     # A failure inside the runtime raises its exception, with its message, through the C call.
     a = np.ones(3, np.float32)
     with pytest.raises(hc.HpcdlConfigError, match="no process set with id 99"):
