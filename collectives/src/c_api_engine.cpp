@@ -36,6 +36,18 @@ HPCDL_API hpcdl_handle hpcdl_enqueue(const hpcdl_request* request) {
   return handle;
 }
 
+HPCDL_API int hpcdl_run(const hpcdl_request* request, double timeout_s, hpcdl_handle* handle) {
+  if (handle == nullptr) return set_error(HPCDL_ERR_INVALID, "hpcdl_run: handle is NULL");
+  *handle = 0;
+  int code = HPCDL_OK;
+  Engine* engine = need_engine(&code);
+  if (!engine) return code;
+  if (request == nullptr) return set_error(HPCDL_ERR_INVALID, "hpcdl_run: request is NULL");
+  Status s = engine->enqueue(*request, handle, /*caller_waits=*/true);
+  if (!s.is_ok()) return set_error(s);
+  return set_error(engine->wait(*handle, timeout_s));
+}
+
 HPCDL_API int hpcdl_poll(hpcdl_handle handle) {
   int code = HPCDL_OK;
   Engine* engine = need_engine(&code);

@@ -43,6 +43,7 @@ static wait_fn wait_ptr;
 static handle_fn poll_ptr;
 static __typeof__(&hpcdl_release) release_ptr;
 static __typeof__(&hpcdl_allreduce) allreduce_ptr;
+static __typeof__(&hpcdl_run) run_ptr;
 static PyObject* raise_status; /* Python callable: raises the hpcdl exception for a status */
 static PyObject* error_class;   /* hpcdl.common.exceptions.HpcdlError */
 /* What allreduce() accepts without the Python helper: numpy.ndarray, and the buffer formats of the dtypes
@@ -72,15 +73,15 @@ static PyObject* fail(int status) {
   return NULL;
 }
 
-/* bind(enqueue, wait, poll, release, allreduce, raise_status, error_class, array_type, formats): the
+/* bind(enqueue, wait, poll, release, allreduce, run, raise_status, error_class, array_type, formats): the
  * functions' addresses in the loaded runtime, the callable that raises for a status, the exception class
  * of bad submissions, numpy.ndarray and a dict {buffer format: runtime dtype code}. */
-#define NFUNCTIONS 5
+#define NFUNCTIONS 6
 static PyObject* bind(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != NFUNCTIONS + 4 || !PyType_Check(args[NFUNCTIONS + 2]) || !PyDict_Check(args[NFUNCTIONS + 3]) ||
       PyDict_GET_SIZE(args[NFUNCTIONS + 3]) > MAX_FORMATS) {
     PyErr_SetString(PyExc_TypeError,
-                    "bind() takes the addresses of enqueue, wait, poll, release and allreduce, raise_status, "
+                    "bind() takes the addresses of enqueue, wait, poll, release, allreduce and run, raise_status, "
                     "error_class, the array type and a dict of at most 16 buffer formats");
     return NULL;
   }
@@ -114,6 +115,7 @@ static PyObject* bind(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   poll_ptr = (handle_fn)f[2];
   release_ptr = (__typeof__(&hpcdl_release))f[3];
   allreduce_ptr = (__typeof__(&hpcdl_allreduce))f[4];
+  run_ptr = (__typeof__(&hpcdl_run))f[5];
   Py_XSETREF(raise_status, Py_NewRef(args[NFUNCTIONS]));
   Py_XSETREF(error_class, Py_NewRef(args[NFUNCTIONS + 1]));
   Py_RETURN_NONE;
@@ -548,9 +550,9 @@ static PyObject* allreduce_now(PyObject* self, PyObject* const* args, Py_ssize_t
 
 /* run(op_type, name, process_set, dtype, input, output, shape, reduce_op, prescale, postscale, root, keep):
  * submits one operation whose output the caller owns (allreduce, broadcast, reducescatter) and waits for
- * it, without a handle object: a blocking collective in one call. The wait releases the GIL; when the engine
- * is idle and the response cache knows the name, the runtime runs the collective on this thread (see
- * hpcdl_wait). input and output are addresses; `keep` owns the buffers and is kept alive past a timeout
+ * it, without a handle object: a blocking collective in one call (hpcdl_run, with the GIL released: the
+ * engine thread is not woken for it). When the engine is idle and the response cache knows the name, the
+ * runtime runs the collective on this thread (see hpcdl_wait). input and output are addresses; `keep` owns the buffers and is kept alive past a timeout
  * (the operation may still run then). */
 static PyObject* run(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   if (!bound()) return NULL;
@@ -583,12 +585,12 @@ static PyObject* run(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   r.placement = HPCDL_PLACEMENT_HOST;
   r.tag = 0;
   if (PyList_GET_SIZE(orphans) > 0 && reap_orphans() < 0) return NULL;
-  hpcdl_handle id = enqueue_ptr(&r);
-  if (id <= 0) return fail((int)-id);
+  hpcdl_handle id;
   int status;
   Py_BEGIN_ALLOW_THREADS
-  status = wait_ptr(id, -1.0);
+  status = run_ptr(&r, -1.0, &id);
   Py_END_ALLOW_THREADS
+  if (id <= 0) return fail(status);
   if (status == HPCDL_ERR_TIMEOUT) {
     /* The operation may still run: its buffers stay alive until it ends (see reap_orphans). */
     PyObject* entry = Py_BuildValue("(LO)", (long long)id, args[11]);
@@ -610,7 +612,7 @@ static PyObject* run(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
 
 static PyMethodDef methods[] = {
     {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL,
-     "bind(enqueue, wait, poll, release, allreduce, raise_status, error_class, array_type, formats)"},
+     "bind(enqueue, wait, poll, release, allreduce, run, raise_status, error_class, array_type, formats)"},
     {"submit", (PyCFunction)(void (*)(void))submit, METH_FASTCALL,
      "submit(cls, op_type, name, process_set, dtype, input, output, shape, reduce_op, prescale, postscale, "
      "root, splits, group_id, group_size, keep, result, value, placement, tag) -> handle (a cls instance)"},

@@ -14,7 +14,7 @@ import ctypes
 from enum import IntEnum
 from typing import Any
 
-VERSION = 2  # HPCDL_ABI_VERSION
+VERSION = 3  # HPCDL_ABI_VERSION
 
 
 class Status(IntEnum):
@@ -194,6 +194,7 @@ FUNCTIONS: dict[str, tuple[Any, tuple[Any, ...]]] = {
     "hpcdl_enqueue": (_c.c_int64, (_c.POINTER(Request),)),
     "hpcdl_poll": (_c.c_int, (_c.c_int64,)),
     "hpcdl_wait": (_c.c_int, (_c.c_int64, _c.c_double)),
+    "hpcdl_run": (_c.c_int, (_c.POINTER(Request), _c.c_double, _i64p)),
     "hpcdl_output": (_c.c_int, (_c.c_int64, _c.POINTER(_c.c_void_p), _i64p, _i64p)),
     "hpcdl_received_splits": (_c.c_int, (_c.c_int64, _i64p, _c.c_int)),
     "hpcdl_join_result": (_c.c_int, (_c.c_int64,)),
@@ -209,7 +210,7 @@ FUNCTIONS: dict[str, tuple[Any, tuple[Any, ...]]] = {
 }
 
 # What _hotpath calls, by address, in this order (see hpcdl/common/_hotpath.c: bind()).
-HOTPATH = ("hpcdl_enqueue", "hpcdl_wait", "hpcdl_poll", "hpcdl_release", "hpcdl_allreduce")
+HOTPATH = ("hpcdl_enqueue", "hpcdl_wait", "hpcdl_poll", "hpcdl_release", "hpcdl_allreduce", "hpcdl_run")
 
 
 def declare(lib: ctypes.CDLL) -> None:

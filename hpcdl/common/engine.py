@@ -216,8 +216,9 @@ def run(
     keep: Any = None,
 ) -> None:
     """Submit an operation whose output the caller owns (allreduce, broadcast, reducescatter) and wait for
-    it: a blocking collective, with no handle. When the engine is idle, the runtime negotiates and runs it
-    on the calling thread (the direct path of c_api.h's engine).
+    it: a blocking collective, with no handle (``hpcdl_run``: the engine thread is not woken for it). When the
+    engine is idle, the runtime negotiates and runs it on the calling thread (the direct path of c_api.h's
+    engine).
     ``keep`` owns the buffers; it stays alive past a timeout, while the operation may still run."""
     if not _bound:
         _lib()

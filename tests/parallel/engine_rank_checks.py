@@ -337,6 +337,43 @@ def check_short_steps(steps: int) -> None:
     passed("short_steps")
 
 
+def other_threads_switches() -> int:
+    """How many times this process's threads other than the caller's (the engine thread, and library threads
+    that sleep) have been switched out so far: each wake-up of a sleeping thread counts at least once."""
+    total = 0
+    for task in os.scandir("/proc/self/task"):
+        if int(task.name) == threading.get_native_id():
+            continue
+        try:
+            with open(os.path.join(task.path, "status")) as status:
+                total += sum(int(line.split()[1]) for line in status if "ctxt_switches" in line)
+        except FileNotFoundError:  # a thread that ended meanwhile
+            continue
+    return total
+
+
+def check_blocking_calls_leave_the_engine_asleep(calls: int) -> None:
+    """Blocking 1 MiB allreduces (``engine.run``, as ``hpcdl.torch.allreduce_`` makes them): the caller runs
+    each cycle itself, so the engine thread is not woken for them; prints how many times the process's other
+    threads were switched out meanwhile. (Asynchronous submissions of that size wake it.)"""
+    r, n = hc.rank(), hc.size()
+    a, out = values(r, 1 << 18), np.empty(1 << 18, np.float32)
+
+    def call() -> None:
+        E.run(E.OpType.ALLREDUCE, "blocking", 0, hc.DType.FLOAT32, a.ctypes.data, out.ctypes.data, a.shape)
+
+    for _ in range(20):  # the name is cached after the first
+        call()
+    hc.barrier()
+    before = other_threads_switches()
+    for _ in range(calls):
+        call()
+    woken = other_threads_switches() - before
+    np.testing.assert_array_equal(out, sum(values(q, 1 << 18) for q in range(n)))
+    print(f"RESULT blocking_wakes {woken} switches in {calls} calls", flush=True)
+    passed("blocking_wakes")
+
+
 # ---- scenario: join ---------------------------------------------------------------------------------
 
 
@@ -558,6 +595,7 @@ SCENARIOS: dict[str, Callable[[list[str]], None]] = {
     "fusion": lambda _args: check_fusion_workload(),
     "join": lambda _args: check_join_uneven(),
     "short_steps": lambda args: check_short_steps(int(args[0])),
+    "blocking_wakes": lambda args: check_blocking_calls_leave_the_engine_asleep(int(args[0])),
     "timeline": lambda args: check_timeline(args[0]),
     "timeline_kill": lambda _args: check_timeline_survives_kill(),
     "stall": lambda _args: check_stall(),

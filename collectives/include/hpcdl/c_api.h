@@ -9,8 +9,9 @@
  *   - the direct path (hpcdl_allreduce, ...): blocking, on the caller's thread, over a communicator
  *     channel of its own; no negotiation, no fusion. Used for latency-critical single collectives and
  *     for benchmarking the data plane.
- *   - the engine path (hpcdl_enqueue + hpcdl_poll/hpcdl_wait): asynchronous, named operations that a
- *     background thread negotiates across ranks, validates, fuses and records in the timeline.
+ *   - the engine path (hpcdl_enqueue + hpcdl_poll/hpcdl_wait, or hpcdl_run for a blocking call):
+ *     asynchronous, named operations that a background thread negotiates across ranks, validates, fuses
+ *     and records in the timeline.
  * Both may be used in the same job; they never share a channel, so they cannot cross-talk.
  *
  * Every blocking call has a deadline (the init option timeout_s, or an explicit argument); on expiry it
@@ -26,7 +27,7 @@
 extern "C" {
 #endif
 
-#define HPCDL_ABI_VERSION 2
+#define HPCDL_ABI_VERSION 3
 
 #if defined(__GNUC__)
 #define HPCDL_API __attribute__((visibility("default")))
@@ -252,6 +253,12 @@ HPCDL_API hpcdl_handle hpcdl_enqueue(const hpcdl_request* request);
 HPCDL_API int hpcdl_poll(hpcdl_handle handle);
 /* Blocks until done or timeout_s (< 0: the runtime's timeout) expires. Releases the GIL-free wait. */
 HPCDL_API int hpcdl_wait(hpcdl_handle handle, double timeout_s);
+/* hpcdl_enqueue, then hpcdl_wait, in one call: a blocking collective. The caller waits at once, and its wait
+ * runs the cycle itself when the engine is idle (the direct path), so the engine thread is not woken for
+ * the operation, whatever its size. *handle receives its handle (0 when it could not be submitted); the
+ * caller releases it, after a failure too (after a timeout only once the operation ended: it may still
+ * run). Returns hpcdl_wait's status, or the submission's error. */
+HPCDL_API int hpcdl_run(const hpcdl_request* request, double timeout_s, hpcdl_handle* handle);
 /* For ops whose output the engine allocated: pointer, byte size and shape of the result. Valid until
  * hpcdl_release. shape must hold at least the request's ndim entries. */
 HPCDL_API int hpcdl_output(hpcdl_handle handle, void** data, int64_t* nbytes, int64_t* shape);

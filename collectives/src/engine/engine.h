@@ -150,7 +150,8 @@ class Engine {
   void stop();
 
   // The engine section of c_api.h. Errors come back as a Status; handles are > 0.
-  Status enqueue(const hpcdl_request& request, int64_t* handle);
+  // caller_waits: the caller waits for it at once (hpcdl_run), so the engine thread is not woken for it.
+  Status enqueue(const hpcdl_request& request, int64_t* handle, bool caller_waits = false);
   Status poll(int64_t handle);  // code HPCDL_PENDING while running
   Status wait(int64_t handle, double timeout_s);
   Status output(int64_t handle, void** data, int64_t* nbytes, int64_t* shape);

@@ -11,7 +11,7 @@ namespace hpcdl {
 
 using namespace engine_detail;
 
-Status Engine::enqueue(const hpcdl_request& r, int64_t* handle) {
+Status Engine::enqueue(const hpcdl_request& r, int64_t* handle, bool caller_waits) {
   auto invalid = [](const std::string& m) { return Status::error(HPCDL_ERR_INVALID, m); };
   if (r.op_type < HPCDL_OP_ALLREDUCE || r.op_type > HPCDL_OP_JOIN)
     return invalid("unknown operation type " + std::to_string(r.op_type) + " (expected 0..6, see hpcdl_op_type)");
@@ -153,10 +153,11 @@ Status Engine::enqueue(const hpcdl_request& r, int64_t* handle) {
   last_enqueue_ = op->submitted;
   const bool alone = queue_.empty();
   queue_.push_back(std::move(op));
-  // A lone, small host submission: its caller will most likely wait for it next and run its cycle itself
-  // (see try_direct), so the engine thread is not woken for it (an engine thread in the middle of a cycle
-  // packs it with the rest, and one about to sleep leaves it). Anything else wakes it.
-  if (alone && q.placement == HPCDL_PLACEMENT_HOST && bytes <= kDeferMaxBytes)
+  // A lone host submission whose caller waits for it at once (hpcdl_run), or a small one, whose caller most
+  // likely waits for it next: that wait runs its cycle itself (see try_direct), so the engine thread is
+  // not woken for it (an engine thread in the middle of a cycle packs it with the rest, and one about to
+  // sleep leaves it). Anything else wakes it.
+  if (alone && q.placement == HPCDL_PLACEMENT_HOST && (caller_waits || bytes <= kDeferMaxBytes))
     deferred_ = true;
   else
     wake_engine();
