@@ -119,6 +119,8 @@ def new_output(tensor: torch.Tensor) -> torch.Tensor:
     made from a buffer, it cannot be resized beyond its size."""
     if tensor.nbytes >= POOL_FROM_BYTES and tensor.is_cpu:  # nbytes first: the cheaper look at a small one
         return torch.frombuffer(result_buffer(tensor.nbytes), dtype=tensor.dtype).view(tensor.shape)
+    if tensor.is_contiguous():  # empty_like keeps its layout; naming the format costs 0.15 us more
+        return torch.empty_like(tensor)
     return torch.empty_like(tensor, memory_format=torch.contiguous_format)
 
 
@@ -231,7 +233,7 @@ def allreduce_now(
     tensor itself): one call into the runtime, which runs the collective on this thread when the engine is
     idle (its direct path). False, with nothing submitted, where the general launcher must
     take the call (another layout or device, the GPU path, Adasum)."""
-    if op == Adasum or not tensor.is_contiguous() or tensor.device.type != "cpu" or _gpu.takes((tensor,)):
+    if op == Adasum or not tensor.is_contiguous() or not tensor.is_cpu or _gpu.takes((tensor,)):
         return False
     address = tensor.data_ptr()
     engine.run(
