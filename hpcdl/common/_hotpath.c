@@ -552,8 +552,8 @@ static PyObject* allreduce_now(PyObject* self, PyObject* const* args, Py_ssize_t
  * submits one operation whose output the caller owns (allreduce, broadcast, reducescatter) and waits for
  * it, without a handle object: a blocking collective in one call (hpcdl_run, with the GIL released: the
  * engine thread is not woken for it). When the engine is idle and the response cache knows the name, the
- * runtime runs the collective on this thread (see hpcdl_wait). input and output are addresses; `keep` owns the buffers and is kept alive past a timeout
- * (the operation may still run then). */
+ * runtime runs the collective on this thread (see hpcdl_wait). input and output are addresses; `keep` owns
+ * the buffers and is kept alive past a timeout (the operation may still run then). */
 static PyObject* run(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   if (!bound()) return NULL;
   if (nargs != RUN_ARGS) {
@@ -585,7 +585,7 @@ static PyObject* run(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   r.placement = HPCDL_PLACEMENT_HOST;
   r.tag = 0;
   if (PyList_GET_SIZE(orphans) > 0 && reap_orphans() < 0) return NULL;
-  hpcdl_handle id;
+  hpcdl_handle id = 0;
   int status;
   Py_BEGIN_ALLOW_THREADS
   status = run_ptr(&r, -1.0, &id);

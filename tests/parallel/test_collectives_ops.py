@@ -82,4 +82,4 @@ def test_staging_store_kinds_give_exact_results(stores: str) -> None:
     assert len(results) == 3
     for r in results:
         assert r.result is not None, f"rank {r.rank} printed no result:\n{r.stdout}\n{r.stderr}"
-        assert r.result["failures"] == [] and r.result["checks"] == 28, r.result
+        assert r.result["failures"] == [] and r.result["checks"] == 32, r.result

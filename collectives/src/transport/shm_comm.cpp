@@ -53,6 +53,10 @@ namespace {
 constexpr uint64_t kMagic = 0x687063646c73686dULL;  // "hpcdlshm"
 constexpr uint32_t kLayout = 3;
 constexpr size_t kHeaderBytes = 4096;
+// Out-of-place results of an allreduce at least this large reach the output through streaming stores.
+// Unlike an in-place output (read moments before as the input), its lines are not in this core's cache,
+// and cached stores would read each one first; a result this large does not stay in the cache anyway.
+constexpr size_t kStreamResultsFrom = 32 << 20;
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 inline bool reached(uint32_t value, uint32_t target) { return int32_t(value - target) >= 0; }
 
@@ -462,6 +466,7 @@ Status ShmComm::reduce_segments(const Segment* segments, size_t nseg, int dtype,
   // other parts' results. A rank never stages its own part (only it reads that part).
   const size_t align = std::max<size_t>(1, 64 / es);
   const int64_t chunk_elems = int64_t(params_.chunk_bytes / es);
+  const bool stream_results = bytes >= kStreamResultsFrom;
   for (int64_t off = 0; off < count; off += chunk_elems) {
     const auto chunk_start = Clock::now();
     const int64_t ce = std::min(chunk_elems, count - off);
@@ -486,7 +491,8 @@ Status ShmComm::reduce_segments(const Segment* segments, size_t nseg, int dtype,
     const int64_t mine = part_len(rank_), mine_at = part_begin(rank_);
     if (mine > 0) {
       // Reduce straight into the output (in place, its lines are already cached from reading the
-      // input), then stage the result for the peers from there.
+      // input), then stage the result for the peers from there. A large out-of-place result is reduced
+      // into the staging buffer and streamed to the output from there (see kStreamResultsFrom).
       // Works in L1-sized blocks so that the copy to the staging buffer reads what was just written.
       char* staged_result = slot(rank_, step_ + 1) + size_t(mine_at) * es;
       const int64_t block = int64_t(16384 / es);
@@ -496,8 +502,14 @@ Status ShmComm::reduce_segments(const Segment* segments, size_t nseg, int dtype,
           const size_t from = size_t(mine_at + at + rel) * es;
           for (int r = 0; r < size_; ++r)
             srcs[r] = r == rank_ ? static_cast<const void*>(input(s, seg_at)) : slot(r, staged) + from;
-          reduce(output(s, seg_at), srcs, size_, n, dtype, op, prescale, postscale, size_);
-          stores_.copy(staged_result + size_t(at + rel) * es, output(s, seg_at), size_t(n) * es);
+          char* staged_here = staged_result + size_t(at + rel) * es;
+          if (stream_results && s.recv != s.send) {
+            reduce(staged_here, srcs, size_, n, dtype, op, prescale, postscale, size_);
+            stream_copy(output(s, seg_at), staged_here, size_t(n) * es);
+          } else {
+            reduce(output(s, seg_at), srcs, size_, n, dtype, op, prescale, postscale, size_);
+            stores_.copy(staged_here, output(s, seg_at), size_t(n) * es);
+          }
         });
       }
     }
@@ -508,7 +520,10 @@ Status ShmComm::reduce_segments(const Segment* segments, size_t nseg, int dtype,
       if (p == rank_ || part_len(p) == 0) continue;
       const char* from = slot(p, step_) + size_t(part_begin(p)) * es;
       all.each(off + part_begin(p), part_len(p), [&](const Segment& s, int64_t at, int64_t rel, int64_t len) {
-        line_copy(output(s, at), from + size_t(rel) * es, size_t(len) * es);
+        if (stream_results && s.recv != s.send)
+          stream_copy(output(s, at), from + size_t(rel) * es, size_t(len) * es);
+        else
+          line_copy(output(s, at), from + size_t(rel) * es, size_t(len) * es);
       });
     }
     if (ce == chunk_elems)
