@@ -80,7 +80,7 @@ def check_engine(n: int, r: int) -> None:
 def check_large_results(n: int, r: int) -> None:
     """An allreduce of 32 MiB and more writes an out-of-place result with streaming stores (an in-place one
     stays cached): a fresh output, an ``out=`` starting 1 byte past a cache line, in place, and an engine
-    batch of that size whose small tensors reduce out of place in the fusion buffer."""
+    batch where such a tensor is one segment and small ones reduce in the fusion buffer."""
     count = (32 << 20) // 4 + 4099
     want = sum(everyone(n, count, 40))
     check("allreduce 32 MiB out of place", np.array_equal(hc.allreduce(data(r, count, 40)), want))
@@ -89,12 +89,12 @@ def check_large_results(n: int, r: int) -> None:
     check("allreduce 32 MiB into a misaligned out", np.array_equal(out, want))
     mine = data(r, count, 40)
     check("allreduce 32 MiB in place", np.array_equal(hc.allreduce(mine, out=mine), want))
-    sizes = [(20 << 20) // 4 + 3, 1000, (14 << 20) // 4 + 11, 77, 5000]
+    sizes = [(33 << 20) // 4 + 3, 1000, (1 << 20) // 4 + 11, 77, 5000]
     tensors = [data(r, size, 50 + i) for i, size in enumerate(sizes)]
     handles = [engine.allreduce_async(t, name=f"large{i}", op=ReduceOp.SUM) for i, t in enumerate(tensors)]
     got = [engine.synchronize(h) for h in handles]
     wants = [sum(everyone(n, size, 50 + i)) for i, size in enumerate(sizes)]
-    check("engine batch of 34 MiB", all(np.array_equal(g, w) for g, w in zip(got, wants)))
+    check("engine batch with a 33 MiB tensor", all(np.array_equal(g, w) for g, w in zip(got, wants)))
 
 
 def main() -> None:

@@ -53,9 +53,10 @@ namespace {
 constexpr uint64_t kMagic = 0x687063646c73686dULL;  // "hpcdlshm"
 constexpr uint32_t kLayout = 3;
 constexpr size_t kHeaderBytes = 4096;
-// Out-of-place results of an allreduce at least this large reach the output through streaming stores.
-// Unlike an in-place output (read moments before as the input), its lines are not in this core's cache,
-// and cached stores would read each one first; a result this large does not stay in the cache anyway.
+// An out-of-place output at least this large (a whole allreduce's, or one segment's) receives its results
+// through streaming stores. Unlike an in-place output (read moments before as the input), its lines are not
+// in this core's cache, and cached stores would read each one first; an output this large does not stay in
+// the cache anyway. (The engine's fusion buffer, smaller and copied out at once, keeps cached stores.)
 constexpr size_t kStreamResultsFrom = 32 << 20;
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 inline bool reached(uint32_t value, uint32_t target) { return int32_t(value - target) >= 0; }
@@ -466,7 +467,9 @@ Status ShmComm::reduce_segments(const Segment* segments, size_t nseg, int dtype,
   // other parts' results. A rank never stages its own part (only it reads that part).
   const size_t align = std::max<size_t>(1, 64 / es);
   const int64_t chunk_elems = int64_t(params_.chunk_bytes / es);
-  const bool stream_results = bytes >= kStreamResultsFrom;
+  auto streamed = [&](const Segment& s) {
+    return s.recv != s.send && size_t(s.count) * es >= kStreamResultsFrom;
+  };
   for (int64_t off = 0; off < count; off += chunk_elems) {
     const auto chunk_start = Clock::now();
     const int64_t ce = std::min(chunk_elems, count - off);
@@ -503,7 +506,7 @@ Status ShmComm::reduce_segments(const Segment* segments, size_t nseg, int dtype,
           for (int r = 0; r < size_; ++r)
             srcs[r] = r == rank_ ? static_cast<const void*>(input(s, seg_at)) : slot(r, staged) + from;
           char* staged_here = staged_result + size_t(at + rel) * es;
-          if (stream_results && s.recv != s.send) {
+          if (streamed(s)) {
             reduce(staged_here, srcs, size_, n, dtype, op, prescale, postscale, size_);
             stream_copy(output(s, seg_at), staged_here, size_t(n) * es);
           } else {
@@ -520,7 +523,7 @@ Status ShmComm::reduce_segments(const Segment* segments, size_t nseg, int dtype,
       if (p == rank_ || part_len(p) == 0) continue;
       const char* from = slot(p, step_) + size_t(part_begin(p)) * es;
       all.each(off + part_begin(p), part_len(p), [&](const Segment& s, int64_t at, int64_t rel, int64_t len) {
-        if (stream_results && s.recv != s.send)
+        if (streamed(s))
           stream_copy(output(s, at), from + size_t(rel) * es, size_t(len) * es);
         else
           line_copy(output(s, at), from + size_t(rel) * es, size_t(len) * es);
