@@ -14,15 +14,22 @@ left:
 
 The first failure is the earliest cause. When there is none, the consequences' blame leads to it: a rank that
 exited 0 while the others still waited for it, or one that was stuck (the others' stall shutdown names it).
+
+A rank whose output was lost (an mpirun that crashed while it stopped the job) is judged from the last words
+it left in the job's debug directory (:mod:`hpcdl.common.last_words`), where the launcher can read them.
 """
 
 from __future__ import annotations
 
 import signal
+import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Callable
 
+from hpcdl.common import last_words
 from hpcdl.diagnosis.consequences import Verdict, judge
+from hpcdl.diagnosis.tracebacks import last_error
 from hpcdl.diagnosis.words import ranks_text
 from hpcdl.runner.procs import RankEnd
 
@@ -71,6 +78,25 @@ def _stopped(end: RankEnd, failing_since: float) -> bool:
 def _when(end: RankEnd) -> float:
     times = [t for t in (end.error_at, end.ended_at) if t is not None]
     return min(times) if times else float("inf")
+
+
+def with_last_words(ends: list[RankEnd], directory: Path, since: float) -> list[RankEnd]:
+    """`ends`, each rank whose error the launcher never saw completed from the last words it left in
+    `directory` at `since` (wall-clock seconds, the job's start) or later; older ones are another job's."""
+    completed = []
+    for end in ends:
+        words = last_words.read(directory, end.rank) if end.error is None else None
+        written = words.get("time") if words is not None else None
+        error = None
+        if words is not None and words.get("rank") == end.rank and isinstance(written, (int, float)):
+            lines = words.get("traceback")
+            if written >= since and isinstance(lines, list):
+                error = last_error([str(line) for line in lines])
+        if error is None:
+            completed.append(end)
+        else:  # its time on the launcher's clock, like the errors it read itself
+            completed.append(replace(end, error=error, error_at=time.monotonic() - (time.time() - written)))
+    return completed
 
 
 def account(

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from hpcdl.common.debug_dir import write_private
 from hpcdl.common.output_file import OutputFileError
-from hpcdl.runner.first_failure import STDERR_LINES_SHOWN, account, detail_lines
+from hpcdl.runner.first_failure import STDERR_LINES_SHOWN, account, detail_lines, with_last_words
 from hpcdl.runner.hosts import RankSlot
 from hpcdl.runner.procs import Failure, Outcome, RankEnd
 from hpcdl.runner.rendezvous_host import RendezvousHandle
@@ -70,6 +70,7 @@ class Supervisor:
     _first_arrival: float | None = None
     _stacks_asked: bool = False
     _stacks_thread: threading.Thread | None = None
+    _started: float = field(default_factory=time.time)  # wall clock: last words older than this are stale
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         if signum == signal.SIGQUIT:
@@ -206,7 +207,10 @@ class Supervisor:
 
     def _report(self) -> int:
         if self._root_cause is not None:
-            found = account([end for process in self.processes for end in process.ends()])
+            ends = [end for process in self.processes for end in process.ends()]
+            if self.debug_dir is not None:
+                ends = with_last_words(ends, self.debug_dir, self._started)
+            found = account(ends)
             if found is None:  # the launcher of all ranks failed (mpirun, srun), no rank did
                 return self._report_launcher(self._root_cause)
             others = len(self.slots) - 1

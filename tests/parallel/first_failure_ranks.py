@@ -3,7 +3,8 @@ the others call a collective every 5 ms (the pace at which a launcher most often
 
 - ``raise``: ValueError right after init; with SLOW_EXIT=S the rank then takes S seconds to exit after the
   runtime's shutdown told the others (a data loader's workers, a logger flushing), so every other rank's
-  failure reaches the launcher before this rank's exit does.
+  failure reaches the launcher before this rank's exit does. ``raise-unseen``: the same ValueError, its
+  stderr sent to /dev/null first (its traceback never reaches the launcher, as when mpirun dies first).
 - ``kill``: SIGKILL; ``exit0``: exits 0 while the others wait for it; ``oom``: allocates until the kernel's
   OOM killer ends it; ``stuck``: sleeps in ``stuck_in_dataloader()`` while the others wait in
   ``allreduce('grad.2')`` (the stall shutdown cancels it); ``stuck-in-c``: sleeps in a C call that holds the
@@ -37,7 +38,10 @@ def stuck_in_c_call() -> None:
 
 
 def fail(how: str) -> None:
-    if how == "raise":
+    if how == "raise-unseen":
+        sys.stderr.flush()
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+    if how in ("raise", "raise-unseen"):
         raise ValueError(f"boom on rank {hc.rank()}")
     if how == "kill":
         os.kill(os.getpid(), signal.SIGKILL)

@@ -65,6 +65,18 @@ def test_the_raising_rank_is_named_when_its_exit_comes_last(tmp_path: Path) -> N
     assert blamed and blamed[0].startswith(f"hpcdl run: {CONSEQUENCE}ranks 0-1, 3 failed with "), blamed
 
 
+def test_a_raising_rank_whose_output_was_lost_is_named_from_its_last_words(tmp_path: Path) -> None:
+    """Its traceback never reached hpcdl run (as when a crashing mpirun takes a rank's output with it): the
+    last words it left in the job's debug directory still name its error."""
+    done, lines, _ = run_job(2, "raise-unseen", tmp_path, CULPRIT="1")
+    assert done.returncode == 1, done.stderr
+    assert not [line for line in done.stderr.splitlines() if line.startswith("[1]") and "boom" in line]
+    head = f"hpcdl run: rank 1 on host {HOST} failed first, with ValueError: boom on rank 1 ("
+    assert lines[0].startswith(head), done.stderr
+    assert lines[1] == f"hpcdl run: its error (rank 1 on host {HOST}):"
+    assert '        raise ValueError(f"boom on rank {hc.rank()}")' in lines
+
+
 def test_a_killed_rank_is_named_and_its_signal(tmp_path: Path) -> None:
     done, lines, _ = run_job(3, "kill", tmp_path)
     assert done.returncode == 128 + 9, done.stderr

@@ -4,14 +4,18 @@ every rank's end, whatever order the launcher saw the ends in."""
 from __future__ import annotations
 
 import itertools
+import json
 import signal
+import time
+from pathlib import Path
 
 import pytest
 
+from hpcdl.common import last_words
 from hpcdl.diagnosis.consequences import Verdict, judge, judge_line
 from hpcdl.diagnosis.tracebacks import TracebackReader, last_error
 from hpcdl.diagnosis.words import ranks_text
-from hpcdl.runner.first_failure import account, detail_lines
+from hpcdl.runner.first_failure import account, detail_lines, with_last_words
 from hpcdl.runner.procs import Outcome, RankEnd
 
 SHUTDOWN = (
@@ -146,6 +150,32 @@ def test_the_earliest_of_several_causes_is_first() -> None:
     )
     assert found is not None and found.first.rank == 1 and found.what == "exited with code 3"
     assert found.exit_code == 3
+
+
+def test_a_rank_whose_output_was_lost_is_judged_from_its_last_words(tmp_path: Path) -> None:
+    """Open MPI's mpirun crashed (in PMIx_Finalize) while it stopped a job: rank 1's traceback never reached
+    the launcher and no exit status came for it. The last words it left name its error; another job's, and
+    another rank's, do not count."""
+    try:
+        raise ValueError("boom on rank 1")
+    except ValueError as exc:
+        words = last_words.describe(1, ValueError, exc, exc.__traceback__)
+    (tmp_path / "exit.rank1.json").write_text(json.dumps(words))
+    job_start = time.time() - 10
+    ends = [end(0, at=2.0, error=SHUTDOWN), end(1, code=None, at=3.0), end(2, code=None, at=3.0)]
+    (tmp_path / "exit.rank2.json").write_text(json.dumps({**words, "time": job_start - 60, "rank": 2}))
+    found = account(with_last_words(ends, tmp_path, job_start))
+    assert found is not None and found.first.rank == 1 and found.own, found
+    assert found.what == "failed first, with ValueError: boom on rank 1 (ended without an exit status)"
+    assert [c.rank for c, _ in found.consequences] == [0]
+    # without them, rank 1 is found through rank 0's blame only
+    blamed = account(ends)
+    assert blamed is not None and blamed.first.rank == 1 and not blamed.own
+    # last words from before the job started, or left under another rank's name, are not read
+    stale = account(with_last_words(ends, tmp_path, words["time"] + 1))
+    assert stale is not None and not stale.own
+    (tmp_path / "exit.rank1.json").write_text(json.dumps({**words, "rank": 3}))
+    assert account(with_last_words(ends, tmp_path, job_start)).own is False  # type: ignore[union-attr]
 
 
 def test_a_rank_that_exited_0_early_is_the_first_failure() -> None:
