@@ -63,21 +63,31 @@ def test_hpcdl_run_mpi_names_the_raising_rank_every_time(flavor: str, tmp_path: 
         assert all("HpcdlShutdownError" in line for line in ours[2:]), ours
 
 
+def mpirun_crashed(output: str) -> bool:
+    """Open MPI 4.1's mpirun itself died of a signal (seen in PMIx_Finalize while it aborted a job); the
+    ranks' output it had not forwarded yet is lost with it."""
+    return "*** Process received signal ***" in output and "/mpirun.openmpi(" in output
+
+
 def test_bare_mpirun_ranks_point_at_the_raising_rank(tmp_path: Path) -> None:
     """mpirun's own message names whichever rank it saw exit first (a consequence, in most runs); every
-    rank that failed because of the culprit says so, with the culprit's error, in each of six jobs."""
+    rank that failed because of the culprit says so, with the culprit's error, in each of six jobs. A job
+    whose mpirun crashed says nothing of hpcdl: it runs again (twice at most)."""
     mpirun = _launcher(OPENMPI)
     for run in range(6):
         num_proc = 2 + run % 2
         culprit = (run + 1) % num_proc
-        workdir = tmp_path / f"job{run}"
-        workdir.mkdir()
-        done = subprocess.run(
-            [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(num_proc), sys.executable, RANKS,
-             "raise"],
-            capture_output=True, text=True, timeout=120, env=_env(CULPRIT=str(culprit)), cwd=workdir,
-        )  # fmt: skip
-        output = done.stdout + done.stderr
+        for attempt in range(3):
+            workdir = tmp_path / f"job{run}.{attempt}"
+            workdir.mkdir()
+            done = subprocess.run(
+                [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(num_proc), sys.executable,
+                 RANKS, "raise"],
+                capture_output=True, text=True, timeout=120, env=_env(CULPRIT=str(culprit)), cwd=workdir,
+            )  # fmt: skip
+            output = done.stdout + done.stderr
+            if not mpirun_crashed(output):
+                break
         assert done.returncode != 0, output
         pointers = [line for line in output.splitlines() if line.startswith("hpcdl: rank ")]
         assert pointers, f"run {run}: no rank said it failed because of another:\n{output}"
