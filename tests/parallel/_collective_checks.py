@@ -173,6 +173,35 @@ def run_ring_pieces(n: int, r: int) -> None:
         check(label, same(dtype, got, want), f"{got[-3:]} {want[-3:]}")
 
 
+def run_scaled_floats_exact(n: int, r: int) -> None:
+    """Float averages and postscaled reductions, bit for bit: on one host every part is reduced in rank
+    order, then divided by n once (as t / n rounds; a power-of-2 n multiplies by the exact 1/n) or
+    multiplied by the postscale, in the tensor's own type. Inputs with fractional parts make each rounding
+    show; sizes cover the one-step path and the chunked one."""
+    for dtype, kind in ((DType.FLOAT32, np.float32), (DType.FLOAT64, np.float64)):
+        for count in (7, 300_003):
+            inputs = [np.random.default_rng(1000 + q).standard_normal(count).astype(kind) for q in range(n)]
+            for op, post in (
+                (ReduceOp.AVERAGE, 1.0),
+                (ReduceOp.AVERAGE, 0.3),
+                (ReduceOp.SUM, 0.3),
+                (ReduceOp.MAX, 2.5),
+            ):
+                total = inputs[0].copy()
+                for x in inputs[1:]:
+                    total = np.maximum(total, x) if op == ReduceOp.MAX else total + x
+                if op == ReduceOp.AVERAGE and post == 1.0 and n & (n - 1):
+                    want = total / kind(n)
+                else:
+                    want = total * kind(post / n if op == ReduceOp.AVERAGE else post)
+                got = hc.allreduce(inputs[r].copy(), op=op, postscale=post, dtype=dtype)
+                label = f"{op.name} postscale={post} {dtype.name} n={count} bit for bit"
+                check(label, np.array_equal(got, want), f"max difference {np.abs(got - want).max()}")
+                mine = inputs[r].copy()
+                hc.allreduce(mine, op=op, postscale=post, out=mine, dtype=dtype)
+                check(label + " in place", np.array_equal(mine, want))
+
+
 def run_allgather(n: int, r: int) -> None:
     for dtype in DTYPES:
         for rows in (lambda q: q + 1, lambda q: 0 if q == 0 else 2 * q, lambda q: 0):
@@ -299,6 +328,8 @@ def main() -> None:
         )
         check("allreduce 1.2 MB float32", same(DType.FLOAT32, hc.allreduce(big), want))
         run_ring_pieces(n, r)
+        if hc.local_size() == n and hc.transport_name(True) in ("shm", "self"):  # rings add in another order
+            run_scaled_floats_exact(n, r)
         run_allgather(n, r)
         run_broadcast(n, r)
         run_alltoall(n, r)

@@ -265,6 +265,39 @@ void reduce_general(T* dst, const T* const* srcs, int nsrc, int64_t n, int op, d
   }
 }
 
+// float32/float64 with a final scale or division and no prescale (Horovod's default average): combines the
+// sources in place of reduce_general's copies into the accumulation type, and between two ranks reduces
+// and scales in one pass. The operations and their order are reduce_general's, so the result is the same
+// to the bit (a sum then a product: nothing for the compiler to contract into a fused multiply-add).
+template <class T>
+void reduce_float_postscaled(T* dst, const T* const* srcs, int nsrc, int64_t n, int op, double postscale,
+                             int64_t divisor) {
+  const bool average = op == HPCDL_AVERAGE;
+  const bool divide = average && postscale == 1.0 && (divisor & (divisor - 1)) != 0;
+  const T post = T(average && !divide ? postscale / double(divisor) : postscale), div = T(divisor);
+  alignas(64) T acc[kBlock];
+  for (int64_t base = 0; base < n; base += kBlock) {
+    const int m = int(n - base < kBlock ? n - base : kBlock);
+    const T* a = srcs[0] + base;
+    T* d = dst + base;
+    if (nsrc == 2 && (op == HPCDL_SUM || average)) {
+      const T* b = srcs[1] + base;
+      if (divide)
+        for (int i = 0; i < m; ++i) d[i] = (a[i] + b[i]) / div;
+      else
+        for (int i = 0; i < m; ++i) d[i] = (a[i] + b[i]) * post;
+      continue;
+    }
+    // Accumulate apart from dst, which may be any of the sources.
+    std::memcpy(acc, a, size_t(m) * sizeof(T));
+    for (int j = 1; j < nsrc; ++j) combine<T>(acc, srcs[j] + base, m, op);
+    if (divide)
+      for (int i = 0; i < m; ++i) d[i] = acc[i] / div;
+    else
+      for (int i = 0; i < m; ++i) d[i] = acc[i] * post;
+  }
+}
+
 // Integers with a scale: accumulate in double, average truncates toward zero.
 template <class T>
 void reduce_int_scaled(T* dst, const T* const* srcs, int nsrc, int64_t n, int op, double prescale,
@@ -323,8 +356,10 @@ void dispatch_float(void* dst, const void* const* srcs, int nsrc, int64_t n, int
                     int64_t divisor) {
   auto* d = static_cast<T*>(dst);
   auto s = reinterpret_cast<const T* const*>(srcs);
-  if (pre != 1.0 || post != 1.0 || (op == HPCDL_AVERAGE && divisor != 1))
+  if (pre != 1.0)
     reduce_general<T, T>(d, s, nsrc, n, op, pre, post, divisor);
+  else if (post != 1.0 || (op == HPCDL_AVERAGE && divisor != 1))
+    reduce_float_postscaled<T>(d, s, nsrc, n, op, post, divisor);
   else
     reduce_plain<T>(d, s, nsrc, n, op);
 }
