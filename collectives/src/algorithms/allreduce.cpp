@@ -14,7 +14,11 @@ Status p2p_allreduce(P2P& p, const void* send, void* recv, int64_t count, int dt
   // Integers with a prescale are summed in double from the raw inputs (a pre-scaled integer copy would
   // truncate each contribution), so they always take the exchange.
   const bool int_scaled = !is_float_dtype(dtype) && prescale != 1.0;
-  const bool exchange = n == 1 || bytes <= small_message_bytes || count < n || int_scaled;
+  if (n == 1) {  // a one-rank job: nobody to agree with, nothing to exchange (and no buffer to clear per call)
+    reduce(out, &send, 1, count, dtype, op, prescale, postscale, 1);
+    return Status::ok();
+  }
+  const bool exchange = bytes <= small_message_bytes || count < n || int_scaled;
 
   // One round with every rank at once: the agreement on the arguments and, on the exchange path, the
   // whole inputs behind it.
