@@ -21,6 +21,9 @@ difference between two neighbouring rows is what the upper layer adds:
 
 Every round runs each row once, in a shuffled order (the same on every rank), each block of calls after a
 barrier; a block's time per call is the slowest rank's, the table gives the median over the rounds.
+``--cold BYTES`` copies that many bytes before each call and times each call alone, leaving out the copy:
+what a call costs after a large collective or a model's compute has evicted the caches. Use it with
+``-np 1``, where no peer's copy can make a call wait.
 Benchmarks measure; they do not assert.
 """
 
@@ -110,7 +113,32 @@ def _rows(split: dict[str, int]) -> dict[str, Callable[[], None]]:
     return rows
 
 
-def worker(rounds: int, budget: float) -> None:
+def evictor(nbytes: int) -> Optional[Callable[[], None]]:
+    """A copy of ``nbytes`` that leaves the caches as a large collective or a model's compute does."""
+    if nbytes <= 0:
+        return None
+    source = np.ones(max(nbytes // 8, 1), dtype=np.float64)
+    target = np.empty_like(source)
+    return lambda: np.copyto(target, source)
+
+
+def timed(call: Callable[[], None], calls: int, evict: Optional[Callable[[], None]]) -> float:
+    """Seconds per call: a block of calls, or with ``evict``, each call alone after evicting the caches."""
+    if evict is None:
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        return (time.perf_counter() - start) / calls
+    total = 0.0
+    for _ in range(calls):
+        evict()
+        start = time.perf_counter()
+        call()
+        total += time.perf_counter() - start
+    return total / calls
+
+
+def worker(rounds: int, budget: float, cold_bytes: int) -> None:
     import hpcdl.common as hc
     import hpcdl.torch as hvd
 
@@ -118,6 +146,9 @@ def worker(rounds: int, budget: float) -> None:
     split = dict.fromkeys(SPLIT, 0)
     rows = _rows(split)
     counts = {name: block_count(call, 50, 20, budget) for name, call in rows.items()}
+    evict = evictor(cold_bytes)
+    if evict is not None:
+        counts = {name: min(count, 300) for name, count in counts.items()}
     times: dict[str, list[float]] = {name: [] for name in rows}
     splits: dict[str, list[float]] = {key: [] for key in SPLIT}
     for round_ in range(rounds):
@@ -128,10 +159,7 @@ def worker(rounds: int, budget: float) -> None:
             for key in SPLIT:
                 split[key] = 0
             hc.barrier()
-            start = time.perf_counter()
-            for _ in range(counts[name]):
-                call()
-            seconds = (time.perf_counter() - start) / counts[name]
+            seconds = timed(call, counts[name], evict)
             worst = hc.allreduce(np.array([seconds]), op=hc.ReduceOp.MAX)
             times[name].append(float(worst[0]))
             if name == "engine.submit+wait+release":
@@ -157,12 +185,19 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("-np", "--num-proc", type=int, default=2, help="number of ranks (default 2)")
     parser.add_argument("--rounds", type=int, default=9, help="rounds (default 9)")
     parser.add_argument("--block-seconds", type=float, default=0.05, help="length of one timed block")
+    parser.add_argument(
+        "--cold",
+        type=int,
+        default=0,
+        metavar="BYTES",
+        help="copy BYTES before each call (evicts the caches; use with -np 1)",
+    )
     parser.add_argument("--pythonpath", help="the ranks import hpcdl from this directory (another build)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on a terminal")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        worker(args.rounds, args.block_seconds)
+        worker(args.rounds, args.block_seconds, args.cold)
         return
     try:
         from ._launch import run_ranks
@@ -173,6 +208,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         os.environ["PYTHONPATH"] = args.pythonpath
     load_before = os.getloadavg()[0]
     worker_args = ["--worker", "--rounds", str(args.rounds), "--block-seconds", str(args.block_seconds)]
+    worker_args += ["--cold", str(args.cold)]
     (text,) = run_ranks(__file__, args.num_proc, worker_args, "REPORT", use_mpi, args.no_progress)[:1]
     report = json.loads(text)
     measured = os.path.dirname(report["hpcdl"])
@@ -180,7 +216,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     if wanted and not any(measured.startswith(d + os.sep) for d in wanted):
         sys.exit(f"the ranks imported hpcdl from {measured}, not from {args.pythonpath}")
     print(
-        f"4-byte allreduce, {args.num_proc} ranks, layer by layer; hpcdl from {measured}; "
+        f"4-byte allreduce, {args.num_proc} ranks, layer by layer"
+        + (f", each call after copying {args.cold} bytes" if args.cold else "")
+        + f"; hpcdl from {measured}; "
         f"load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after"
     )
     for name, value in report["median_us"].items():
