@@ -351,16 +351,29 @@ static PyTypeObject* handle_class(PyObject* cls, const char* fn) {
 /* Reaps the handles orphaned since the last submission, enqueues r and returns a new cls instance for it
  * that keeps `keep` alive and gives `result` (a callable) or `value` as its result; raises the runtime's
  * error when the runtime refuses r. */
+/* Submits r and returns a cls instance for it. With wait, the caller waits for it at once (hpcdl_run: a lone
+ * submission runs on this thread when the engine is idle, and the engine thread is not woken for it): the
+ * handle comes back finished, or the operation's error is raised (after a timeout its buffers stay among
+ * the orphans while it may still run). */
 static PyObject* enqueue_into(PyTypeObject* cls, const hpcdl_request* r, PyObject* op_type, PyObject* keep,
-                              PyObject* result, PyObject* value) {
+                              PyObject* result, PyObject* value, int wait) {
   if (PyList_GET_SIZE(orphans) > 0 && reap_orphans() < 0) return NULL;
   HandleObject* h = (HandleObject*)cls->tp_alloc(cls, 0);
   if (h == NULL) return NULL;
-  hpcdl_handle id = enqueue_ptr(r);
+  hpcdl_handle id = 0;
+  int status = HPCDL_OK;
+  if (wait) {
+    Py_BEGIN_ALLOW_THREADS
+    status = run_ptr(r, -1.0, &id);
+    Py_END_ALLOW_THREADS
+  } else {
+    id = enqueue_ptr(r);
+    if (id <= 0) status = (int)-id;
+  }
   if (id <= 0) {
     h->released = 1; /* nothing to release */
     Py_DECREF(h);
-    return fail((int)-id);
+    return fail(status);
   }
   h->id = id;
   h->op_type = Py_NewRef(op_type);
@@ -368,14 +381,20 @@ static PyObject* enqueue_into(PyTypeObject* cls, const hpcdl_request* r, PyObjec
   h->keep = Py_NewRef(keep);
   h->result = Py_NewRef(result);
   h->value = value ? Py_NewRef(value) : NULL;
+  if (wait && status != HPCDL_ERR_TIMEOUT) h->finished = 1;
+  if (status != HPCDL_OK) {
+    PyObject* raised = fail(status); /* reads this thread's error before the release can replace it */
+    Py_DECREF(h);                    /* releases it, or parks its buffers while it still runs */
+    return raised;
+  }
   return (PyObject*)h;
 }
 
-#define SUBMIT_ARGS 20
+#define SUBMIT_ARGS 21
 
 /* submit(cls, op_type, name, process_set, dtype, input, output, shape, reduce_op, prescale, postscale,
- *        root, splits, group_id, group_size, keep, result, value, placement, tag) -> a cls (a HandleBase
- * subclass) instance; value None means none. */
+ *        root, splits, group_id, group_size, keep, result, value, placement, tag, wait) -> a cls (a
+ * HandleBase subclass) instance; value None means none; wait: see enqueue_into. */
 static PyObject* submit(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   if (!bound()) return NULL;
   if (nargs != SUBMIT_ARGS) {
@@ -409,7 +428,8 @@ static PyObject* submit(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
   r.group_size = (int32_t)PyLong_AsLong(args[14]);
   r.placement = (int32_t)PyLong_AsLong(args[18]);
   r.tag = (int64_t)PyLong_AsLongLong(args[19]);
-  if (PyErr_Occurred()) return NULL;
+  const int wait = PyObject_IsTrue(args[20]);
+  if (PyErr_Occurred() || wait < 0) return NULL;
   if (args[12] != Py_None) {
     splits = PyMem_Malloc(sizeof(int64_t) * MAX_SPLITS);
     if (splits == NULL) return PyErr_NoMemory();
@@ -420,7 +440,7 @@ static PyObject* submit(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
   }
   r.splits = splits;
   r.nsplits = (int32_t)nsplits;
-  PyObject* h = enqueue_into(cls, &r, args[1], args[15], args[16], args[17] == Py_None ? NULL : args[17]);
+  PyObject* h = enqueue_into(cls, &r, args[1], args[15], args[16], args[17] == Py_None ? NULL : args[17], wait);
   PyMem_Free(splits);
   return h;
 }
@@ -501,7 +521,7 @@ static PyObject* allreduce(PyObject* self, PyObject* const* args, Py_ssize_t nar
   r.tag = 0;
   PyObject* keep = in_place ? Py_NewRef(a) : PyTuple_Pack(2, a, out);
   if (keep == NULL) return NULL;
-  PyObject* h = enqueue_into(cls, &r, args[1], keep, Py_None, out);
+  PyObject* h = enqueue_into(cls, &r, args[1], keep, Py_None, out, 0);
   Py_DECREF(keep);
   return h;
 }
@@ -615,7 +635,8 @@ static PyMethodDef methods[] = {
      "bind(enqueue, wait, poll, release, allreduce, run, raise_status, error_class, array_type, formats)"},
     {"submit", (PyCFunction)(void (*)(void))submit, METH_FASTCALL,
      "submit(cls, op_type, name, process_set, dtype, input, output, shape, reduce_op, prescale, postscale, "
-     "root, splits, group_id, group_size, keep, result, value, placement, tag) -> handle (a cls instance)"},
+     "root, splits, group_id, group_size, keep, result, value, placement, tag, wait) -> handle (a cls instance; "
+     "with wait, finished)"},
     {"run", (PyCFunction)(void (*)(void))run, METH_FASTCALL,
      "run(op_type, name, process_set, dtype, input, output, shape, reduce_op, prescale, postscale, root, keep): "
      "submit an operation with a caller-owned output and wait for it"},

@@ -80,16 +80,26 @@ class Handle(_hotpath.HandleBase):
 
     def output(self) -> np.ndarray:
         """The bytes of an engine-allocated output (allgather, alltoall), copied into a uint8 array."""
-        data, nbytes = self._output_view()
+        address, nbytes, _ = self.output_bytes()
         out = np.empty(nbytes, dtype=np.uint8)
         if nbytes:
-            ctypes.memmove(out.ctypes.data, data, nbytes)
+            ctypes.memmove(out.ctypes.data, address, nbytes)
         return out
 
     def output_shape(self) -> tuple[int, ...]:
+        return self.output_bytes()[2]
+
+    def output_bytes(self) -> tuple[int, int, tuple[int, ...]]:
+        """An engine-allocated output where it lies: its address, its size in bytes and its shape. Valid
+        until the handle is released; a caller copies it straight into a buffer of its own."""
+        self._check_live()
+        data = ctypes.c_void_p()
+        nbytes = ctypes.c_int64()
         shape = (ctypes.c_int64 * self._ndim)()
-        self._call_output(shape)
-        return tuple(int(d) for d in shape)
+        status = _lib().hpcdl_output(self.id, ctypes.byref(data), ctypes.byref(nbytes), shape)
+        if status != _OK:
+            _raise(status)
+        return data.value or 0, nbytes.value, tuple(shape)
 
     def received_splits(self) -> list[int]:
         """alltoall: rows received from each member of the process set."""
@@ -109,18 +119,6 @@ class Handle(_hotpath.HandleBase):
             _raise(-result)
         return int(result)
 
-    def _call_output(self, shape: Any) -> tuple[int, int]:
-        self._check_live()
-        data = ctypes.c_void_p()
-        nbytes = ctypes.c_int64()
-        status = _lib().hpcdl_output(self.id, ctypes.byref(data), ctypes.byref(nbytes), shape)
-        if status != _OK:
-            _raise(status)
-        return data.value or 0, nbytes.value
-
-    def _output_view(self) -> tuple[int, int]:
-        return self._call_output((ctypes.c_int64 * self._ndim)())
-
 
 def enqueue(
     op_type: OpType,
@@ -139,13 +137,16 @@ def enqueue(
     keep: tuple[Any, ...] = (),
     result: Optional[Callable[[Handle], Any]] = None,
     value: Any = None,
+    wait: bool = False,
 ) -> Handle:
     """Submit one operation to the engine and return its handle.
 
     ``input`` (and ``output`` for allreduce/broadcast/reducescatter; it may be the same buffer) must stay
     valid until the handle completes; pass the objects owning them in ``keep``. ``root`` is a world rank.
     ``handle.result()`` is ``value`` when given (a result known at submission, such as the output array),
-    else ``result(handle)`` (one made from the engine's output), else None.
+    else ``result(handle)`` (one made from the engine's output), else None. ``wait=True`` is for a caller
+    that would wait for it next: it returns once the operation has finished (raising its error), having
+    run it on the calling thread when the engine was idle, without waking the engine thread.
     """
     return submit(
         op_type,
@@ -165,6 +166,7 @@ def enqueue(
         keep,
         result,
         value,
+        wait=wait,
     )
 
 
@@ -188,16 +190,18 @@ def submit(
     value: Any = None,
     placement: Placement = Placement.HOST,
     tag: int = 0,
+    wait: bool = False,
 ) -> Handle:
     """:func:`enqueue` with the buffers as raw addresses (no Buffer objects), as a framework hands over its
     own tensors; whoever owns them keeps them alive until the handle completes (or passes them in
     ``keep``). ``placement=Placement.DEVICE`` submits device data, which the engine only negotiates: the
-    batch comes back through :class:`DeviceQueue` with ``tag`` (> 0) naming the operation."""
+    batch comes back through :class:`DeviceQueue` with ``tag`` (> 0) naming the operation. ``wait``: see
+    :func:`enqueue`."""
     if not _bound:
         _lib()
     return _hotpath.submit(
         Handle, op_type, name, process_set, dtype, input_ptr, output_ptr, shape, reduce_op, prescale,
-        postscale, root, splits, group_id, group_size, keep, result, value, placement, tag,
+        postscale, root, splits, group_id, group_size, keep, result, value, placement, tag, wait,
     )  # fmt: skip
 
 
@@ -312,6 +316,7 @@ def allreduce_async(
         out,
         Placement.HOST,
         0,
+        False,
     )
 
 

@@ -19,7 +19,7 @@ from hpcdl import common
 from hpcdl.common import engine
 from hpcdl.common.types import OpType
 from hpcdl.torch import _handles
-from hpcdl.torch._tensors import buffer_of, tensor_from_bytes
+from hpcdl.torch._tensors import buffer_of, tensor_from_output
 from hpcdl.torch.process_sets import ProcessSet
 
 _NORM_FLOOR = 1e-8
@@ -67,7 +67,7 @@ def allreduce_launch(
     def finish() -> list[torch.Tensor]:
         results = []
         for h, t, out in zip(handles, tensors, outputs):
-            rows = tensor_from_bytes(h.output(), t.dtype, tuple(h.output_shape()))
+            rows = tensor_from_output(h, t.dtype)
             reduced = combine(rows).to(t.dtype).reshape(t.shape)
             with torch.no_grad():
                 out.copy_(reduced)

@@ -33,7 +33,7 @@ from hpcdl.torch._tensors import (
     overlaps_itself,
     readable,
     runtime_dtype,
-    tensor_from_bytes,
+    tensor_from_output,
     writable,
 )
 from hpcdl.torch._tensors import deliver as _deliver
@@ -103,7 +103,7 @@ def check_group(tensors: Sequence[torch.Tensor], what: str) -> list[torch.Tensor
     return tensors
 
 
-def _check_in_place(tensor: torch.Tensor, what: str) -> torch.Tensor:
+def check_in_place(tensor: torch.Tensor, what: str) -> torch.Tensor:
     check_tensor(tensor, what)
     if overlaps_itself(tensor):
         raise HpcdlConfigError(
@@ -133,11 +133,14 @@ def _enqueue(
     results: Optional[list[torch.Tensor]],
     name: Optional[str],
     ps_id: int,
+    wait: bool = False,
     **request: Any,
 ) -> list[engine.Handle]:
     """Submit one operation per source (an atomic group when there are several). ``results[i]`` is the
     caller-owned buffer the engine writes (None where the engine allocates the output). Each handle keeps
-    the tensors it refers to alive until the engine is done with them."""
+    the tensors it refers to alive until the engine is done with them. ``wait``: the caller synchronizes
+    next, so a lone operation is run at once, on this thread when the engine is idle (see
+    ``engine.enqueue``); a group is submitted whole first."""
     grouped = len(sources) > 1
     group_id = engine.new_group_id(ps_id) if grouped else 0
     handles = []
@@ -153,6 +156,7 @@ def _enqueue(
                 group_id=group_id,
                 group_size=len(sources) if grouped else 0,
                 keep=(src, out),
+                wait=wait and not grouped,
                 **request,
             )
         )
@@ -280,7 +284,7 @@ def allreduce_async_(
 ) -> int:
     """In-place ``allreduce_async``: the result replaces ``tensor``'s contents (through any view)."""
     how = Reduction(resolve_op(op, average), prescale_factor, postscale_factor, process_set)
-    _check_in_place(tensor, "allreduce_")
+    check_in_place(tensor, "allreduce_")
     return allreduce_one(tensor, tensor, check_name(name), how)
 
 
@@ -310,7 +314,7 @@ def grouped_allreduce_async_(
 ) -> int:
     """In-place ``grouped_allreduce_async``."""
     how = Reduction(resolve_op(op, average), prescale_factor, postscale_factor, process_set)
-    tensors = [_check_in_place(t, "grouped_allreduce_") for t in check_group(tensors, "grouped_allreduce_")]
+    tensors = [check_in_place(t, "grouped_allreduce_") for t in check_group(tensors, "grouped_allreduce_")]
     return allreduce_launch(tensors, tensors, check_name(name), how)
 
 
@@ -343,21 +347,21 @@ def sparse_allreduce_async(
 # ---- allgather ------------------------------------------------------------------------------------
 
 
-def allgather_launch(tensors: list[torch.Tensor], name: Optional[str], process_set: ProcessSet) -> int:
-    """Submit one allgather or a group; ``synchronize`` returns the list of gathered tensors."""
+def allgather_launch(
+    tensors: list[torch.Tensor], name: Optional[str], process_set: ProcessSet, wait: bool = False
+) -> int:
+    """Submit one allgather or a group; ``synchronize`` returns the list of gathered tensors. ``wait``: the
+    caller synchronizes next (see ``_enqueue``)."""
     ps_id = id_of(process_set)
     for t in tensors:
         check_rows(t, "allgather")
         runtime_dtype(t)
     if _gpu.takes(tensors):
         return _gpu.allgather(tensors, name, ps_id)
-    handles = _enqueue(OpType.ALLGATHER, [readable(t) for t in tensors], None, name, ps_id)
+    handles = _enqueue(OpType.ALLGATHER, [readable(t) for t in tensors], None, name, ps_id, wait)
 
     def finish() -> list[torch.Tensor]:
-        return [
-            tensor_from_bytes(h.output(), t.dtype, tuple(h.output_shape())).to(t.device)
-            for h, t in zip(handles, tensors)
-        ]
+        return [tensor_from_output(h, t.dtype).to(t.device) for h, t in zip(handles, tensors)]
 
     return _handles.register(handles, finish, keep_alive=(tensors,))
 
@@ -392,9 +396,15 @@ def _check_root(root_rank: Any, process_set: ProcessSet) -> int:
 
 
 def broadcast_launch(
-    tensor: torch.Tensor, output: torch.Tensor, root_rank: int, name: Optional[str], process_set: ProcessSet
+    tensor: torch.Tensor,
+    output: torch.Tensor,
+    root_rank: int,
+    name: Optional[str],
+    process_set: ProcessSet,
+    wait: bool = False,
 ) -> int:
-    """Submit one broadcast; ``output`` may be ``tensor`` (in place). ``synchronize`` returns ``output``."""
+    """Submit one broadcast; ``output`` may be ``tensor`` (in place). ``synchronize`` returns ``output``.
+    ``wait``: the caller synchronizes next (see ``_enqueue``)."""
     ps_id = id_of(process_set)
     runtime_dtype(tensor)
     _check_root(root_rank, process_set)
@@ -402,7 +412,7 @@ def broadcast_launch(
         return _gpu.broadcast(tensor, output, root_rank, name, ps_id)
     source = readable(tensor)
     result = source if output is tensor else writable(output)
-    handles = _enqueue(OpType.BROADCAST, [source], [result], name, ps_id, root=root_rank)
+    handles = _enqueue(OpType.BROADCAST, [source], [result], name, ps_id, wait, root=root_rank)
 
     def finish() -> torch.Tensor:
         return _deliver(result, output)
@@ -429,7 +439,7 @@ def broadcast_async_(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """In-place ``broadcast_async``: non-root ranks' ``tensor`` receives the root's values."""
-    _check_in_place(tensor, "broadcast_")
+    check_in_place(tensor, "broadcast_")
     return broadcast_launch(tensor, tensor, root_rank, check_name(name), process_set)
 
 
@@ -471,6 +481,13 @@ def alltoall_async(
 ) -> int:
     """Start sending ``splits[i]`` rows of ``tensor`` to rank i of the set (even split when None);
     ``synchronize`` returns ``(output, received_splits)``."""
+    return alltoall_launch(tensor, splits, name, process_set)
+
+
+def alltoall_launch(
+    tensor: torch.Tensor, splits: Any, name: Optional[str], process_set: ProcessSet, wait: bool = False
+) -> int:
+    """``alltoall_async``; ``wait``: the caller synchronizes next (see ``_enqueue``)."""
     ps_id = id_of(process_set)
     check_rows(tensor, "alltoall")
     runtime_dtype(tensor)
@@ -479,11 +496,11 @@ def alltoall_async(
     if _gpu.takes((tensor,)):
         return _gpu.alltoall(tensor, split_rows, splits_dtype, check_name(name), ps_id)
     (handle,) = _enqueue(
-        OpType.ALLTOALL, [readable(tensor)], None, check_name(name), ps_id, splits=split_rows
+        OpType.ALLTOALL, [readable(tensor)], None, check_name(name), ps_id, wait, splits=split_rows
     )
 
     def finish() -> tuple[torch.Tensor, torch.Tensor]:
-        out = tensor_from_bytes(handle.output(), tensor.dtype, tuple(handle.output_shape()))
+        out = tensor_from_output(handle, tensor.dtype)
         received = torch.tensor(handle.received_splits(), dtype=splits_dtype)
         return out.to(tensor.device), received
 
@@ -493,8 +510,11 @@ def alltoall_async(
 # ---- reducescatter --------------------------------------------------------------------------------
 
 
-def reducescatter_launch(tensors: list[torch.Tensor], name: Optional[str], how: Reduction) -> int:
-    """Submit one reducescatter or a group; ``synchronize`` returns the list of this rank's slices."""
+def reducescatter_launch(
+    tensors: list[torch.Tensor], name: Optional[str], how: Reduction, wait: bool = False
+) -> int:
+    """Submit one reducescatter or a group; ``synchronize`` returns the list of this rank's slices.
+    ``wait``: the caller synchronizes next (see ``_enqueue``)."""
     op = check_op(how.op)
     if op == Adasum:
         raise HpcdlConfigError("reducescatter does not support Adasum; use hvd.Average or hvd.Sum")
@@ -512,7 +532,7 @@ def reducescatter_launch(tensors: list[torch.Tensor], name: Optional[str], how: 
         for t in tensors
     ]
     handles = _enqueue(
-        OpType.REDUCESCATTER, [readable(t) for t in tensors], results, name, ps_id, **how.request()
+        OpType.REDUCESCATTER, [readable(t) for t in tensors], results, name, ps_id, wait, **how.request()
     )
 
     def finish() -> list[torch.Tensor]:

@@ -155,7 +155,7 @@ class _Allgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, process_set, name, *tensors):  # type: ignore[override]
         ctx.process_set, ctx.rows = process_set, [t.shape[0] for t in tensors]
-        return tuple(synchronize(_a.allgather_launch(list(tensors), name, process_set)))
+        return tuple(synchronize(_a.allgather_launch(list(tensors), name, process_set, wait=True)))
 
     @staticmethod
     def backward(ctx, *grad_output):  # type: ignore[override]
@@ -188,7 +188,9 @@ class _Broadcast(torch.autograd.Function):
     @staticmethod
     def forward(ctx, root_rank, process_set, name, tensor):  # type: ignore[override]
         ctx.root_rank, ctx.process_set = root_rank, process_set
-        return synchronize(_a.broadcast_launch(tensor, new_output(tensor), root_rank, name, process_set))
+        return synchronize(
+            _a.broadcast_launch(tensor, new_output(tensor), root_rank, name, process_set, wait=True)
+        )
 
     @staticmethod
     def backward(ctx, grad_output):  # type: ignore[override]
@@ -218,7 +220,10 @@ def broadcast_(
     process_set: ProcessSet = global_process_set,
 ) -> torch.Tensor:
     """In-place ``broadcast``: ``tensor`` receives the root's values and is returned."""
-    return synchronize(_a.broadcast_async_(tensor, root_rank, name=name, process_set=process_set))
+    _a.check_in_place(tensor, "broadcast_")
+    return synchronize(
+        _a.broadcast_launch(tensor, tensor, root_rank, check_name(name), process_set, wait=True)
+    )
 
 
 # ---- alltoall -----------------------------------------------------------------------------------------
@@ -227,7 +232,7 @@ def broadcast_(
 class _Alltoall(torch.autograd.Function):
     @staticmethod
     def forward(ctx, splits, process_set, name, tensor):  # type: ignore[override]
-        output, received = synchronize(_a.alltoall_async(tensor, splits, name=name, process_set=process_set))
+        output, received = synchronize(_a.alltoall_launch(tensor, splits, name, process_set, wait=True))
         ctx.received, ctx.process_set = received, process_set
         ctx.mark_non_differentiable(received)
         return output, received
@@ -260,7 +265,7 @@ class _Reducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, how, name, *tensors):  # type: ignore[override]
         ctx.how = how
-        return tuple(synchronize(_a.reducescatter_launch(list(tensors), name, how)))
+        return tuple(synchronize(_a.reducescatter_launch(list(tensors), name, how, wait=True)))
 
     @staticmethod
     def backward(ctx, *grad_output):  # type: ignore[override]

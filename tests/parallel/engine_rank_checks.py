@@ -373,6 +373,57 @@ def check_blocking_calls_leave_the_engine_asleep(calls: int) -> None:
     print(f"RESULT blocking_wakes {woken} switches in {calls} calls", flush=True)
     passed("blocking_wakes")
 
+    # The same for a blocking allgather, whose result the engine allocates (``submit(wait=True)``, as
+    # hpcdl.torch's allgather makes it): it returns finished, without a wake-up either.
+    def gather(x: np.ndarray, name: str = "blocking.gather") -> E.Handle:
+        return E.submit(
+            E.OpType.ALLGATHER, name, 0, hc.DType.FLOAT32, x.ctypes.data, None, x.shape, keep=x, wait=True
+        )
+
+    def gathered(h: E.Handle) -> np.ndarray:
+        return h.output().view(np.float32)
+
+    for _ in range(20):
+        gather(a).release()
+    hc.barrier()
+    before = other_threads_switches()
+    for _ in range(calls):
+        h = gather(a)
+        assert h.poll(), "submit(wait=True) returned an unfinished allgather"
+        h.release()
+    woken = other_threads_switches() - before
+    print(f"RESULT blocking_gather_wakes {woken} switches in {calls} calls", flush=True)
+    passed("blocking_gather_wakes")
+    check_result_buffers(gather, gathered)
+
+
+def gather_and_wait(x: np.ndarray) -> E.Handle:
+    """An asynchronous allgather (the engine thread runs it when woken), then a wait for it."""
+    h = E.submit(E.OpType.ALLGATHER, "buffers", 0, hc.DType.FLOAT32, x.ctypes.data, None, x.shape, keep=x)
+    h.wait()
+    return h
+
+
+def check_result_buffers(gather: Callable[..., E.Handle], gathered: Callable[[E.Handle], np.ndarray]) -> None:
+    """A released result's buffer serves the next result of a size it holds (a loop of allgathers would
+    otherwise allocate and free a large block every call); a result whose handle is still held keeps its
+    own, whatever runs meanwhile; sizes that grow and shrink stay right."""
+    r, n = hc.rank(), hc.size()
+    first = gather(values(r, 1 << 16))
+    address = first.output_bytes()[0]
+    first.release()
+    second = gather(values(r, 1 << 16, 1))
+    assert second.output_bytes()[0] == address, "a released result's buffer was not reused"
+    kept = second
+    for salt, count in enumerate((1 << 16, 1 << 17, 1 << 15, 1 << 16, 3), start=2):
+        h = gather(values(r, count, salt))
+        np.testing.assert_array_equal(gathered(h), np.concatenate([values(q, count, salt) for q in range(n)]))
+        assert h.output_bytes()[0] != address, "a held result's buffer was handed to another"
+        h.release()
+    np.testing.assert_array_equal(gathered(kept), np.concatenate([values(q, 1 << 16, 1) for q in range(n)]))
+    kept.release()
+    passed("result_buffers")
+
 
 # ---- scenario: join ---------------------------------------------------------------------------------
 
@@ -596,6 +647,9 @@ SCENARIOS: dict[str, Callable[[list[str]], None]] = {
     "join": lambda _args: check_join_uneven(),
     "short_steps": lambda args: check_short_steps(int(args[0])),
     "blocking_wakes": lambda args: check_blocking_calls_leave_the_engine_asleep(int(args[0])),
+    "result_buffers": lambda _args: check_result_buffers(
+        gather_and_wait, lambda h: h.output().view(np.float32)
+    ),
     "timeline": lambda args: check_timeline(args[0]),
     "timeline_kill": lambda _args: check_timeline_survives_kill(),
     "stall": lambda _args: check_stall(),

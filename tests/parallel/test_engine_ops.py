@@ -96,12 +96,20 @@ def test_a_loop_of_short_steps_is_not_paced_by_the_cycle_time() -> None:
 def test_a_blocking_call_does_not_wake_the_engine_thread() -> None:
     """A blocking 1 MiB allreduce woke the engine thread at its submission, a context switch it did not need
     (its caller runs the cycle): 5-9 us a call at 2 ranks. One rank, so that no late peer makes the engine
-    thread take part, whatever the machine's load: 47-50 wake-ups in 300 calls before, 0-1 now."""
+    thread take part, whatever the machine's load: 47-50 wake-ups in 300 calls before, 0-1 now. A blocking
+    allgather (its result allocated by the engine) likewise; and released results' buffers are reused."""
     calls = 300
     done = run_scenario(1, "blocking_wakes", str(calls))
-    assert passes(done.stdout, 0) == ["blocking_wakes"]
-    (line,) = results(done.stdout, 0, "blocking_wakes")
-    assert int(line.split()[0]) < calls // 20, line
+    assert passes(done.stdout, 0) == ["blocking_wakes", "blocking_gather_wakes", "result_buffers"]
+    for check in ("blocking_wakes", "blocking_gather_wakes"):
+        (line,) = results(done.stdout, 0, check)
+        assert int(line.split()[0]) < calls // 20, line
+
+
+def test_results_the_engine_allocates_reuse_released_buffers() -> None:
+    done = run_scenario(2, "result_buffers")
+    for rank in range(2):
+        assert passes(done.stdout, rank) == ["result_buffers"], done.stdout[-3000:]
 
 
 def test_horovod_semantics_of_names_scaling_groups_and_shutdown() -> None:

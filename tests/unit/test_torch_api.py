@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import hpcdl.torch as hvd
+from hpcdl.common.exceptions import HpcdlInternalError
 from hpcdl.common.ops import reducescatter_rows
 from hpcdl.common.types import DType
 from hpcdl.torch import _adasum, _tensors, optimizer, reduce_ops
@@ -93,8 +94,6 @@ def test_every_horovod_torch_name_is_exported() -> None:
 
 
 def test_horovod_internal_error_is_hpcdls() -> None:
-    from hpcdl.common.exceptions import HpcdlInternalError
-
     assert hvd.HorovodInternalError is HpcdlInternalError
     assert issubclass(hvd.HorovodInternalError, Exception)
 
@@ -211,12 +210,27 @@ def test_scalar_tensors_travel_as_one_element() -> None:
     assert _tensors.buffer_of(torch.tensor(3.0)).shape == (1,)
 
 
-def test_engine_bytes_become_a_tensor_of_the_right_dtype() -> None:
+class _EngineOutput:
+    """What a finished allgather's handle gives: the address, size and shape of bytes the engine owns."""
+
+    def __init__(self, raw: np.ndarray, shape: tuple[int, ...]) -> None:
+        self.raw, self.shape = raw, shape
+
+    def output_bytes(self) -> tuple[int, int, tuple[int, ...]]:
+        return self.raw.ctypes.data, self.raw.nbytes, self.shape
+
+
+def test_engine_output_becomes_a_tensor_of_the_right_dtype() -> None:
     values = torch.tensor([[1.5, -2.0], [3.0, 4.25]], dtype=torch.bfloat16)
     raw = values.view(torch.uint8).numpy().copy()
-    back = _tensors.tensor_from_bytes(raw, torch.bfloat16, (2, 2))
+    back = _tensors.tensor_from_output(_EngineOutput(raw, (2, 2)), torch.bfloat16)
     assert torch.equal(back, values)
-    assert _tensors.tensor_from_bytes(np.zeros(0, np.uint8), torch.float32, (0, 3)).shape == (0, 3)
+    raw[:] = 0  # a copy: the engine's bytes go when the handle is released
+    assert torch.equal(back, values)
+    empty = _tensors.tensor_from_output(_EngineOutput(np.zeros(0, np.uint8), (0, 3)), torch.float32)
+    assert empty.shape == (0, 3)
+    with pytest.raises(HpcdlInternalError, match="returned 8 bytes"):
+        _tensors.tensor_from_output(_EngineOutput(np.zeros(8, np.uint8), (3,)), torch.float32)
 
 
 def test_reducescatter_rows_follow_horovod() -> None:

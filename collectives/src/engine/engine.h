@@ -42,6 +42,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "comm.h"
@@ -63,6 +64,26 @@ using RequestPtr = std::shared_ptr<const OpRequest>;
 
 // One submission of a named operation by this rank: what its handle refers to, and the flight recorder's
 // entry for it while it is alive (a copy of what a dump shows after: see flight.h).
+// Bytes a collective writes before anything reads them (an allgather's or alltoall's result, scratch space
+// cleared where it must be): unlike a std::vector<uint8_t>, resizing one does not zero it first, which wrote
+// every result twice.
+template <class T>
+struct UninitializedAllocator : std::allocator<T> {
+  template <class U>
+  struct rebind {
+    using other = UninitializedAllocator<U>;
+  };
+  template <class U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+using ResultBytes = std::vector<uint8_t, UninitializedAllocator<uint8_t>>;
+
 struct EngineOp {
   int64_t id = 0;    // its handle
   uint64_t seq = 0;  // this rank's submission number (1, 2, ...): tells the ranks' submission orders apart
@@ -79,7 +100,7 @@ struct EngineOp {
   std::atomic<int> status{HPCDL_PENDING};
   // Written by the cycle runner before `status` leaves PENDING; read-only afterwards.
   std::string error;
-  std::vector<uint8_t> owned_output;
+  ResultBytes owned_output;
   std::vector<int64_t> output_shape;
   std::vector<int64_t> received_splits;
   int join_result = -1;
@@ -248,6 +269,8 @@ class Engine {
   void start_round(NameRecord& r, const OpRequest& request);
   void end_round(NameRecord& r);  // under mutex_
   void free_if_idle(NameRecord& r);  // under mutex_
+  void keep_result_buffer(ResultBytes& bytes);             // under mutex_
+  void reuse_result_buffer(ResultBytes& out, size_t bytes);  // under mutex_
   void drop(NameRecord& r, std::vector<NameRecord*>* work);
   void list_work(NameRecord& r, std::vector<NameRecord*>* work);
   void decide_and_run(const std::vector<NameRecord*>& work);
@@ -256,6 +279,7 @@ class Engine {
   std::string join_conflict(const NameRecord& r);
   void run_batch(const std::vector<NameRecord*>& batch, bool fused);
   Status run_one(NameRecord& r, Comm& comm);
+  Status allocate_output(EngineOp& op, int64_t rows, int64_t row, int dsize, const std::string& what);
   Status run_fused(const std::vector<NameRecord*>& batch, Comm& comm, const std::string& what);
   void run_inline(NameRecord& r);
   void hand_to_device(const std::vector<NameRecord*>& batch, bool fused, const std::string& what);
@@ -317,6 +341,7 @@ class Engine {
   std::unordered_map<Key, NameRecord, KeyHash> names_;  // one record per name
   std::vector<HandleSlot> handles_;
   std::vector<uint32_t> free_handles_;
+  std::vector<ResultBytes> spare_results_;  // released results' buffers, for the next ones (see handles.cpp)
   std::vector<std::shared_ptr<EngineOp>> queue_;  // submitted, not packed yet (submission order)
   int64_t queue_bytes_ = 0;
   Clock::time_point last_enqueue_;
@@ -366,7 +391,8 @@ class Engine {
   std::vector<NameRecord*> cache_;  // response cache id -> record
   uint64_t cache_clock_ = 0;
   std::vector<Abort> aborts_to_send_;
-  std::vector<uint8_t> fusion_buffer_, scratch_, prescaled_;
+  std::vector<uint8_t> fusion_buffer_, prescaled_;
+  ResultBytes scratch_;
   ByteWriter message_;                 // this rank's control message of the current cycle
   std::vector<uint8_t> slots_, extra_;  // the cycle's exchanged messages
   std::vector<size_t> message_size_;    // each rank's message length

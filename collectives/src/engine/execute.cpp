@@ -20,7 +20,7 @@ namespace {
 // Sizes the engine-owned result of allgather or alltoall: `rows` come from what the members announced, so
 // a sum beyond 2^62 bytes or more memory than the machine gives is an error naming the operation, not an
 // overflow or an abort.
-Status allocate_result(std::vector<uint8_t>& out, int64_t rows, int64_t row, int dsize, const std::string& what) {
+Status allocate_result(ResultBytes& out, int64_t rows, int64_t row, int dsize, const std::string& what) {
   const int64_t limit = (int64_t(1) << 62) / dsize;
   const bool representable = rows >= 0 && (row == 0 || rows <= limit / row);
   const std::string size = representable ? std::to_string(rows * row * dsize) + " bytes" : "more than 2^62 bytes";
@@ -138,6 +138,16 @@ const void* Engine::prescaled(const void* input, int64_t count, const OpRequest&
   return prescaled_.data();
 }
 
+// The operation's result buffer: a released result's buffer when one is large enough (see kSpareResults).
+Status Engine::allocate_output(EngineOp& op, int64_t rows, int64_t row, int dsize, const std::string& what) {
+  const int64_t limit = (int64_t(1) << 62) / dsize;
+  if (rows >= 0 && (row == 0 || rows <= limit / row)) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    reuse_result_buffer(op.owned_output, static_cast<size_t>(rows * row * dsize));
+  }
+  return allocate_result(op.owned_output, rows, row, dsize, what);
+}
+
 Status Engine::run_one(NameRecord& e, Comm& c) {
   const std::string& what = e.what;
   const OpRequest& any = *e.any();
@@ -177,7 +187,7 @@ Status Engine::run_one(NameRecord& e, Comm& c) {
       }
       void* out;
       if (op != nullptr) {
-        Status allocated = allocate_result(op->owned_output, rows, row, dsize, what);
+        Status allocated = allocate_output(*op, rows, row, dsize, what);
         if (!allocated.is_ok()) return allocated;
         op->output_shape = req.shape;
         op->output_shape[0] = rows;
@@ -218,7 +228,7 @@ Status Engine::run_one(NameRecord& e, Comm& c) {
         op->received_splits[j] = splits[j][me];
         rows = rows < 0 || splits[j][me] > INT64_MAX - rows ? -1 : rows + splits[j][me];
       }
-      Status allocated = allocate_result(op->owned_output, rows, row, dsize, what);
+      Status allocated = allocate_output(*op, rows, row, dsize, what);
       if (!allocated.is_ok()) return allocated;
       op->output_shape = req.shape;
       op->output_shape[0] = rows;

@@ -375,6 +375,7 @@ Status Engine::release(int64_t handle) {
       r->op.reset();
       free_if_idle(*r);
     }
+    keep_result_buffer(op->owned_output);  // nobody can read it any more: its handle is gone
   } else if (!op->packed) {
     wake_engine();  // nobody will wait for it: the engine runs it
   }
@@ -383,6 +384,23 @@ Status Engine::release(int64_t handle) {
   ++h.generation;
   free_handles_.push_back(static_cast<uint32_t>((handle >> 32) - 1));
   return Status::ok();
+}
+
+void Engine::keep_result_buffer(ResultBytes& bytes) {
+  const size_t capacity = bytes.capacity();
+  if (capacity < kSpareResultMinBytes || capacity > kSpareResultMaxBytes) return;
+  if (spare_results_.size() == kSpareResults) spare_results_.erase(spare_results_.begin());  // the oldest
+  spare_results_.push_back(std::move(bytes));
+}
+
+// The smallest kept buffer that holds `bytes`, if any, becomes `out`'s (its contents are overwritten).
+void Engine::reuse_result_buffer(ResultBytes& out, size_t bytes) {
+  auto best = spare_results_.end();
+  for (auto it = spare_results_.begin(); it != spare_results_.end(); ++it)
+    if (it->capacity() >= bytes && (best == spare_results_.end() || it->capacity() < best->capacity())) best = it;
+  if (best == spare_results_.end()) return;
+  out.swap(*best);
+  spare_results_.erase(best);
 }
 
 int Engine::new_group_id(int process_set) {
