@@ -212,6 +212,30 @@ def run_allgather(n: int, r: int) -> None:
             check(f"allgather {dtype.name} rows={[s[0] for s in shapes]}", np.array_equal(got, want))
 
 
+def run_allgather_in_place(n: int, r: int) -> None:
+    """The C call with this rank's block already in place in the output (send = its slice of recv), as MPI's
+    MPI_IN_PLACE allgather has it, and with the output apart from the input; uneven blocks, several chunks."""
+    import ctypes
+
+    from hpcdl.common import library
+
+    lib = library.load()
+    rows = [300_000 + 7 * q for q in range(n)]
+    blocks = [values(DType.FLOAT32, (rows[q],), q, 11) for q in range(n)]
+    want = np.concatenate(blocks)
+    counts = (ctypes.c_int64 * n)(*rows)
+    start = sum(rows[:r])
+    out = np.zeros(sum(rows), np.float32)
+    out[start : start + rows[r]] = blocks[r]
+    send = out.ctypes.data + start * 4
+    code = lib.hpcdl_allgather(send, rows[r], out.ctypes.data, counts, int(DType.FLOAT32), 0)
+    check("allgather in place", code == 0 and np.array_equal(out, want), f"code {code}")
+    apart = np.zeros(sum(rows), np.float32)
+    mine = blocks[r].copy()
+    code = lib.hpcdl_allgather(mine.ctypes.data, rows[r], apart.ctypes.data, counts, int(DType.FLOAT32), 0)
+    check("allgather apart", code == 0 and np.array_equal(apart, want), f"code {code}")
+
+
 def run_broadcast(n: int, r: int) -> None:
     for dtype in DTYPES:
         for count in (0, 1, 1001):
@@ -331,6 +355,7 @@ def main() -> None:
         if hc.local_size() == n and hc.transport_name(True) in ("shm", "self"):  # rings add in another order
             run_scaled_floats_exact(n, r)
         run_allgather(n, r)
+        run_allgather_in_place(n, r)
         run_broadcast(n, r)
         run_alltoall(n, r)
         run_reducescatter(n, r)

@@ -563,17 +563,24 @@ Status ShmComm::allgatherv(const void* send, void* recv, const std::vector<int64
   auto* out = static_cast<char*>(recv);
   const auto* in = static_cast<const char*>(send);
   const size_t mine = size_t(counts[size_t(rank_)]) * es;
-  if (mine && out + offset[size_t(rank_)] != in) std::memmove(out + offset[size_t(rank_)], in, mine);
+  char* own = out + offset[size_t(rank_)];
+  // This rank's block is copied chunk by chunk right after staging it, while the chunk is in the cache
+  // (one read of the input instead of two), unless it overlaps the output elsewhere than in place.
+  const bool apart = own + mine <= in || in + mine <= own;
+  if (mine && own != in && !apart) std::memmove(own, in, mine);
   const size_t chunk = params_.chunk_bytes;
   for (size_t at = 0; at < size_t(largest) * es; at += chunk) {
-    if (at < mine) stores_.copy(slot(rank_, step_ + 1), in + at, std::min(chunk, mine - at));
+    if (at < mine) {
+      const size_t n = std::min(chunk, mine - at);
+      stores_.copy(slot(rank_, step_ + 1), in + at, n);
+      if (own != in && apart) line_copy(own + at, in + at, n);
+    }
     publish();
     st = wait_all(deadline, what);
     if (!st.is_ok()) return st;
     for (int r = 0; r < size_; ++r) {
       size_t theirs = size_t(counts[size_t(r)]) * es;
-      if (r != rank_ && at < theirs)
-        std::memcpy(out + offset[size_t(r)] + at, slot(r, step_), std::min(chunk, theirs - at));
+      if (r != rank_ && at < theirs) line_copy(out + offset[size_t(r)] + at, slot(r, step_), std::min(chunk, theirs - at));
     }
   }
   return Status::ok();
