@@ -266,14 +266,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     worker_args += ["--horovod"] if args.horovod else []
     (text,) = run_ranks(__file__, args.num_proc, worker_args, "REPORT", use_mpi, args.no_progress)[:1]
     report = json.loads(text)
-    measured = os.path.dirname(report["hpcdl"])
-    wanted = [os.path.abspath(d) for d in (args.pythonpath or "").split(os.pathsep) if d]
-    if wanted and not any(measured.startswith(d + os.sep) for d in wanted):
-        sys.exit(
-            f"the ranks imported hpcdl from {measured}, not from {args.pythonpath}: an editable install's "
-            "import hook wins over PYTHONPATH; measure from an environment without it (or both builds "
-            "installed with pip --target)"
-        )
+    measured = measured_build(report["hpcdl"], args.pythonpath)
     summary = summarize(report)
     load_after = os.getloadavg()[0]
     busy = ", a busy process beside each rank" if args.busy else ""
@@ -288,6 +281,20 @@ def main(argv: Optional[list[str]] = None) -> None:
         print(table(summary, header))
         if not use_mpi:
             print("(mpi4py not measured: needs mpirun.openmpi and mpi4py built against Open MPI)")
+
+
+def measured_build(imported: str, pythonpath: Optional[str]) -> str:
+    """Where the ranks' hpcdl came from (the directory above the package they reported importing); exits
+    when ``--pythonpath`` named another, since then the benchmark measured the wrong build."""
+    measured = os.path.dirname(imported)
+    wanted = [os.path.abspath(d) for d in (pythonpath or "").split(os.pathsep) if d]
+    if wanted and not any(measured.startswith(d + os.sep) for d in wanted):
+        sys.exit(
+            f"the ranks imported hpcdl from {measured}, not from {pythonpath}: an editable install's "
+            "import hook wins over PYTHONPATH; measure from an environment without it (or both builds "
+            "installed with pip --target)"
+        )
+    return measured
 
 
 def _has_mpi4py() -> bool:
