@@ -350,8 +350,7 @@ static PyTypeObject* handle_class(PyObject* cls, const char* fn) {
 
 /* Reaps the handles orphaned since the last submission, enqueues r and returns a new cls instance for it
  * that keeps `keep` alive and gives `result` (a callable) or `value` as its result; raises the runtime's
- * error when the runtime refuses r. */
-/* Submits r and returns a cls instance for it. With wait, the caller waits for it at once (hpcdl_run: a lone
+ * error when the runtime refuses r. With wait, the caller waits for it at once (hpcdl_run: a lone
  * submission runs on this thread when the engine is idle, and the engine thread is not woken for it): the
  * handle comes back finished, or the operation's error is raised (after a timeout its buffers stay among
  * the orphans while it may still run). */

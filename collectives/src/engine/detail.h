@@ -59,13 +59,13 @@ constexpr std::chrono::microseconds kRingAfterEarly{200};
 // start while its caller goes on (the overlap asynchronous submission is for), unless the caller waits for
 // it at once (hpcdl_run): at 1 MiB that wake-up, one context switch a call, cost 5-9 us.
 constexpr int64_t kDeferMaxBytes = 64 * 1024;
-// Buffers of released allgather and alltoall results kept for the next results (at most this many, each
-// within these sizes): a loop of such calls would otherwise allocate and free a large block every time, and
-// glibc gives the heap's top back to the kernel and takes it again (a 1 MiB allgather at 2 ranks took
-// 2 ms, 1 ms of it in the kernel, against 0.65 ms with the block kept).
+// Buffers of released allgather and alltoall results kept for the next results (at most this many, of at
+// least kSpareResultMinBytes each, kSpareResultBytes in all): a loop of such calls would otherwise allocate
+// and free a large block every time, and glibc gives the heap's top back to the kernel and takes it again
+// (a 1 MiB allgather at 2 ranks took 2 ms, 1 ms of it in the kernel, against 0.65 ms with the block kept).
 constexpr size_t kSpareResults = 4;
 constexpr size_t kSpareResultMinBytes = 64 << 10;
-constexpr size_t kSpareResultMaxBytes = 64 << 20;
+constexpr size_t kSpareResultBytes = 64 << 20;
 // The longest an engine thread woken by a peer's ring lets its caller come and run that cycle itself (see
 // Engine::yield_to_caller).
 constexpr std::chrono::microseconds kYieldToCaller{50};

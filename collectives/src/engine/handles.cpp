@@ -388,8 +388,13 @@ Status Engine::release(int64_t handle) {
 
 void Engine::keep_result_buffer(ResultBytes& bytes) {
   const size_t capacity = bytes.capacity();
-  if (capacity < kSpareResultMinBytes || capacity > kSpareResultMaxBytes) return;
-  if (spare_results_.size() == kSpareResults) spare_results_.erase(spare_results_.begin());  // the oldest
+  if (capacity < kSpareResultMinBytes || capacity > kSpareResultBytes) return;
+  size_t kept = capacity;
+  for (const ResultBytes& spare : spare_results_) kept += spare.capacity();
+  while (!spare_results_.empty() && (spare_results_.size() == kSpareResults || kept > kSpareResultBytes)) {
+    kept -= spare_results_.front().capacity();
+    spare_results_.erase(spare_results_.begin());  // the oldest
+  }
   spare_results_.push_back(std::move(bytes));
 }
 
