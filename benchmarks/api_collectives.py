@@ -21,18 +21,34 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import shutil
 import statistics
-import time
 from typing import Callable, Optional
 
 import numpy as np
 
 try:
-    from .latency import OPENMPI, _commit, _has_mpi4py, _human, _time, block_count, measured_build
+    from .latency import (
+        OPENMPI,
+        _commit,
+        _has_mpi4py,
+        _human,
+        _time,
+        block_count,
+        measured_build,
+        timed_rounds,
+    )
 except ImportError:  # run as a script
-    from latency import OPENMPI, _commit, _has_mpi4py, _human, _time, block_count, measured_build  # type: ignore[no-redef]
+    from latency import (  # type: ignore[no-redef]
+        OPENMPI,
+        _commit,
+        _has_mpi4py,
+        _human,
+        _time,
+        block_count,
+        measured_build,
+        timed_rounds,
+    )
 
 OPS = ("allgather", "alltoall", "broadcast", "reducescatter")
 IMPLS = ("hvd", "runtime", "mpi4py")
@@ -91,18 +107,7 @@ def worker(sizes: list[int], rounds: int, budget: float) -> None:
     for done, (op, nbytes) in enumerate(steps):
         calls = _calls(op, nbytes)
         counts = {name: block_count(call, 3, 3, budget) for name, call in calls.items()}
-        times: dict[str, list[float]] = {name: [] for name in calls}
-        for round_ in range(rounds):
-            order = list(calls)
-            random.Random(round_ * 7919 + nbytes).shuffle(order)  # the same order on every rank
-            for name in order:
-                hc.barrier()
-                start = time.perf_counter()
-                for _ in range(counts[name]):
-                    calls[name]()
-                seconds = (time.perf_counter() - start) / counts[name]
-                times[name].append(float(hc.allreduce(np.array([seconds]), op=hc.ReduceOp.MAX)[0]))
-        report["times"][f"{op} {nbytes}"] = times
+        report["times"][f"{op} {nbytes}"] = timed_rounds(calls, counts, rounds, nbytes)
         if hc.rank() == 0:
             print(f"PROGRESS {done + 1} {len(steps)}", flush=True)
     if hc.rank() == 0:

@@ -122,6 +122,27 @@ def _impls(nbytes: int, horovod: bool) -> dict[str, Callable[[], None]]:
     return impls
 
 
+def timed_rounds(
+    calls: dict[str, Callable[[], object]], counts: dict[str, int], rounds: int, salt: int
+) -> dict[str, list[float]]:
+    """Each call's time per call in each round: a round times one block of every call, in an order shuffled
+    anew (the same on every rank), each block after a barrier; a block's time is the slowest rank's."""
+    import hpcdl.common as hc
+
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for round_ in range(rounds):
+        order = list(calls)
+        random.Random(round_ * 7919 + salt).shuffle(order)
+        for name in order:
+            hc.barrier()
+            start = time.perf_counter()
+            for _ in range(counts[name]):
+                calls[name]()
+            seconds = (time.perf_counter() - start) / counts[name]
+            times[name].append(float(hc.allreduce(np.array([seconds]), op=hc.ReduceOp.MAX)[0]))
+    return times
+
+
 def worker(sizes: list[int], rounds: int, budget: float, busy: bool, horovod: bool) -> None:
     import hpcdl.common as hc
 
@@ -143,20 +164,7 @@ def worker(sizes: list[int], rounds: int, budget: float, busy: bool, horovod: bo
         impls = _impls(nbytes, horovod)
         warmup = 20 if nbytes < 1 << 20 else 2
         counts = {name: block_count(call, warmup, 5, budget) for name, call in impls.items()}
-        times: dict[str, list[float]] = {name: [] for name in impls}
-        for round_ in range(rounds):
-            order = list(impls)
-            random.Random(round_ * 7919 + nbytes).shuffle(order)  # the same order on every rank
-            for name in order:
-                call = impls[name]
-                hc.barrier()
-                start = time.perf_counter()
-                for _ in range(counts[name]):
-                    call()
-                seconds = (time.perf_counter() - start) / counts[name]
-                worst = hc.allreduce(np.array([seconds]), op=hc.ReduceOp.MAX)
-                times[name].append(float(worst[0]))
-        report["sizes"][nbytes] = times
+        report["sizes"][nbytes] = timed_rounds(impls, counts, rounds, nbytes)
         if rank == 0:
             print(f"PROGRESS {done + 1} {len(sizes)}", flush=True)  # as _launch.report_progress does
     if spinner is not None:
