@@ -1,15 +1,19 @@
 """The Horovod API's other collectives: allgather, alltoall, broadcast and reducescatter through hpcdl.torch,
-against the runtime's own calls and Open MPI.
+and many small allreduces at once, against the runtime's own calls and Open MPI.
 
 Run it as ``hpcdl bench api_collectives -np 2`` or ``python benchmarks/api_collectives.py -np 2``; it launches
 itself as ``latency.py`` does (Open MPI is measured when mpirun.openmpi and mpi4py are there). For each
 operation and size (the bytes each rank contributes), in the same processes and on float32 values:
 
 - ``hvd``: hpcdl.torch's blocking call as a user writes it: ``hvd.allgather(t)``, ``hvd.alltoall(t)``,
-  ``hvd.broadcast_(t, 0)``, ``hvd.reducescatter(t, op=hvd.Sum)``, each under a name;
+  ``hvd.broadcast_(t, 0)``, ``hvd.reducescatter(t, op=hvd.Sum)``, each under a name; ``grouped``: one
+  ``hvd.grouped_allreduce_`` of 64 tensors sharing the size; ``burst``: 64 ``hvd.allreduce_async_`` then
+  their ``synchronize``, as ``DistributedOptimizer`` reduces a layer's small gradients;
 - ``runtime``: ``hpcdl.common``'s call on a NumPy array (``allgather``, ``alltoall``, ``broadcast``,
-  ``reducescatter``): no engine;
-- ``mpi4py``: ``Allgather``, ``Alltoall``, ``Bcast`` and ``Reduce_scatter_block`` into buffers allocated once.
+  ``reducescatter``): no engine; for ``grouped`` and ``burst``, one in-place ``allreduce`` of all the bytes
+  (what fusion at its best costs);
+- ``mpi4py``: ``Allgather``, ``Alltoall``, ``Bcast`` and ``Reduce_scatter_block`` into buffers allocated once;
+  one in-place ``Allreduce`` of all the bytes for ``grouped`` and ``burst``.
 
 Rounds, blocks and ratios as in ``latency.py``: each ratio is the median of paired per-round ratios.
 ``--pythonpath DIR`` measures another build installed with ``pip install --no-deps --target DIR``.
@@ -50,7 +54,8 @@ except ImportError:  # run as a script
         timed_rounds,
     )
 
-OPS = ("allgather", "alltoall", "broadcast", "reducescatter")
+OPS = ("allgather", "alltoall", "broadcast", "reducescatter", "grouped", "burst")
+GROUP = 64  # the tensors of a grouped allreduce or a burst
 IMPLS = ("hvd", "runtime", "mpi4py")
 DEFAULT_SIZES = [64 << 10, 1 << 20, 16 << 20]
 
@@ -63,11 +68,20 @@ def _calls(op: str, nbytes: int) -> dict[str, Callable[[], object]]:
     import hpcdl.torch as hvd
 
     n = hc.size()
-    count = max(nbytes // 4 // n, 1) * n  # divides among the ranks (alltoall, reducescatter)
-    a = np.ones(count, dtype=np.float32)
+    many = op in ("grouped", "burst")
+    # divides among the ranks (alltoall, reducescatter) or the tensors of a group
+    count = max(nbytes // 4 // (GROUP if many else n), 1) * (GROUP if many else n)
+    a = np.ones(count, dtype=np.float32) if not many else np.zeros(count, dtype=np.float32)
     t = torch.from_numpy(a.copy())
+    parts = [torch.zeros(count // GROUP) for _ in range(GROUP)] if many else []
     calls: dict[str, Callable[[], object]] = {}
-    if op == "allgather":
+    if many:
+        if op == "grouped":
+            calls["hvd"] = lambda: hvd.grouped_allreduce_(parts, name="api.grouped", op=hvd.Sum)
+        else:
+            calls["hvd"] = lambda: _burst(parts)
+        calls["runtime"] = lambda: hc.allreduce(a, out=a)
+    elif op == "allgather":
         calls["hvd"] = lambda: hvd.allgather(t, name="api.allgather")
         calls["runtime"] = lambda: hc.allgather(a)
     elif op == "alltoall":
@@ -93,8 +107,19 @@ def _calls(op: str, nbytes: int) -> dict[str, Callable[[], object]]:
             "alltoall": lambda: comm.Alltoall(a, exchanged),
             "broadcast": lambda: comm.Bcast(a, root=0),
             "reducescatter": lambda: comm.Reduce_scatter_block(a, part),
+            "grouped": lambda: comm.Allreduce(MPI.IN_PLACE, a),
+            "burst": lambda: comm.Allreduce(MPI.IN_PLACE, a),
         }[op]
     return calls
+
+
+def _burst(parts: list) -> None:
+    """Each tensor's asynchronous in-place allreduce, then the waits: the engine fuses them."""
+    import hpcdl.torch as hvd
+
+    handles = [hvd.allreduce_async_(p, name=f"api.burst.{i}", op=hvd.Sum) for i, p in enumerate(parts)]
+    for handle in handles:
+        hvd.synchronize(handle)
 
 
 def worker(sizes: list[int], rounds: int, budget: float) -> None:

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 
@@ -27,8 +26,8 @@ from hpcdl.common.memory import POOL_FROM_BYTES, result_buffer
 from hpcdl.common.ops import reducescatter_rows
 from hpcdl.common.types import OpType
 from hpcdl.torch import _adasum, _gpu, _handles
+from hpcdl.torch._tensors import deliver as _deliver
 from hpcdl.torch._tensors import (
-    buffer_of,
     is_direct,
     overlaps_itself,
     readable,
@@ -36,7 +35,6 @@ from hpcdl.torch._tensors import (
     tensor_from_output,
     writable,
 )
-from hpcdl.torch._tensors import deliver as _deliver
 from hpcdl.torch.process_sets import ProcessSet, global_process_set, id_of
 from hpcdl.torch.reduce_ops import Adasum, Average, check_op, resolve_op, runtime_op
 
@@ -45,9 +43,9 @@ synchronize = _handles.synchronize
 _ALLREDUCE = OpType.ALLREDUCE  # a module global: looking a member up on its enum class costs ~0.1 us
 
 
-@dataclass(frozen=True)
-class Reduction:
-    """How an allreduce or reducescatter combines the ranks' tensors (and so how its gradient does)."""
+class Reduction(NamedTuple):
+    """How an allreduce or reducescatter combines the ranks' tensors (and so how its gradient does). A
+    named tuple: built once per call, in 0.17 us against 0.39 us for a frozen dataclass."""
 
     op: int
     prescale: float = 1.0
@@ -143,18 +141,23 @@ def _enqueue(
     ``engine.enqueue``); a group is submitted whole first."""
     grouped = len(sources) > 1
     group_id = engine.new_group_id(ps_id) if grouped else 0
+    group_size = len(sources) if grouped else 0
     handles = []
+    # engine.submit takes the addresses themselves: no Buffer per tensor (a group of 64 small tensors
+    # spent a third of its time building and unpacking them).
     for i, src in enumerate(sources):
         out = results[i] if results is not None else None
         handles.append(
-            engine.enqueue(
+            engine.submit(
                 op_type,
-                buffer_of(src),
-                None if out is None else buffer_of(out),
-                name=_member_name(name, i) if grouped else name,
-                process_set=ps_id,
+                _member_name(name, i) if grouped else name,
+                ps_id,
+                runtime_dtype(src),
+                src.data_ptr(),
+                None if out is None else out.data_ptr(),
+                tuple(src.shape) or (1,),  # a 0-d tensor travels as one element
                 group_id=group_id,
-                group_size=len(sources) if grouped else 0,
+                group_size=group_size,
                 keep=(src, out),
                 wait=wait and not grouped,
                 **request,
