@@ -104,8 +104,9 @@ def submit_in_order(api: Api, first: str, second: str) -> None:
 def other_order(api: Api) -> None:
     """Rank 0 runs 'order.a' then 'order.b', the others 'order.b' then 'order.a': each waits for the other.
     The others submit 1.5 s after rank 0, so that 'order.a' reaches the stall shutdown time well before
-    'order.b' does: the shutdown cancels 'order.b' with it when 'order.b' is older than the stall check time
-    by then, else 'order.b' fails when rank 0 leaves."""
+    'order.b' does. The shutdown cancels 'order.b' with it when 'order.b' is past the stall check time by
+    then, which holds at any phase of rank 0's once-a-second check for a check time of 1 s and a shutdown
+    time of 2.5 s or more; else 'order.b' fails when rank 0 leaves."""
     api.allreduce("order.warm")
     names = ("order.a", "order.b") if hc.rank() == 0 else ("order.b", "order.a")
     if hc.rank() != 0:
