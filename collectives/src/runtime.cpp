@@ -48,9 +48,11 @@ constexpr long long kDefaultTcpSpinUs = 30;
 // The send buffer of a TCP data connection, when HPCDL_TCP_SEND_BUFFER_BYTES does not say (Linux doubles it
 // for its bookkeeping). A sender that may run far ahead of its receiver fills the path with data that has
 // left the caches by the time it is read: between two hosts, 256 KiB made 4-64 MiB allreduces 1.8-2.5x
-// faster than 4 MiB did (and than the kernel's autotuning), 128 and 384 KiB less so, 64 KiB slowed 256 KiB
-// ones (benchmarks/README.md). It bounds one connection to 512 KiB per round trip: 5 GB/s at 100 us.
-constexpr long long kDefaultTcpSendBufferBytes = 256 << 10;
+// faster than 4 MiB did (and than the kernel's autotuning), and 192 KiB made 1-4 MiB ones another 2x faster
+// than 256 KiB on a core with 1 MiB of L2 (1 MiB 190-210 against 420-580 us, 16-256 MiB the same or better;
+// 128 KiB level with 192 KiB, 64 KiB slower: benchmarks/README.md). It bounds one connection to 384 KiB per
+// round trip: 3.8 GB/s at 100 us, 19 GB/s at 20 us.
+constexpr long long kDefaultTcpSendBufferBytes = 192 << 10;
 
 bool spare_core(int local_ranks) {
   cpu_set_t allowed;
@@ -82,10 +84,11 @@ Status random_secret(std::string* secret) {
 // Allreduces of at least this many bytes over `ranks` take the hierarchical path; 0: none (flat TCP).
 // hierarchical=1 (HPCDL_HIERARCHICAL_ALLREDUCE) makes it every allreduce above the small-message size,
 // hierarchical=0 none; unset (auto), those of at least kAutoHierarchicalBytes when the ranks span hosts and
-// some host has several of them. Below that the flat ring won on the namespace hosts of benchmarks/README.md
-// (two hosts of two ranks on two cores), where each of the path's shared-memory steps waits for a rank
-// that shares its core; where every rank has a core of its own, hierarchical=1 is worth trying.
-constexpr size_t kAutoHierarchicalBytes = 4 << 20;
+// some host has several of them. On the namespace hosts of benchmarks/README.md (two hosts of two ranks on
+// two cores) the two levels were 12-35 % faster than the flat ring at 1 MiB and 14-36 % at 2 MiB, level at
+// 512 KiB and 64 KiB, where each of the path's shared-memory steps waits for a rank that shares
+// its core; where every rank has a core of its own, hierarchical=1 is worth trying for smaller ones.
+constexpr size_t kAutoHierarchicalBytes = 1 << 20;
 
 size_t hierarchical_min_bytes(const Options& options, const std::vector<PeerInfo>& peers,
                               const std::vector<int>& ranks) {

@@ -95,7 +95,7 @@ TUNABLES: tuple[Tunable, ...] = (
             "Microseconds a wait on TCP sockets polls them before it sleeps (0: sleep at once); polling "
             "stops by itself while it does not pay.", minimum=0),
     Tunable("tcp_send_buffer_bytes", int, "tcp_send_buffer_bytes",
-            "Send buffer of each TCP data connection (default 256 KiB: a sender that runs far ahead of its "
+            "Send buffer of each TCP data connection (default 192 KiB: a sender that runs far ahead of its "
             "receiver makes large transfers slower; raise it for long round trips; 0: 4 MiB).",
             minimum=0),
     Tunable("shm_stores", str, "shm_stores",

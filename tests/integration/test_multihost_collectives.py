@@ -127,7 +127,7 @@ def test_the_path_across_hosts_is_chosen_and_shown(
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count('RESULT {"sum": 8.0}') == 4
     shown = {
-        "hierarchical": "hierarchical from 4194304 bytes (shared memory within a host, TCP",
+        "hierarchical": "hierarchical from 1048576 bytes (shared memory within a host, TCP",
         "flat": "flat",
     }
     assert f"hpcdl: 4 ranks on 2 hosts (2 per host); allreduce across hosts: {shown[path]}" in done.stderr

@@ -1,4 +1,4 @@
-"""The send buffer of TCP data connections: 256 KiB unless HPCDL_TCP_SEND_BUFFER_BYTES or ``hpcdl run
+"""The send buffer of TCP data connections: 192 KiB unless HPCDL_TCP_SEND_BUFFER_BYTES or ``hpcdl run
 --tcp-send-buffer-bytes`` says otherwise, read back from the real sockets of two ranks over TCP (Linux reports
 twice the size asked for, its bookkeeping included). The other connections (the engine's doorbells, the
 rendezvous) keep their 4 MiB."""
@@ -17,7 +17,7 @@ RANK = str(Path(__file__).with_name("tcp_send_buffer_rank.py"))
 @pytest.mark.parametrize(
     ("options", "env", "asked"),
     [
-        ((), {}, 256 << 10),
+        ((), {}, 192 << 10),
         ((), {"HPCDL_TCP_SEND_BUFFER_BYTES": "300000"}, 300000),
         (("--tcp-send-buffer-bytes", "100000"), {}, 100000),
         ((), {"HPCDL_TCP_SEND_BUFFER_BYTES": "0"}, 4 << 20),

@@ -125,7 +125,7 @@ HPCDL_API const char* hpcdl_build_info(void);
  *   small_message_bytes           below this, latency-optimal algorithms; at/above, ring
  *   shm_chunk_bytes               shared-memory staging buffer per rank and step
  *   tcp_spin_us                   how long a wait on TCP sockets polls them before it sleeps (us)
- *   tcp_send_buffer_bytes         SO_SNDBUF of TCP data connections (default 256 KiB; 0: 4 MiB)
+ *   tcp_send_buffer_bytes         SO_SNDBUF of TCP data connections (default 192 KiB; 0: 4 MiB)
  *   shm_stores=auto|cached|streaming  how ranks write staged chunks (auto: measured, see staging_stores.h)
  *   hierarchical=auto|0|1         large allreduces within hosts, then across, when ranks span hosts (auto,
  *                                 the default: when some host has several ranks of the process set)
