@@ -11,6 +11,7 @@
 #include "error.h"
 #include "hpcdl/c_api.h"
 #include "kernels/reduce.h"
+#include "overlap.h"
 #include "runtime.h"
 
 using namespace hpcdl;
@@ -223,6 +224,9 @@ int hpcdl_allreduce(const void* send, void* recv, int64_t count, int dtype, int 
   if ((code = check_dtype(dtype, "allreduce")) || (code = check_reduce(dtype, op, "allreduce"))) return code;
   if (count < 0 || (count > 0 && (!send || !recv)))
     return set_error(HPCDL_ERR_INVALID, "allreduce: count must be >= 0 with non-null buffers");
+  const size_t bytes = size_t(count) * dtype_bytes(dtype);
+  Status apart = check_overlap("allreduce", send, bytes, recv, bytes, recv);
+  if (!apart.is_ok()) return set_error(apart);
   Comm* c = direct_comm(rt, process_set, "allreduce", &code);
   if (!c) return code;
   std::lock_guard<std::mutex> lock(rt->direct_mutex());
@@ -242,6 +246,14 @@ int hpcdl_allgather(const void* send, int64_t count, void* recv, const int64_t* 
   if (recv_counts) counts.assign(recv_counts, recv_counts + c->size());
   if (count < 0 || !counts_ok(counts.data(), c->size()) || counts[size_t(c->rank())] != count)
     return set_error(HPCDL_ERR_INVALID, "allgather: counts must be >= 0 and recv_counts[my rank] must equal count");
+  const size_t es = dtype_bytes(dtype);
+  size_t before = 0, total = 0;
+  for (int q = 0; q < c->size(); ++q) {
+    if (q < c->rank()) before += size_t(counts[size_t(q)]) * es;
+    total += size_t(counts[size_t(q)]) * es;
+  }
+  Status apart = check_overlap("allgather", send, size_t(count) * es, recv, total, static_cast<char*>(recv) + before);
+  if (!apart.is_ok()) return set_error(apart);
   std::lock_guard<std::mutex> lock(rt->direct_mutex());
   return set_error(c->allgatherv(send, recv, counts, dtype, rt->deadline(), label("allgather", process_set)));
 }
@@ -272,6 +284,11 @@ int hpcdl_alltoall(const void* send, const int64_t* send_counts, void* recv, con
   if (!counts_ok(send_counts, c->size()) || !counts_ok(recv_counts, c->size()))
     return set_error(HPCDL_ERR_INVALID, "alltoall: send_counts and recv_counts need one count >= 0 per rank");
   std::vector<int64_t> sc(send_counts, send_counts + c->size()), rc(recv_counts, recv_counts + c->size());
+  int64_t sent = 0, received = 0;
+  for (int q = 0; q < c->size(); ++q) sent += sc[size_t(q)], received += rc[size_t(q)];
+  const size_t es = dtype_bytes(dtype);
+  Status apart = check_overlap("alltoall", send, size_t(sent) * es, recv, size_t(received) * es, nullptr);
+  if (!apart.is_ok()) return set_error(apart);
   std::lock_guard<std::mutex> lock(rt->direct_mutex());
   return set_error(c->alltoallv(send, sc, recv, rc, dtype, rt->deadline(), label("alltoall", process_set)));
 }
@@ -287,6 +304,11 @@ int hpcdl_reducescatter(const void* send, void* recv, const int64_t* recv_counts
   if (!counts_ok(recv_counts, c->size()))
     return set_error(HPCDL_ERR_INVALID, "reducescatter: recv_counts needs one count >= 0 per rank");
   std::vector<int64_t> rc(recv_counts, recv_counts + c->size());
+  int64_t total = 0;
+  for (int64_t n : rc) total += n;
+  const size_t es = dtype_bytes(dtype);
+  Status apart = check_overlap("reducescatter", send, size_t(total) * es, recv, size_t(rc[size_t(c->rank())]) * es, recv);
+  if (!apart.is_ok()) return set_error(apart);
   std::lock_guard<std::mutex> lock(rt->direct_mutex());
   return set_error(c->reducescatter(send, recv, rc, dtype, op, prescale, postscale, rt->deadline(),
                                     label("reducescatter", process_set)));

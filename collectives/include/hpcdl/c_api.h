@@ -186,7 +186,8 @@ HPCDL_API int64_t hpcdl_object_sequence(int process_set, const char* name);
 
 /* ---- direct, blocking collectives (caller's thread) ----------------------------------------------
  * process_set: 0 = global; others come from init's process_sets or hpcdl_add_process_set.
- * send == recv means in place. counts are elements, not bytes. */
+ * send == recv means in place (allgather: send at this rank's place in recv; alltoall has none). counts are
+ * elements, not bytes. Buffers that overlap in any other way fail with HPCDL_ERR_INVALID. */
 HPCDL_API int hpcdl_allreduce(const void* send, void* recv, int64_t count, int dtype, int op,
                               double prescale, double postscale, int process_set);
 /* Each rank contributes `count` elements; recv holds sum(counts) elements in rank order.
@@ -222,8 +223,9 @@ typedef struct {
   int32_t ndim;
   const int64_t* shape;       /* ndim entries; the first dimension may differ per rank for allgather */
   const void* input;          /* must stay valid until the handle completes */
-  void* output;               /* allreduce/broadcast/reducescatter: caller-owned (may equal input);
-                                 allgather/alltoall: NULL, the engine allocates (hpcdl_output) */
+  void* output;               /* allreduce/broadcast/reducescatter: caller-owned (may equal input, must
+                                 not overlap it otherwise); allgather/alltoall: NULL, the engine
+                                 allocates (hpcdl_output) */
   int32_t reduce_op;          /* hpcdl_reduce_op (allreduce, reducescatter) */
   double prescale, postscale; /* 1.0 for none; integer and float16/bfloat16 inputs are scaled and stored
                                  in their own type before the reduction (Horovod's rule) */

@@ -6,6 +6,7 @@
 
 #include "engine/detail.h"
 #include "engine/engine.h"
+#include "overlap.h"
 
 namespace hpcdl {
 
@@ -47,7 +48,7 @@ Status Engine::enqueue(const hpcdl_request& r, int64_t* handle, bool caller_wait
     return invalid("unknown reduction " + std::to_string(r.reduce_op) + " (expected 0..4, see hpcdl_reduce_op)");
   if (r.group_id != 0 && r.group_size < 1) return invalid("a grouped operation needs group_size >= 1");
   // The global set (every rank, fixed at init) needs no copy of its description: most operations use it.
-  int n = size_;
+  int n = size_, me = rank_;  // the set's size and this rank's place in it
   if (r.process_set != 0) {
     ProcessSet set;
     if (!runtime_.process_set(r.process_set, &set))
@@ -57,6 +58,7 @@ Status Engine::enqueue(const hpcdl_request& r, int64_t* handle, bool caller_wait
       return invalid("rank " + std::to_string(rank_) + " is not a member of process set " +
                      std::to_string(r.process_set) + " (members: " + ranks_text(set.ranks) + ")");
     n = static_cast<int>(set.ranks.size());
+    me = set.my_rank;
     q.members.assign(set.ranks.begin(), set.ranks.end());
   }
   const int64_t elements = q.num_elements();
@@ -65,6 +67,17 @@ Status Engine::enqueue(const hpcdl_request& r, int64_t* handle, bool caller_wait
   if (has_data && r.output == nullptr &&
       (r.op_type == HPCDL_OP_ALLREDUCE || r.op_type == HPCDL_OP_BROADCAST || r.op_type == HPCDL_OP_REDUCESCATTER))
     return invalid(std::string(op_type_name(r.op_type)) + " needs a caller-owned output buffer (it may equal the input)");
+  if (has_data && r.output != nullptr && q.placement == HPCDL_PLACEMENT_HOST &&
+      (r.op_type == HPCDL_OP_ALLREDUCE || r.op_type == HPCDL_OP_BROADCAST || r.op_type == HPCDL_OP_REDUCESCATTER)) {
+    const size_t bytes = size_t(elements) * dtype_size(r.dtype);
+    size_t out_bytes = bytes;
+    if (r.op_type == HPCDL_OP_REDUCESCATTER) {  // this member's rows, as the execution splits them
+      const int64_t rows = q.rows(), mine = rows / n + (me < rows % n ? 1 : 0);
+      out_bytes = rows > 0 ? bytes / size_t(rows) * size_t(mine) : 0;
+    }
+    Status apart = check_overlap(op_type_name(r.op_type), r.input, bytes, r.output, out_bytes, r.output);
+    if (!apart.is_ok()) return apart;
+  }
   if ((r.op_type == HPCDL_OP_ALLGATHER || r.op_type == HPCDL_OP_ALLTOALL || r.op_type == HPCDL_OP_REDUCESCATTER) &&
       q.shape.empty())
     return invalid(std::string(op_type_name(r.op_type)) + " needs a tensor with at least one dimension");
