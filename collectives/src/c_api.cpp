@@ -307,7 +307,8 @@ int hpcdl_reducescatter(const void* send, void* recv, const int64_t* recv_counts
   int64_t total = 0;
   for (int64_t n : rc) total += n;
   const size_t es = dtype_bytes(dtype);
-  Status apart = check_overlap("reducescatter", send, size_t(total) * es, recv, size_t(rc[size_t(c->rank())]) * es, recv);
+  const size_t mine = size_t(rc[size_t(c->rank())]) * es;
+  Status apart = check_overlap("reducescatter", send, size_t(total) * es, recv, mine, recv);
   if (!apart.is_ok()) return set_error(apart);
   std::lock_guard<std::mutex> lock(rt->direct_mutex());
   return set_error(c->reducescatter(send, recv, rc, dtype, op, prescale, postscale, rt->deadline(),
