@@ -235,9 +235,8 @@ Status Engine::run_one(NameRecord& e, Comm& c) {
       return c.alltoallv(op->input, send_counts, op->owned_output.data(), recv_counts, any.dtype, deadline(), what);
     }
     case HPCDL_OP_REDUCESCATTER: {
-      int64_t rows = any.rows();
       std::vector<int64_t> counts(n);
-      for (int j = 0; j < n; ++j) counts[j] = (rows / n + (j < rows % n ? 1 : 0)) * row;
+      for (int j = 0; j < n; ++j) counts[j] = any.rows_of_member(j, n) * row;
       return c.reducescatter(input(), op->output, counts, any.dtype, any.reduce_op, prescale, any.postscale,
                              deadline(), what);
     }

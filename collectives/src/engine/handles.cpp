@@ -64,19 +64,19 @@ Status Engine::enqueue(const hpcdl_request& r, int64_t* handle, bool caller_wait
   const int64_t elements = q.num_elements();
   const bool has_data = r.op_type != HPCDL_OP_BARRIER && r.op_type != HPCDL_OP_JOIN && elements > 0;
   if (has_data && r.input == nullptr) return invalid("the request has no input buffer");
-  if (has_data && r.output == nullptr &&
-      (r.op_type == HPCDL_OP_ALLREDUCE || r.op_type == HPCDL_OP_BROADCAST || r.op_type == HPCDL_OP_REDUCESCATTER))
-    return invalid(std::string(op_type_name(r.op_type)) + " needs a caller-owned output buffer (it may equal the input)");
-  if (has_data && r.output != nullptr && q.placement == HPCDL_PLACEMENT_HOST &&
-      (r.op_type == HPCDL_OP_ALLREDUCE || r.op_type == HPCDL_OP_BROADCAST || r.op_type == HPCDL_OP_REDUCESCATTER)) {
-    const size_t bytes = size_t(elements) * dtype_size(r.dtype);
-    size_t out_bytes = bytes;
-    if (r.op_type == HPCDL_OP_REDUCESCATTER) {  // this member's rows, as the execution splits them
-      const int64_t rows = q.rows(), mine = rows / n + (me < rows % n ? 1 : 0);
-      out_bytes = rows > 0 ? bytes / size_t(rows) * size_t(mine) : 0;
+  const bool caller_owns_output =
+      r.op_type == HPCDL_OP_ALLREDUCE || r.op_type == HPCDL_OP_BROADCAST || r.op_type == HPCDL_OP_REDUCESCATTER;
+  if (has_data && caller_owns_output) {
+    if (r.output == nullptr)
+      return invalid(std::string(op_type_name(r.op_type)) + " needs a caller-owned output buffer (it may equal the input)");
+    if (q.placement == HPCDL_PLACEMENT_HOST) {
+      const size_t bytes = size_t(elements) * dtype_size(r.dtype);
+      const size_t out_bytes = r.op_type == HPCDL_OP_REDUCESCATTER  // this member's rows
+                                   ? bytes / size_t(q.rows()) * size_t(q.rows_of_member(me, n))
+                                   : bytes;
+      Status apart = check_overlap(op_type_name(r.op_type), r.input, bytes, r.output, out_bytes, r.output);
+      if (!apart.is_ok()) return apart;
     }
-    Status apart = check_overlap(op_type_name(r.op_type), r.input, bytes, r.output, out_bytes, r.output);
-    if (!apart.is_ok()) return apart;
   }
   if ((r.op_type == HPCDL_OP_ALLGATHER || r.op_type == HPCDL_OP_ALLTOALL || r.op_type == HPCDL_OP_REDUCESCATTER) &&
       q.shape.empty())

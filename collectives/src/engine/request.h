@@ -31,6 +31,11 @@ struct OpRequest {
   int64_t num_elements() const;
   int64_t row_elements() const;  // elements per row of dim 0 (1 for scalars)
   int64_t rows() const { return shape.empty() ? 1 : shape[0]; }
+  // The rows of dim 0 a reducescatter leaves with set member `member` of `members`: the first rows % members
+  // members take one more.
+  int64_t rows_of_member(int member, int members) const {
+    return rows() / members + (member < rows() % members ? 1 : 0);
+  }
   bool same_as(const OpRequest& other) const;  // identical submission (response-cache hit)
 
   void encode(ByteWriter& out) const;
