@@ -104,10 +104,18 @@ def _say_last_words(kind: type[BaseException], value: BaseException, tb: Traceba
         try:
             debug_dir.write_private(path(directory, rank), json.dumps(words).encode(), "rank's last words")
         except (OSError, OutputFileError) as exc:
-            print(f"hpcdl: rank {rank} could not leave its last words in {directory}: {exc}", file=sys.stderr)
+            _say(f"hpcdl: rank {rank} could not leave its last words in {directory}: {exc}")
     previous(kind, value, tb)
     if words is not None and words["consequence"]:
-        print(pointer(rank, words["blamed"], directory, words["why"]), file=sys.stderr, flush=True)
+        _say(pointer(rank, words["blamed"], directory, words["why"]))
+
+
+def _say(line: str) -> None:
+    """`line` to standard error in one write: print() writes the text and its newline apart on a stream
+    that writes through (as a rank's stderr does), and mpirun puts whatever another rank wrote meanwhile
+    between the two, on the same line."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def describe(

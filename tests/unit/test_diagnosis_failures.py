@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from hpcdl.common import last_words
+from hpcdl.common.exceptions import HpcdlInternalError
 from hpcdl.diagnosis.consequences import Verdict, judge, judge_line
 from hpcdl.diagnosis.tracebacks import TracebackReader, last_error
 from hpcdl.diagnosis.words import ranks_text
@@ -269,3 +270,37 @@ def test_a_stuck_rank_is_shown_with_what_the_others_reported_about_it() -> None:
     lines = detail_lines(found, lambda e: e.where)
     assert lines[0] == "what rank 0 on host node0 reported about it:"
     assert lines[1:5] == [f"    {line}" for line in report]
+
+
+class _Writes:
+    """A standard error that keeps each write() apart."""
+
+    def __init__(self) -> None:
+        self.writes: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.writes.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_a_consequence_says_so_in_one_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under mpirun, every rank's stderr is forwarded write by write: a pointer written as its text and then
+    its newline once had another rank's traceback line glued to its end."""
+    stderr = _Writes()
+    monkeypatch.setattr("sys.stderr", stderr)
+    installed = {"rank": 0, "directory": tmp_path, "previous": lambda *args: None}
+    monkeypatch.setattr(last_words, "_installed", installed)
+    try:
+        raise HpcdlInternalError(
+            "allreduce: lost the connection to rank 2 (host b) (connection closed); that rank probably "
+            "exited or crashed"
+        )
+    except HpcdlInternalError as error:
+        last_words._say_last_words(HpcdlInternalError, error, error.__traceback__)
+    (said,) = [text for text in stderr.writes if "hpcdl: rank 0's error above" in text]
+    assert said.startswith("hpcdl: rank 0's error above is a consequence of rank 2's end") and said.endswith(
+        "\n"
+    ), stderr.writes
