@@ -61,31 +61,48 @@ def main() -> None:
         for shift in (1, -1, count // 2):
             buf = np.zeros(3 * count, np.float32)
             src, out = buf[count : 2 * count], buf[count + shift : 2 * count + shift]
-            for api, call in (("allreduce", partial(hc.allreduce, src, op=SUM, out=out)),
-                              ("engine", partial(engine_allreduce, src, f"e{count}.{shift}", out))):
+            for api, call in (
+                ("allreduce", partial(hc.allreduce, src, op=SUM, out=out)),
+                ("engine", partial(engine_allreduce, src, f"e{count}.{shift}", out)),
+            ):
                 src[:] = mine
                 show(f"{api}.{count}.{shift}", call, partial(np.array_equal, out, want))
         inplace = mine.copy()
-        show(f"allreduce.{count}.inplace", partial(hc.allreduce, inplace, op=SUM, out=inplace),
-             partial(np.array_equal, inplace, want))
+        show(
+            f"allreduce.{count}.inplace",
+            partial(hc.allreduce, inplace, op=SUM, out=inplace),
+            partial(np.array_equal, inplace, want),
+        )
         apart = np.empty_like(mine)
-        show(f"engine.{count}.apart", partial(engine_allreduce, mine, f"a{count}", apart),
-             partial(np.array_equal, apart, want))
+        show(
+            f"engine.{count}.apart",
+            partial(engine_allreduce, mine, f"a{count}", apart),
+            partial(np.array_equal, apart, want),
+        )
         # allgather: the input one element past this rank's place in the output, then exactly there
         shifted = np.zeros(size * count + 1, np.float32)
         at = shifted[rank * count + 1 : rank * count + 1 + count]
         at[:] = mine
-        show(f"allgather.{count}.shifted", partial(c_allgather, at, shifted),
-             partial(gathered_right, shifted, count, size))
+        show(
+            f"allgather.{count}.shifted",
+            partial(c_allgather, at, shifted),
+            partial(gathered_right, shifted, count, size),
+        )
         gathered = np.zeros(size * count, np.float32)
         own = gathered[rank * count : (rank + 1) * count]
         own[:] = mine
-        show(f"allgather.{count}.inplace", partial(c_allgather, own, gathered),
-             partial(gathered_right, gathered, count, size))
+        show(
+            f"allgather.{count}.inplace",
+            partial(c_allgather, own, gathered),
+            partial(gathered_right, gathered, count, size),
+        )
         both = np.zeros(size * count + 1, np.float32)
         both[: size * count] = np.tile(mine, size)
-        show(f"alltoall.{count}.shifted", partial(c_alltoall, both[: size * count], both[1:], size),
-             partial(bool, False))
+        show(
+            f"alltoall.{count}.shifted",
+            partial(c_alltoall, both[: size * count], both[1:], size),
+            partial(bool, False),
+        )
     hc.shutdown()
 
 
