@@ -59,3 +59,24 @@ def test_latency_benchmark_report_and_a_missing_horovod() -> None:
         capture_output=True, text=True, timeout=60, env=env,
     )  # fmt: skip
     assert done.returncode != 0 and "--horovod: horovod is not importable here" in done.stderr, done.stderr
+
+
+def test_staging_stores_benchmark_times_every_collective_under_each_kind() -> None:
+    out = bench(
+        "staging_stores", "-np", "2", "--jobs", "1", "--calls", "12", "--sizes", "1048576", "--no-progress"
+    )
+    rows = [line.split() for line in out.splitlines()[1:]]
+    collectives = [row[1] for row in rows]
+    assert collectives == ["allgather", "broadcast", "alltoall", "reducescatter", "allreduce"], out
+    for row in rows:
+        assert row[0] == "1" and row[2:4] == ["1024", "KiB"], row
+        kinds = [row[i] for i in (4, 7, 10)]
+        assert kinds == ["cached", "streaming", "auto"], row
+        times = [int(t) for i in (5, 6, 8, 9, 11, 12) for t in row[i].split("/")]
+        assert all(t > 0 for t in times) and float(row[-1]) > 0, row
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_COMM", "PMI_"))}
+    done = subprocess.run(
+        [sys.executable, "-m", "hpcdl", "bench", "staging_stores", "--ops", "allgather,gather"],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert done.returncode != 0 and "unknown collectives ['gather']" in done.stderr

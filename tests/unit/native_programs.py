@@ -12,6 +12,17 @@ ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "collectives" / "src"
 INCLUDE = ROOT / "collectives" / "include"
 COMPILE_TIMEOUT_S = 240
+# The runtime sources a check program of the shared-memory transport links.
+SHM_SOURCES = [
+    "transport/shm_comm.cpp",
+    "transport/staging_stores.cpp",
+    "transport/wait.cpp",
+    "net/socket.cpp",
+    "crypto/sha256.cpp",
+    "algorithms/op_desc.cpp",
+    "kernels/reduce.cpp",
+    "kernels/reduce_generic.cpp",
+]
 
 
 def build_program(test_source: str, runtime_sources: list[str], output: Path) -> Path:

@@ -7,22 +7,11 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from native_programs import build_program
-
-RUNTIME_SOURCES = [
-    "transport/shm_comm.cpp",
-    "transport/staging_stores.cpp",
-    "transport/wait.cpp",
-    "net/socket.cpp",
-    "crypto/sha256.cpp",
-    "algorithms/op_desc.cpp",
-    "kernels/reduce.cpp",
-    "kernels/reduce_generic.cpp",
-]
+from native_programs import SHM_SOURCES, build_program
 
 
 def test_members_check_the_segment_before_they_use_it(tmp_path: Path) -> None:
-    program = build_program("shm_segment_test.cpp", RUNTIME_SOURCES, tmp_path / "shm_segment_test")
+    program = build_program("shm_segment_test.cpp", SHM_SOURCES, tmp_path / "shm_segment_test")
     done = subprocess.run([str(program)], capture_output=True, text=True, timeout=120, check=False)
     lines = done.stdout.splitlines()
     failed = [line for line in lines if not line.startswith(("ok ", "skip "))]

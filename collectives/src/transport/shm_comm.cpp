@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 
 #include "crypto/sha256.h"
@@ -96,7 +97,7 @@ Status ShmComm::create(const std::vector<int>& world_ranks, int my_rank, const s
   c->world_ = world_ranks;
   c->pids_ = pids;
   c->params_ = params;
-  c->stores_ = StagingStores(params.stores);
+  for (StagingStores& stores : c->stores_) stores = StagingStores(params.stores);
   c->params_.chunk_bytes = round_up(std::max<size_t>(params.chunk_bytes, 4096), 4096);
   c->label_ = label;
   const int n = c->size_;
@@ -472,6 +473,7 @@ Status ShmComm::reduce_segments(const Segment* segments, size_t nseg, int dtype,
   };
   for (int64_t off = 0; off < count; off += chunk_elems) {
     const auto chunk_start = Clock::now();
+    const bool chunk_streamed = stores_[kAllreduceChunk].streaming();
     const int64_t ce = std::min(chunk_elems, count - off);
     int64_t part = (ce + size_ - 1) / size_;
     part = int64_t((size_t(part) + align - 1) / align * align);
@@ -482,10 +484,10 @@ Status ShmComm::reduce_segments(const Segment* segments, size_t nseg, int dtype,
       if (p == rank_ || part_len(p) == 0) continue;
       char* to = stage + size_t(part_begin(p)) * es;
       all.each(off + part_begin(p), part_len(p), [&](const Segment& s, int64_t at, int64_t rel, int64_t len) {
-        stores_.copy(to + size_t(rel) * es, input(s, at), size_t(len) * es);
+        stores_[kAllreduceChunk].copy(to + size_t(rel) * es, input(s, at), size_t(len) * es);
       });
     }
-    ctl(rank_).chunk_ns.store(last_chunk_ns_, std::memory_order_relaxed);  // published with the step
+    share_chunk_time();
     publish();
     st = wait_all(deadline, what);
     if (!st.is_ok()) return st;
@@ -511,7 +513,7 @@ Status ShmComm::reduce_segments(const Segment* segments, size_t nseg, int dtype,
             stream_copy(output(s, seg_at), staged_here, size_t(n) * es);
           } else {
             reduce(output(s, seg_at), srcs, size_, n, dtype, op, prescale, postscale, size_);
-            stores_.copy(staged_here, output(s, seg_at), size_t(n) * es);
+            stores_[kAllreduceChunk].copy(staged_here, output(s, seg_at), size_t(n) * es);
           }
         });
       }
@@ -529,20 +531,28 @@ Status ShmComm::reduce_segments(const Segment* segments, size_t nseg, int dtype,
           line_copy(output(s, at), from + size_t(rel) * es, size_t(len) * es);
       });
     }
-    if (ce == chunk_elems)
-      last_chunk_ns_ = uint64_t(std::max<int64_t>(
-          1, std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - chunk_start).count()));
+    if (ce == chunk_elems) chunk_done(kAllreduceChunk, chunk_start, chunk_streamed);
   }
   return Status::ok();
 }
 
+void ShmComm::chunk_done(ChunkKind kind, Clock::time_point start, bool streamed) {
+  last_chunk_kind_ = kind;
+  last_chunk_streamed_ = streamed;
+  last_chunk_ns_ = uint64_t(
+      std::max<int64_t>(1, std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count()));
+}
+
+// Before the publish of every chunk's first step: the peers read it once that step is everyone's.
+void ShmComm::share_chunk_time() { ctl(rank_).chunk_ns.store(last_chunk_ns_, std::memory_order_relaxed); }
+
 // Called when every member has published the step that carries its last chunk time. The members ran the
-// same chunks, so either all or none of them has a time; all feed the same (slowest) one to their
-// StagingStores, which then make the same choices on every rank.
+// same chunks, so either all or none of them has a time, of the same kind; all feed the same (slowest) one
+// to that kind's StagingStores, which then make the same choices on every rank.
 void ShmComm::record_slowest_chunk() {
   uint64_t slowest = 0;
   for (int r = 0; r < size_; ++r) slowest = std::max(slowest, ctl(r).chunk_ns.load(std::memory_order_relaxed));
-  if (slowest > 0) stores_.record_chunk(double(slowest) * 1e-9);
+  if (slowest > 0) stores_[last_chunk_kind_].record_chunk(double(slowest) * 1e-9, last_chunk_streamed_);
   last_chunk_ns_ = 0;
 }
 
@@ -555,10 +565,11 @@ Status ShmComm::allgatherv(const void* send, void* recv, const std::vector<int64
   if (!st.is_ok()) return st;
   const size_t es = dtype_bytes(dtype);
   std::vector<size_t> offset(size_t(size_) + 1, 0);
-  int64_t largest = 0;
+  int64_t largest = 0, smallest = counts[0];
   for (int r = 0; r < size_; ++r) {
     offset[size_t(r) + 1] = offset[size_t(r)] + size_t(counts[size_t(r)]) * es;
     largest = std::max(largest, counts[size_t(r)]);
+    smallest = std::min(smallest, counts[size_t(r)]);
   }
   auto* out = static_cast<char*>(recv);
   const auto* in = static_cast<const char*>(send);
@@ -570,18 +581,24 @@ Status ShmComm::allgatherv(const void* send, void* recv, const std::vector<int64
   if (mine && own != in && !apart) std::memmove(own, in, mine);
   const size_t chunk = params_.chunk_bytes;
   for (size_t at = 0; at < size_t(largest) * es; at += chunk) {
+    const bool full = at + chunk <= size_t(smallest) * es;  // every member stages and reads a whole chunk
+    const auto chunk_start = full ? Clock::now() : Clock::time_point();
+    const bool chunk_streamed = stores_[kAllgatherChunk].streaming();
     if (at < mine) {
       const size_t n = std::min(chunk, mine - at);
-      stores_.copy(slot(rank_, step_ + 1), in + at, n);
+      stores_[kAllgatherChunk].copy(slot(rank_, step_ + 1), in + at, n);
       if (own != in && apart) line_copy(own + at, in + at, n);
     }
+    share_chunk_time();
     publish();
     st = wait_all(deadline, what);
     if (!st.is_ok()) return st;
+    record_slowest_chunk();
     for (int r = 0; r < size_; ++r) {
       size_t theirs = size_t(counts[size_t(r)]) * es;
       if (r != rank_ && at < theirs) line_copy(out + offset[size_t(r)] + at, slot(r, step_), std::min(chunk, theirs - at));
     }
+    if (full) chunk_done(kAllgatherChunk, chunk_start, chunk_streamed);
   }
   return Status::ok();
 }
@@ -623,11 +640,16 @@ Status ShmComm::broadcast(void* buf, int64_t count, int dtype, int root, Deadlin
   auto* data = static_cast<char*>(buf);
   for (size_t at = 0; at < bytes; at += params_.chunk_bytes) {
     size_t n = std::min(params_.chunk_bytes, bytes - at);
-    if (rank_ == root) stores_.copy(slot(rank_, step_ + 1), data + at, n);
+    const auto chunk_start = n == params_.chunk_bytes ? Clock::now() : Clock::time_point();
+    const bool chunk_streamed = stores_[kBroadcastChunk].streaming();
+    if (rank_ == root) stores_[kBroadcastChunk].copy(slot(rank_, step_ + 1), data + at, n);
+    share_chunk_time();
     publish();
     st = wait_all(deadline, what);
     if (!st.is_ok()) return st;
+    record_slowest_chunk();
     if (rank_ != root) std::memcpy(data + at, slot(root, step_), n);
+    if (n == params_.chunk_bytes) chunk_done(kBroadcastChunk, chunk_start, chunk_streamed);
   }
   return Status::ok();
 }
@@ -648,28 +670,38 @@ Status ShmComm::alltoallv(const void* send, const std::vector<int64_t>& send_cou
     soff[r + 1] = soff[r] + size_t(send_counts[r]) * es;
     roff[r + 1] = roff[r] + size_t(recv_counts[r]) * es;
   }
-  size_t largest = 0;
+  size_t largest = 0, smallest = SIZE_MAX;
   for (size_t i = 0; i < n; ++i)
     for (size_t j = 0; j < n; ++j)
-      if (i != j) largest = std::max(largest, size_t(all[i].vec[j]) * es);
+      if (i != j) {
+        largest = std::max(largest, size_t(all[i].vec[j]) * es);
+        smallest = std::min(smallest, size_t(all[i].vec[j]) * es);
+      }
   const auto* in = static_cast<const char*>(send);
   auto* out = static_cast<char*>(recv);
   const size_t me = size_t(rank_);
   if (recv_counts[me]) std::memmove(out + roff[me], in + soff[me], size_t(recv_counts[me]) * es);
   const size_t sub = std::max<size_t>(64, params_.chunk_bytes / n / 64 * 64);
   for (size_t at = 0; at < largest; at += sub) {
+    const bool full = at + sub <= smallest;  // every member stages and reads a whole piece for each peer
+    const auto chunk_start = full ? Clock::now() : Clock::time_point();
+    const bool chunk_streamed = stores_[kAlltoallChunk].streaming();
     char* stage = slot(rank_, step_ + 1);
     for (size_t j = 0; j < n; ++j) {
       size_t len = size_t(send_counts[j]) * es;
-      if (j != me && at < len) stores_.copy(stage + j * sub, in + soff[j] + at, std::min(sub, len - at));
+      if (j != me && at < len)
+        stores_[kAlltoallChunk].copy(stage + j * sub, in + soff[j] + at, std::min(sub, len - at));
     }
+    share_chunk_time();
     publish();
     st = wait_all(deadline, what);
     if (!st.is_ok()) return st;
+    record_slowest_chunk();
     for (size_t i = 0; i < n; ++i) {
       size_t len = size_t(recv_counts[i]) * es;
       if (i != me && at < len) std::memcpy(out + roff[i] + at, slot(int(i), step_) + me * sub, std::min(sub, len - at));
     }
+    if (full) chunk_done(kAlltoallChunk, chunk_start, chunk_streamed);
   }
   return Status::ok();
 }
@@ -687,24 +719,30 @@ Status ShmComm::reducescatter(const void* send, void* recv, const std::vector<in
   const size_t es = dtype_bytes(dtype);
   const size_t n = size_t(size_), me = size_t(rank_);
   std::vector<int64_t> seg(n + 1, 0);
-  int64_t largest = 0;
+  int64_t largest = 0, smallest = recv_counts[0];
   for (size_t r = 0; r < n; ++r) {
     seg[r + 1] = seg[r] + recv_counts[r];
     largest = std::max(largest, recv_counts[r]);
+    smallest = std::min(smallest, recv_counts[r]);
   }
   const auto* in = static_cast<const char*>(send);
   auto* out = static_cast<char*>(recv);
   const int64_t sub = int64_t(std::max<size_t>(64, params_.chunk_bytes / n / 64 * 64) / es);
   std::vector<const void*> srcs(n);
   for (int64_t at = 0; at < largest; at += sub) {
+    const bool full = at + sub <= smallest;  // as in alltoallv
+    const auto chunk_start = full ? Clock::now() : Clock::time_point();
+    const bool chunk_streamed = stores_[kReducescatterChunk].streaming();
     char* stage = slot(rank_, step_ + 1);
     for (size_t j = 0; j < n; ++j)
       if (j != me && at < recv_counts[j])
-        stores_.copy(stage + j * size_t(sub) * es, in + size_t(seg[j] + at) * es,
-                    size_t(std::min(sub, recv_counts[j] - at)) * es);
+        stores_[kReducescatterChunk].copy(stage + j * size_t(sub) * es, in + size_t(seg[j] + at) * es,
+                                          size_t(std::min(sub, recv_counts[j] - at)) * es);
+    share_chunk_time();
     publish();
     st = wait_all(deadline, what);
     if (!st.is_ok()) return st;
+    record_slowest_chunk();
     if (at < recv_counts[me]) {
       for (size_t r = 0; r < n; ++r)
         srcs[r] = r == me ? static_cast<const void*>(in + size_t(seg[me] + at) * es)
@@ -712,6 +750,7 @@ Status ShmComm::reducescatter(const void* send, void* recv, const std::vector<in
       reduce(out + size_t(at) * es, srcs.data(), size_, std::min(sub, recv_counts[me] - at), dtype, op, prescale,
              postscale, size_);
     }
+    if (full) chunk_done(kReducescatterChunk, chunk_start, chunk_streamed);
   }
   return Status::ok();
 }

@@ -63,6 +63,13 @@ class ShmComm : public Comm {
   Bell wait_notify(uint32_t cycle, Deadline until) override;
   void ring_if_late(uint32_t cycle, std::chrono::nanoseconds after) override { late_ring_.arm(cycle, after); }
 
+  // Each kind of collective has its own staging stores: it times its own full chunks (an allgather's chunk
+  // costs less than an allreduce's of the same bytes, so their times must not meet in one median) and
+  // chooses its kind of store from them. Where cached stores are slow (cores that share no cache), every
+  // kind finds streaming stores by itself, a job that only allgathers too.
+  enum ChunkKind { kAllreduceChunk, kAllgatherChunk, kBroadcastChunk, kAlltoallChunk, kReducescatterChunk, kChunkKinds };
+  const StagingStores& stores(ChunkKind kind) const { return stores_[kind]; }  // what it chose (diagnostics, tests)
+
  private:
   ShmComm() = default;
   struct Header;
@@ -85,6 +92,11 @@ class ShmComm : public Comm {
   Status agree(const OpDesc& desc, Deadline deadline, const std::string& what, std::vector<OpDesc>* all = nullptr);
   Status reduce_segments(const Segment* segments, size_t nseg, int dtype, int op, double prescale,
                          double postscale, Deadline deadline, const std::string& what);
+  // A full chunk, which every member ran, ends with chunk_done (`streamed`: how it was staged); its time
+  // travels with the next chunk's publish (share_chunk_time) and every member records the slowest
+  // member's (record_slowest_chunk).
+  void chunk_done(ChunkKind kind, Clock::time_point start, bool streamed);
+  void share_chunk_time();
   void record_slowest_chunk();
   Status check_usable() const;
   Status fail(Status status);
@@ -102,8 +114,10 @@ class ShmComm : public Comm {
   LateRing late_ring_;  // ring_if_late's, rung by the next wait
   Status broken_;
   WaitPolicy policy_;
-  StagingStores stores_;
-  uint64_t last_chunk_ns_ = 0;  // this rank's time for its last full allreduce chunk, not yet shared
+  StagingStores stores_[kChunkKinds];
+  uint64_t last_chunk_ns_ = 0;  // this rank's time for its last full chunk, not yet shared
+  ChunkKind last_chunk_kind_ = kAllreduceChunk;  // that chunk's kind of collective
+  bool last_chunk_streamed_ = false;             // and kind of store
 };
 
 }  // namespace hpcdl

@@ -35,8 +35,8 @@ void StagingStores::copy(void* dst, const void* src, size_t n) const {
   else line_copy(dst, src, n);
 }
 
-void StagingStores::record_chunk(double seconds) {
-  if (mode_ != Mode::kAuto) return;
+void StagingStores::record_chunk(double seconds, bool streamed) {
+  if (mode_ != Mode::kAuto || streamed != streaming()) return;
   if (trial_left_ > 0) {
     --trial_left_;
     if (trial_left_ > kTrialChunks) return;  // a warm-up chunk, not timed
@@ -63,6 +63,7 @@ void StagingStores::record_chunk(double seconds) {
   if ((jumped || since_trial_ >= interval_) && recent_count_ >= kTrialChunks) {
     since_trial_ = 0;
     trial_left_ = kTrialWarmup + kTrialChunks;
+    ++trials_;
   }
 }
 

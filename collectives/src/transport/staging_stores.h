@@ -62,8 +62,13 @@ class StagingStores {
   // Copies n bytes into a staging buffer with the kind of store the current chunk uses.
   void copy(void* dst, const void* src, size_t n) const;
 
-  // Reports how long a full chunk staged with streaming() took; picks the kind for the next one.
-  void record_chunk(double seconds);
+  // Reports how long a full chunk took and whether it was staged with streaming stores; picks the kind for
+  // the next one. The time may arrive after later chunks were staged (the shared-memory transport shares it
+  // with the next chunk's step), so across a change of kind: a chunk of another kind than the one being
+  // timed (the trial's during a trial, else the current one) says nothing about either and is not counted.
+  void record_chunk(double seconds, bool streamed);
+
+  int trials() const { return trials_; }  // trials of the other kind begun so far
 
  private:
   void end_trial();
@@ -78,6 +83,7 @@ class StagingStores {
   double recent_[kRecent] = {};
   int recent_count_ = 0, recent_next_ = 0;
   double settled_cost_ = 0;  // the current kind's median chunk time when the last trial ended
+  int trials_ = 0;
 };
 
 // memcpy with ordinary stores. When source and destination start at different offsets within a 64-byte
