@@ -26,6 +26,7 @@ import numpy as np
 from hpcdl.common import _hotpath, abi, binding
 from hpcdl.common.abi import Status
 from hpcdl.common.exceptions import HpcdlError
+from hpcdl.common.memory import result_array, result_like
 from hpcdl.common.ops import reducescatter_rows
 from hpcdl.common.types import Buffer, DType, OpType, Placement, ReduceOp, dtype_of
 
@@ -79,9 +80,10 @@ class Handle(_hotpath.HandleBase):
     __slots__ = ()
 
     def output(self) -> np.ndarray:
-        """The bytes of an engine-allocated output (allgather, alltoall), copied into a uint8 array."""
+        """The bytes of an allgather's or alltoall's result (:meth:`output_bytes`), copied into a uint8
+        array."""
         address, nbytes, _ = self.output_bytes()
-        out = np.empty(nbytes, dtype=np.uint8)
+        out = result_array((nbytes,), np.uint8)
         if nbytes:
             ctypes.memmove(out.ctypes.data, address, nbytes)
         return out
@@ -90,8 +92,10 @@ class Handle(_hotpath.HandleBase):
         return self.output_bytes()[2]
 
     def output_bytes(self) -> tuple[int, int, tuple[int, ...]]:
-        """An engine-allocated output where it lies: its address, its size in bytes and its shape. Valid
-        until the handle is released; a caller copies it straight into a buffer of its own."""
+        """The result of an allgather or alltoall where it lies: its address, its size in bytes and its
+        shape. That is the output offered at submission when the result fitted it (c_api.h), else the
+        engine's own buffer, valid until the handle is released (a caller copies it into a buffer of its
+        own)."""
         self._check_live()
         data = ctypes.c_void_p()
         nbytes = ctypes.c_int64()
@@ -290,7 +294,7 @@ def allreduce_async(
         return handle
     a = _contiguous(a)
     if out is None:
-        out = np.empty_like(a)
+        out = result_like(a)
     elif out is not a and (out.shape != a.shape or out.dtype != a.dtype or not out.flags.c_contiguous):
         raise HpcdlError("out must be a C-contiguous array with the input's shape and dtype")
     if not _bound:
@@ -335,7 +339,7 @@ def grouped_allreduce_async(
     handles = []
     for i, a in enumerate(arrays):
         a = _contiguous(a)
-        out = np.empty_like(a)
+        out = result_like(a)
         dtype = dtype_of(a)
         handles.append(
             enqueue(
@@ -423,7 +427,7 @@ def reducescatter_async(
     me = lib.hpcdl_process_set_rank(process_set)
     if size <= 0 or me < 0:
         raise HpcdlError(f"this rank is not a member of process set {process_set}")
-    out = np.empty((reducescatter_rows(a.shape[0], size, me), *a.shape[1:]), dtype=a.dtype)
+    out = result_array((reducescatter_rows(a.shape[0], size, me), *a.shape[1:]), a.dtype)
     dtype = dtype_of(a)
     return enqueue(
         OpType.REDUCESCATTER,

@@ -17,11 +17,14 @@ the first time costs more than the collective: one page fault and one zeroed 4 K
 from __future__ import annotations
 
 import ctypes
+import math
 import mmap
 import sys
 import threading
 import weakref
 from typing import Optional
+
+import numpy as np
 
 # Smaller buffers gain little: the allocator already reuses them warm, and a result of a few huge pages is
 # mostly its partial pages at either end.
@@ -57,10 +60,8 @@ def advise_huge_pages(address: int, nbytes: int) -> bool:
     return end > start and _madvise(start, end - start, _MADV_HUGEPAGE) == 0
 
 
-def result_buffer(nbytes: int) -> memoryview:
-    """A writable buffer of ``nbytes`` (at least :data:`POOL_FROM_BYTES`) for a result, from the pool. Its
-    block goes back to the pool when this memoryview object dies, which is when nothing made from it
-    (``torch.frombuffer``, ``numpy.frombuffer``) holds it any more."""
+def _take(nbytes: int) -> _Block:
+    """An idle block of ``nbytes`` from the pool, or a new one (advised huge pages before its first touch)."""
     global _idle_bytes
     with _lock:
         blocks = _idle.get(nbytes)
@@ -71,9 +72,39 @@ def result_buffer(nbytes: int) -> memoryview:
         mapping = mmap.mmap(-1, nbytes)
         advise_huge_pages(ctypes.addressof(ctypes.c_char.from_buffer(mapping)), nbytes)
         block = (mapping, memoryview(mapping))
+    return block
+
+
+def result_buffer(nbytes: int) -> memoryview:
+    """A writable buffer of ``nbytes`` (at least :data:`POOL_FROM_BYTES`) for a result, from the pool, for
+    ``torch.frombuffer``. Its block goes back to the pool when this memoryview object dies, which is when no
+    tensor made from it holds it any more. (NumPy keeps the mapping under a memoryview, not the memoryview:
+    use :func:`result_array` there.)"""
+    block = _take(nbytes)
     result = block[1][:]  # an object of its own: its death, not the block's, gives the block back
     weakref.finalize(result, _give_back, nbytes, block).atexit = False
     return result
+
+
+def result_array(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
+    """A new C-contiguous array for a result: on a block of the pool from :data:`POOL_FROM_BYTES` on (glibc
+    maps an allocation of 32 MiB or more afresh each time, and a 16 MiB allgather at 2 ranks spent longer
+    faulting its result in than gathering it), else NumPy's own. The block goes back when the array made
+    over it dies: every view of it (and every tensor ``torch.from_numpy`` made of one) keeps that array.
+    Like any array over a buffer, it cannot be resized in place."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes < POOL_FROM_BYTES:
+        return np.empty(shape, dtype)
+    block = _take(nbytes)
+    whole = np.frombuffer(block[1], dtype=np.uint8)
+    weakref.finalize(whole, _give_back, nbytes, block).atexit = False
+    return whole.view(dtype).reshape(shape)
+
+
+def result_like(a: np.ndarray) -> np.ndarray:
+    """:func:`result_array` of ``a``'s shape and dtype (a small one at ``numpy.empty_like``'s cost)."""
+    return np.empty_like(a) if a.nbytes < POOL_FROM_BYTES else result_array(a.shape, a.dtype)
 
 
 def _give_back(nbytes: int, block: _Block) -> None:

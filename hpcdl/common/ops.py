@@ -14,6 +14,7 @@ import numpy as np
 
 from hpcdl.common import _hotpath, basics, library
 from hpcdl.common.exceptions import HpcdlConfigError, HpcdlMismatchError
+from hpcdl.common.memory import result_array, result_like
 from hpcdl.common.types import DType, ReduceOp, dtype_of
 
 _I64 = ctypes.POINTER(ctypes.c_int64)
@@ -86,7 +87,7 @@ def allreduce(
     src = _contiguous(a, "allreduce")
     kind = _resolve_dtype(src, dtype)
     if out is None:
-        out = np.empty_like(src)
+        out = result_like(src)
     elif out is not a:
         if out.shape != src.shape or out.dtype != src.dtype or not out.flags.c_contiguous:
             raise HpcdlConfigError("allreduce: out must be a C-contiguous array of the input's shape, dtype")
@@ -132,7 +133,7 @@ def allgather(a: np.ndarray, process_set: int = 0, dtype: Optional[DType] = None
     shapes = _exchange_shapes(src, process_set, "allgather")
     row = int(np.prod(src.shape[1:], dtype=np.int64))
     counts = [s[0] * row for s in shapes]
-    out = np.empty((sum(s[0] for s in shapes), *src.shape[1:]), dtype=src.dtype)
+    out = result_array((sum(s[0] for s in shapes), *src.shape[1:]), src.dtype)
     code = library.load().hpcdl_allgather(
         _ptr(src), src.size, _ptr(out), _counts(counts), int(kind), process_set
     )
@@ -186,7 +187,7 @@ def alltoall(
     )
     got = [int(x) for x in received]
     row = int(np.prod(src.shape[1:], dtype=np.int64)) if src.ndim else 1
-    out = np.empty((sum(got), *src.shape[1:]), dtype=src.dtype)
+    out = result_array((sum(got), *src.shape[1:]), src.dtype)
     library.check(
         lib.hpcdl_alltoall(
             _ptr(src),
@@ -217,7 +218,7 @@ def reducescatter(
     rows = src.shape[0]
     per = [reducescatter_rows(rows, size, i) for i in range(size)]
     row = int(np.prod(src.shape[1:], dtype=np.int64))
-    out = np.empty((per[me], *src.shape[1:]), dtype=src.dtype)
+    out = result_array((per[me], *src.shape[1:]), src.dtype)
     code = library.load().hpcdl_reducescatter(
         _ptr(src),
         _ptr(out),

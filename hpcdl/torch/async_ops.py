@@ -29,6 +29,7 @@ from hpcdl.torch import _adasum, _gpu, _handles
 from hpcdl.torch._tensors import deliver as _deliver
 from hpcdl.torch._tensors import (
     is_direct,
+    new_result,
     overlaps_itself,
     readable,
     runtime_dtype,
@@ -361,10 +362,14 @@ def allgather_launch(
         runtime_dtype(t)
     if _gpu.takes(tensors):
         return _gpu.allgather(tensors, name, ps_id)
-    handles = _enqueue(OpType.ALLGATHER, [readable(t) for t in tensors], None, name, ps_id, wait)
+    sources = [readable(t) for t in tensors]
+    # The usual result (every rank's rows alike), offered to the engine: written there, it needs no copy.
+    size = common.process_set_size(ps_id)
+    offered = [new_result((size * s.shape[0], *s.shape[1:]), s.dtype) for s in sources]
+    handles = _enqueue(OpType.ALLGATHER, sources, offered, name, ps_id, wait)
 
     def finish() -> list[torch.Tensor]:
-        return [tensor_from_output(h, t.dtype).to(t.device) for h, t in zip(handles, tensors)]
+        return [tensor_from_output(h, t.dtype, o).to(t.device) for h, t, o in zip(handles, tensors, offered)]
 
     return _handles.register(handles, finish, keep_alive=(tensors,))
 
@@ -498,12 +503,13 @@ def alltoall_launch(
     splits_dtype = splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
     if _gpu.takes((tensor,)):
         return _gpu.alltoall(tensor, split_rows, splits_dtype, check_name(name), ps_id)
-    (handle,) = _enqueue(
-        OpType.ALLTOALL, [readable(tensor)], None, check_name(name), ps_id, wait, splits=split_rows
-    )
+    source = readable(tensor)
+    offered = new_result(tuple(source.shape), source.dtype)  # the usual result: as many rows as sent
+    name = check_name(name)
+    (handle,) = _enqueue(OpType.ALLTOALL, [source], [offered], name, ps_id, wait, splits=split_rows)
 
     def finish() -> tuple[torch.Tensor, torch.Tensor]:
-        out = tensor_from_output(handle, tensor.dtype)
+        out = tensor_from_output(handle, tensor.dtype, offered)
         received = torch.tensor(handle.received_splits(), dtype=splits_dtype)
         return out.to(tensor.device), received
 

@@ -81,3 +81,28 @@ def test_the_pool_keeps_at_most_two_idle_blocks_of_a_size_and_hands_them_out_aga
     reused = memory.result_buffer(nbytes)  # taken from the idle ones, not mapped anew
     assert memory.idle_bytes() - before == (memory.IDLE_BLOCKS_PER_SIZE - 1) * nbytes
     assert len(reused) == nbytes
+
+
+def test_a_result_array_holds_its_block_through_views_and_tensors_and_gives_it_back() -> None:
+    # NumPy keeps the mapping under a memoryview, not the memoryview: a block handed out as a memoryview to
+    # numpy.frombuffer came back at once, while the array used it, and served the next result too.
+    nbytes = memory.POOL_FROM_BYTES + 8192
+    before = memory.idle_bytes()
+    array = memory.result_array((nbytes // 8, 2), np.float32)
+    assert array.shape == (nbytes // 8, 2) and array.dtype == np.float32 and array.flags.c_contiguous
+    view = array[1:].reshape(-1)
+    tensor = torch.from_numpy(memory.result_array((nbytes,), np.uint8)).view(torch.float32).reshape(-1, 2)
+    del array
+    gc.collect()
+    assert memory.idle_bytes() == before  # both blocks still in use: the view and the tensor hold them
+    other = memory.result_array((nbytes // 8, 2), np.float32)  # so a new result gets a block of its own
+    assert not np.shares_memory(other, view)
+    assert other.ctypes.data != tensor.data_ptr()
+    view[:] = 1.0
+    other[:] = 2.0
+    assert float(view[-1]) == 1.0
+    del view, tensor, other
+    gc.collect()
+    assert memory.idle_bytes() - before == memory.IDLE_BLOCKS_PER_SIZE * nbytes
+    small = memory.result_array((3, 4), np.float64)  # below POOL_FROM_BYTES: NumPy's own
+    assert small.flags.owndata and small.shape == (3, 4)

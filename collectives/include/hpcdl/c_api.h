@@ -224,8 +224,12 @@ typedef struct {
   const int64_t* shape;       /* ndim entries; the first dimension may differ per rank for allgather */
   const void* input;          /* must stay valid until the handle completes */
   void* output;               /* allreduce/broadcast/reducescatter: caller-owned (may equal input, must
-                                 not overlap it otherwise); allgather/alltoall: NULL, the engine
-                                 allocates (hpcdl_output) */
+                                 not overlap it otherwise). allgather/alltoall: NULL, or a buffer offered
+                                 for the usual result (allgather: set size x the input's bytes; alltoall:
+                                 the input's bytes), apart from the input; the engine writes the result
+                                 there when it has exactly that size (every member's input has this one's
+                                 rows; this member receives as many rows as it sends), else into a buffer
+                                 of its own; hpcdl_output says where it is */
   int32_t reduce_op;          /* hpcdl_reduce_op (allreduce, reducescatter) */
   double prescale, postscale; /* 1.0 for none; integer and float16/bfloat16 inputs are scaled and stored
                                  in their own type before the reduction (Horovod's rule) */
@@ -261,8 +265,8 @@ HPCDL_API int hpcdl_wait(hpcdl_handle handle, double timeout_s);
  * caller releases it, after a failure too (after a timeout only once the operation ended: it may still
  * run). Returns hpcdl_wait's status, or the submission's error. */
 HPCDL_API int hpcdl_run(const hpcdl_request* request, double timeout_s, hpcdl_handle* handle);
-/* For ops whose output the engine allocated: pointer, byte size and shape of the result. Valid until
- * hpcdl_release. shape must hold at least the request's ndim entries. */
+/* allgather, alltoall: pointer, byte size and shape of the result (in the offered output buffer, or in the
+ * engine's own, valid until hpcdl_release). shape must hold at least the request's ndim entries. */
 HPCDL_API int hpcdl_output(hpcdl_handle handle, void** data, int64_t* nbytes, int64_t* shape);
 /* alltoall: rows received from each set member (set size entries). */
 HPCDL_API int hpcdl_received_splits(hpcdl_handle handle, int64_t* splits, int capacity);

@@ -101,6 +101,7 @@ struct EngineOp {
   // Written by the cycle runner before `status` leaves PENDING; read-only afterwards.
   std::string error;
   ResultBytes owned_output;
+  bool in_offered_output = false;  // allgather, alltoall: the result went into the caller's `output`
   std::vector<int64_t> output_shape;
   std::vector<int64_t> received_splits;
   int join_result = -1;
@@ -280,6 +281,7 @@ class Engine {
   void run_batch(const std::vector<NameRecord*>& batch, bool fused);
   Status run_one(NameRecord& r, Comm& comm);
   Status allocate_output(EngineOp& op, int64_t rows, int64_t row, int dsize, const std::string& what);
+  static void* offered_output(EngineOp& op, int64_t rows, int64_t offered_rows);
   Status run_fused(const std::vector<NameRecord*>& batch, Comm& comm, const std::string& what);
   void run_inline(NameRecord& r);
   void hand_to_device(const std::vector<NameRecord*>& batch, bool fused, const std::string& what);

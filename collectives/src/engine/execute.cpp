@@ -138,6 +138,13 @@ const void* Engine::prescaled(const void* input, int64_t count, const OpRequest&
   return prescaled_.data();
 }
 
+// The caller's offered output (c_api.h: allgather, alltoall) when the result has the rows it was offered
+// for, else nullptr: the result then goes into a buffer of the engine's own.
+void* Engine::offered_output(EngineOp& op, int64_t rows, int64_t offered_rows) {
+  op.in_offered_output = op.output != nullptr && rows == offered_rows;
+  return op.in_offered_output ? op.output : nullptr;
+}
+
 // The operation's result buffer: a released result's buffer when one is large enough (see kSpareResults).
 Status Engine::allocate_output(EngineOp& op, int64_t rows, int64_t row, int dsize, const std::string& what) {
   const int64_t limit = (int64_t(1) << 62) / dsize;
@@ -187,11 +194,14 @@ Status Engine::run_one(NameRecord& e, Comm& c) {
       }
       void* out;
       if (op != nullptr) {
-        Status allocated = allocate_output(*op, rows, row, dsize, what);
-        if (!allocated.is_ok()) return allocated;
         op->output_shape = req.shape;
         op->output_shape[0] = rows;
-        out = op->owned_output.data();
+        out = offered_output(*op, rows, n * req.rows());
+        if (out == nullptr) {
+          Status allocated = allocate_output(*op, rows, row, dsize, what);
+          if (!allocated.is_ok()) return allocated;
+          out = op->owned_output.data();
+        }
       } else {
         Status allocated = allocate_result(scratch_, rows, row, dsize, what);
         if (!allocated.is_ok()) return allocated;
@@ -228,11 +238,15 @@ Status Engine::run_one(NameRecord& e, Comm& c) {
         op->received_splits[j] = splits[j][me];
         rows = rows < 0 || splits[j][me] > INT64_MAX - rows ? -1 : rows + splits[j][me];
       }
-      Status allocated = allocate_output(*op, rows, row, dsize, what);
-      if (!allocated.is_ok()) return allocated;
       op->output_shape = req.shape;
       op->output_shape[0] = rows;
-      return c.alltoallv(op->input, send_counts, op->owned_output.data(), recv_counts, any.dtype, deadline(), what);
+      void* out = offered_output(*op, rows, req.rows());
+      if (out == nullptr) {
+        Status allocated = allocate_output(*op, rows, row, dsize, what);
+        if (!allocated.is_ok()) return allocated;
+        out = op->owned_output.data();
+      }
+      return c.alltoallv(op->input, send_counts, out, recv_counts, any.dtype, deadline(), what);
     }
     case HPCDL_OP_REDUCESCATTER: {
       std::vector<int64_t> counts(n);

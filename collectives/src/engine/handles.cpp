@@ -78,6 +78,13 @@ Status Engine::enqueue(const hpcdl_request& r, int64_t* handle, bool caller_wait
       if (!apart.is_ok()) return apart;
     }
   }
+  if (has_data && r.output != nullptr && q.placement == HPCDL_PLACEMENT_HOST &&
+      (r.op_type == HPCDL_OP_ALLGATHER || r.op_type == HPCDL_OP_ALLTOALL)) {  // an offered output
+    const size_t bytes = size_t(elements) * dtype_size(r.dtype);
+    const size_t offered = r.op_type == HPCDL_OP_ALLGATHER ? bytes * size_t(n) : bytes;
+    Status apart = check_overlap(op_type_name(r.op_type), r.input, bytes, r.output, offered, nullptr);
+    if (!apart.is_ok()) return apart;
+  }
   if ((r.op_type == HPCDL_OP_ALLGATHER || r.op_type == HPCDL_OP_ALLTOALL || r.op_type == HPCDL_OP_REDUCESCATTER) &&
       q.shape.empty())
     return invalid(std::string(op_type_name(r.op_type)) + " needs a tensor with at least one dimension");
@@ -335,8 +342,10 @@ Status Engine::output(int64_t handle, void** data, int64_t* nbytes, int64_t* sha
   if (op->request.op_type != HPCDL_OP_ALLGATHER && op->request.op_type != HPCDL_OP_ALLTOALL)
     return Status::error(HPCDL_ERR_INVALID, describe(op->request) + " writes into the caller's output buffer; "
                                             "only allgather and alltoall have an engine-allocated output");
-  if (data) *data = op->owned_output.data();
-  if (nbytes) *nbytes = static_cast<int64_t>(op->owned_output.size());
+  int64_t bytes = dtype_size(op->request.dtype);
+  for (int64_t d : op->output_shape) bytes *= d;
+  if (data) *data = op->in_offered_output ? op->output : op->owned_output.data();
+  if (nbytes) *nbytes = bytes;
   if (shape) std::copy(op->output_shape.begin(), op->output_shape.end(), shape);
   return Status::ok();
 }
