@@ -17,6 +17,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from hpcdl.common import basics, engine
+from hpcdl.common.memory import POOL_FROM_BYTES, result_array
 from hpcdl.common.ops import reducescatter_rows
 from hpcdl.common.reduce_ops import runtime_op
 from hpcdl.common.types import OpType
@@ -31,9 +32,12 @@ _ALIGNMENT = 64
 
 
 def _empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """An uninitialized C-contiguous array whose data starts on a 64-byte boundary."""
+    """An uninitialized C-contiguous array whose data starts on a 64-byte boundary: a large one on a warm
+    block of ``hpcdl.common.memory``'s pool (which starts on a page)."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if nbytes >= POOL_FROM_BYTES:
+        return result_array(shape, dtype)
     raw = np.empty(nbytes + _ALIGNMENT, dtype=np.uint8)
     start = -raw.ctypes.data % _ALIGNMENT
     return raw[start : start + nbytes].view(dtype).reshape(shape)
@@ -109,12 +113,15 @@ class Started:
         return self.result()
 
 
-def _engine_output(handle: engine.Handle, wire: Wire, dtype: np.dtype) -> np.ndarray:
-    """An engine-allocated output (allgather, alltoall) as an array of the tensor's dtype."""
-    shape = handle.output_shape()
+def _engine_output(handle: engine.Handle, wire: Wire, dtype: np.dtype, offered: np.ndarray) -> np.ndarray:
+    """An allgather's or alltoall's result as an array of the tensor's dtype: ``offered`` itself when the
+    engine wrote it there (the usual result, offered at submission, see c_api.h), else a copy of the
+    engine's own buffer."""
+    address, _, shape = handle.output_bytes()
     if wire.pairs:
         shape = shape[:-1]
-    return wire.receive(handle.output(), dtype, shape)
+    fits = offered.size > 0 and address == offered.ctypes.data
+    return wire.receive(offered if fits else handle.output(), dtype, shape)
 
 
 @dataclass(frozen=True)
@@ -177,6 +184,10 @@ def allgather(
 ) -> Started:
     """Concatenate every member's arrays along dimension 0 (``placed``: their groups, see :func:`place`)."""
     sources = [w.send(a) for a, w in zip(arrays, wires)]
+    # The usual result (every member's rows alike), offered to the engine: written there, it is returned
+    # without a copy, aligned for TensorFlow to adopt.
+    size = basics.process_set_size(process_set)
+    offered = [_empty((size * src.shape[0], *src.shape[1:]), src.dtype) for src in sources]
 
     def submit(i: int) -> engine.Handle:
         src, wire = sources[i], wires[i]
@@ -186,16 +197,18 @@ def allgather(
             process_set,
             wire.runtime,
             src,
-            None,
+            offered[i],
             src.shape,
             group_id=placed[i][0],
             group_size=placed[i][1],
-            keep=(src,),
+            keep=(src, offered[i]),
         )
 
     return Started(
         _submit_all(submit, len(arrays)),
-        lambda handles: [_engine_output(h, w, a.dtype) for h, w, a in zip(handles, wires, arrays)],
+        lambda handles: [
+            _engine_output(h, w, a.dtype, o) for h, w, a, o in zip(handles, wires, arrays, offered)
+        ],
     )
 
 
@@ -236,15 +249,18 @@ def alltoall(
     """Send ``splits[i]`` rows to member i (even split when None); the result is (rows received, rows
     received from each member as int32)."""
     src = wire.send(array)
+    offered = _empty(src.shape, src.dtype)  # the usual result: as many rows as sent (see allgather)
 
     def submit(_: int) -> engine.Handle:
         return engine.submit(
-            OpType.ALLTOALL, name, process_set, wire.runtime, src, None, src.shape, splits=splits, keep=(src,)
-        )
+            OpType.ALLTOALL, name, process_set, wire.runtime, src, offered, src.shape, splits=splits,
+            keep=(src, offered),
+        )  # fmt: skip
 
     def collect(handles: list[engine.Handle]) -> list[np.ndarray]:
         [h] = handles
-        return [_engine_output(h, wire, array.dtype), np.asarray(h.received_splits(), dtype=np.int32)]
+        received = np.asarray(h.received_splits(), dtype=np.int32)
+        return [_engine_output(h, wire, array.dtype, offered), received]
 
     return Started(_submit_all(submit, 1), collect)
 

@@ -173,6 +173,45 @@ def check_allgather_broadcast_alltoall_reducescatter_every_dtype() -> None:
                 assert_close(out[4], truth, f"{mode} reducescatter {dtype.name}", TOLERANCE.get(dtype, 0.0))
 
 
+def check_even_allgather_and_alltoall_return_the_offered_output() -> None:
+    """An allgather or alltoall offers the engine its usual result (every rank's rows alike) and returns
+    that array itself, aligned for TensorFlow to adopt: no copy. An uneven one gets a copy, also right."""
+    from hpcdl.tensorflow import _engine
+    from hpcdl.tensorflow._dtypes import wire_of
+
+    r, n = hvd.rank(), hvd.size()
+    wire = wire_of(tf.float32)
+    offered: list[np.ndarray] = []
+    empty = _engine._empty
+
+    def remember(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        offered.append(empty(shape, dtype))
+        return offered[-1]
+
+    for what in ("even", "uneven"):
+        rows = 2 * n if what == "even" else r * r + 1  # uneven: no rank's offer has the result's size
+        splits = [2] * n if what == "even" else [rows] + [0] * (n - 1)  # uneven: every rank sends to rank 0
+        offered.clear()
+        _engine._empty = remember  # type: ignore[assignment]
+        try:
+            mine = values(r, (rows, 3), tf.float32)
+            (gathered,) = _engine.allgather([mine], [wire], [f"offer.{what}"], 0, [(0, 0)]).finish()
+            exchanged, _ = _engine.alltoall(mine, wire, splits, f"offer.{what}.a", 0).finish()
+        finally:
+            _engine._empty = empty  # type: ignore[assignment]
+        rows_of = [2 * n if what == "even" else k * k + 1 for k in range(n)]
+        assert_close(
+            gathered, np.concatenate([values(k, (rows_of[k], 3), tf.float32) for k in range(n)]), what
+        )
+        fits = what == "even" or n == 1
+        assert np.shares_memory(gathered, offered[0]) == fits, (what, "allgather")
+        assert np.shares_memory(exchanged, offered[1]) == fits, (what, "alltoall")
+        if fits:
+            assert gathered.ctypes.data % 64 == 0 and exchanged.ctypes.data % 64 == 0, what
+            want = np.concatenate([values(k, (rows, 3), tf.float32)[2 * r : 2 * r + 2] for k in range(n)])
+            assert_close(exchanged, want, f"{what} alltoall")
+
+
 def check_static_shapes_in_a_graph() -> None:
     n = hvd.size()
     shapes = {}
@@ -625,6 +664,7 @@ SCENARIOS: dict[str, list[Check]] = {
         check_topology_and_build_facts,
         check_allreduce_every_op_and_dtype,
         check_allgather_broadcast_alltoall_reducescatter_every_dtype,
+        check_even_allgather_and_alltoall_return_the_offered_output,
         check_static_shapes_in_a_graph,
         check_scaling_average_flag_and_compression,
         check_indexed_slices_are_allgathered,
