@@ -280,8 +280,8 @@ class Engine {
   std::string join_conflict(const NameRecord& r);
   void run_batch(const std::vector<NameRecord*>& batch, bool fused);
   Status run_one(NameRecord& r, Comm& comm);
-  Status allocate_output(EngineOp& op, int64_t rows, int64_t row, int dsize, const std::string& what);
-  static void* offered_output(EngineOp& op, int64_t rows, int64_t offered_rows);
+  Status place_output(EngineOp& op, int64_t rows, int64_t offered_rows, int64_t row, int dsize,
+                      const std::string& what, void** out);
   Status run_fused(const std::vector<NameRecord*>& batch, Comm& comm, const std::string& what);
   void run_inline(NameRecord& r);
   void hand_to_device(const std::vector<NameRecord*>& batch, bool fused, const std::string& what);

@@ -138,21 +138,24 @@ const void* Engine::prescaled(const void* input, int64_t count, const OpRequest&
   return prescaled_.data();
 }
 
-// The caller's offered output (c_api.h: allgather, alltoall) when the result has the rows it was offered
-// for, else nullptr: the result then goes into a buffer of the engine's own.
-void* Engine::offered_output(EngineOp& op, int64_t rows, int64_t offered_rows) {
+// Where an allgather's or alltoall's result of `rows` rows goes (*out): the caller's offered output (c_api.h)
+// when the result has the rows it was offered for, else the engine's own buffer, a released result's when
+// one is large enough (see kSpareResults).
+Status Engine::place_output(EngineOp& op, int64_t rows, int64_t offered_rows, int64_t row, int dsize,
+                            const std::string& what, void** out) {
   op.in_offered_output = op.output != nullptr && rows == offered_rows;
-  return op.in_offered_output ? op.output : nullptr;
-}
-
-// The operation's result buffer: a released result's buffer when one is large enough (see kSpareResults).
-Status Engine::allocate_output(EngineOp& op, int64_t rows, int64_t row, int dsize, const std::string& what) {
+  if (op.in_offered_output) {
+    *out = op.output;
+    return Status::ok();
+  }
   const int64_t limit = (int64_t(1) << 62) / dsize;
   if (rows >= 0 && (row == 0 || rows <= limit / row)) {
     std::lock_guard<std::mutex> lock(mutex_);
     reuse_result_buffer(op.owned_output, static_cast<size_t>(rows * row * dsize));
   }
-  return allocate_result(op.owned_output, rows, row, dsize, what);
+  Status allocated = allocate_result(op.owned_output, rows, row, dsize, what);
+  *out = op.owned_output.data();
+  return allocated;
 }
 
 Status Engine::run_one(NameRecord& e, Comm& c) {
@@ -196,12 +199,8 @@ Status Engine::run_one(NameRecord& e, Comm& c) {
       if (op != nullptr) {
         op->output_shape = req.shape;
         op->output_shape[0] = rows;
-        out = offered_output(*op, rows, n * req.rows());
-        if (out == nullptr) {
-          Status allocated = allocate_output(*op, rows, row, dsize, what);
-          if (!allocated.is_ok()) return allocated;
-          out = op->owned_output.data();
-        }
+        Status placed = place_output(*op, rows, n * req.rows(), row, dsize, what, &out);
+        if (!placed.is_ok()) return placed;
       } else {
         Status allocated = allocate_result(scratch_, rows, row, dsize, what);
         if (!allocated.is_ok()) return allocated;
@@ -240,12 +239,9 @@ Status Engine::run_one(NameRecord& e, Comm& c) {
       }
       op->output_shape = req.shape;
       op->output_shape[0] = rows;
-      void* out = offered_output(*op, rows, req.rows());
-      if (out == nullptr) {
-        Status allocated = allocate_output(*op, rows, row, dsize, what);
-        if (!allocated.is_ok()) return allocated;
-        out = op->owned_output.data();
-      }
+      void* out;
+      Status placed = place_output(*op, rows, req.rows(), row, dsize, what, &out);
+      if (!placed.is_ok()) return placed;
       return c.alltoallv(op->input, send_counts, out, recv_counts, any.dtype, deadline(), what);
     }
     case HPCDL_OP_REDUCESCATTER: {

@@ -66,23 +66,17 @@ Status Engine::enqueue(const hpcdl_request& r, int64_t* handle, bool caller_wait
   if (has_data && r.input == nullptr) return invalid("the request has no input buffer");
   const bool caller_owns_output =
       r.op_type == HPCDL_OP_ALLREDUCE || r.op_type == HPCDL_OP_BROADCAST || r.op_type == HPCDL_OP_REDUCESCATTER;
-  if (has_data && caller_owns_output) {
-    if (r.output == nullptr)
-      return invalid(std::string(op_type_name(r.op_type)) + " needs a caller-owned output buffer (it may equal the input)");
-    if (q.placement == HPCDL_PLACEMENT_HOST) {
-      const size_t bytes = size_t(elements) * dtype_size(r.dtype);
-      const size_t out_bytes = r.op_type == HPCDL_OP_REDUCESCATTER  // this member's rows
-                                   ? bytes / size_t(q.rows()) * size_t(q.rows_of_member(me, n))
-                                   : bytes;
-      Status apart = check_overlap(op_type_name(r.op_type), r.input, bytes, r.output, out_bytes, r.output);
-      if (!apart.is_ok()) return apart;
-    }
-  }
-  if (has_data && r.output != nullptr && q.placement == HPCDL_PLACEMENT_HOST &&
-      (r.op_type == HPCDL_OP_ALLGATHER || r.op_type == HPCDL_OP_ALLTOALL)) {  // an offered output
+  if (has_data && caller_owns_output && r.output == nullptr)
+    return invalid(std::string(op_type_name(r.op_type)) + " needs a caller-owned output buffer (it may equal the input)");
+  if (has_data && r.output != nullptr && q.placement == HPCDL_PLACEMENT_HOST) {
+    // The output lies apart from the input: the caller's own output may also hold it exactly in place, an
+    // output offered for an allgather's or alltoall's result (c_api.h) may not.
     const size_t bytes = size_t(elements) * dtype_size(r.dtype);
-    const size_t offered = r.op_type == HPCDL_OP_ALLGATHER ? bytes * size_t(n) : bytes;
-    Status apart = check_overlap(op_type_name(r.op_type), r.input, bytes, r.output, offered, nullptr);
+    size_t out_bytes = bytes;
+    if (r.op_type == HPCDL_OP_REDUCESCATTER) out_bytes = bytes / size_t(q.rows()) * size_t(q.rows_of_member(me, n));
+    if (r.op_type == HPCDL_OP_ALLGATHER) out_bytes = bytes * size_t(n);
+    Status apart = check_overlap(op_type_name(r.op_type), r.input, bytes, r.output, out_bytes,
+                                 caller_owns_output ? r.output : nullptr);
     if (!apart.is_ok()) return apart;
   }
   if ((r.op_type == HPCDL_OP_ALLGATHER || r.op_type == HPCDL_OP_ALLTOALL || r.op_type == HPCDL_OP_REDUCESCATTER) &&
