@@ -472,9 +472,8 @@ Status ShmComm::reduce_segments(const Segment* segments, size_t nseg, int dtype,
     return s.recv != s.send && size_t(s.count) * es >= kStreamResultsFrom;
   };
   for (int64_t off = 0; off < count; off += chunk_elems) {
-    const auto chunk_start = Clock::now();
-    const bool chunk_streamed = stores_[kAllreduceChunk].streaming();
     const int64_t ce = std::min(chunk_elems, count - off);
+    const Chunk timed = begin_chunk(kAllreduceChunk, ce == chunk_elems);
     int64_t part = (ce + size_ - 1) / size_;
     part = int64_t((size_t(part) + align - 1) / align * align);
     auto part_begin = [&](int p) { return std::min<int64_t>(int64_t(p) * part, ce); };
@@ -487,11 +486,8 @@ Status ShmComm::reduce_segments(const Segment* segments, size_t nseg, int dtype,
         stores_[kAllreduceChunk].copy(to + size_t(rel) * es, input(s, at), size_t(len) * es);
       });
     }
-    share_chunk_time();
-    publish();
-    st = wait_all(deadline, what);
+    st = publish_chunk(deadline, what);
     if (!st.is_ok()) return st;
-    record_slowest_chunk();
     const uint32_t staged = step_;
     const int64_t mine = part_len(rank_), mine_at = part_begin(rank_);
     if (mine > 0) {
@@ -531,29 +527,36 @@ Status ShmComm::reduce_segments(const Segment* segments, size_t nseg, int dtype,
           line_copy(output(s, at), from + size_t(rel) * es, size_t(len) * es);
       });
     }
-    if (ce == chunk_elems) chunk_done(kAllreduceChunk, chunk_start, chunk_streamed);
+    end_chunk(timed);
   }
   return Status::ok();
 }
 
-void ShmComm::chunk_done(ChunkKind kind, Clock::time_point start, bool streamed) {
-  last_chunk_kind_ = kind;
-  last_chunk_streamed_ = streamed;
-  last_chunk_ns_ = uint64_t(
-      std::max<int64_t>(1, std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count()));
+ShmComm::Chunk ShmComm::begin_chunk(ChunkKind kind, bool full) const {
+  return {kind, full, stores_[kind].streaming(), full ? Clock::now() : Clock::time_point()};
 }
 
-// Before the publish of every chunk's first step: the peers read it once that step is everyone's.
-void ShmComm::share_chunk_time() { ctl(rank_).chunk_ns.store(last_chunk_ns_, std::memory_order_relaxed); }
-
-// Called when every member has published the step that carries its last chunk time. The members ran the
-// same chunks, so either all or none of them has a time, of the same kind; all feed the same (slowest) one
-// to that kind's StagingStores, which then make the same choices on every rank.
-void ShmComm::record_slowest_chunk() {
+// The previous full chunk's time goes out with this step; once every member has published it, the members
+// ran the same chunks, so either all or none of them has a time, of the same kind: all feed the same
+// (slowest) one to that kind's StagingStores, which then make the same choices on every rank.
+Status ShmComm::publish_chunk(Deadline deadline, const std::string& what) {
+  ctl(rank_).chunk_ns.store(last_chunk_ns_, std::memory_order_relaxed);
+  publish();
+  Status st = wait_all(deadline, what);
+  if (!st.is_ok()) return st;
   uint64_t slowest = 0;
   for (int r = 0; r < size_; ++r) slowest = std::max(slowest, ctl(r).chunk_ns.load(std::memory_order_relaxed));
   if (slowest > 0) stores_[last_chunk_kind_].record_chunk(double(slowest) * 1e-9, last_chunk_streamed_);
   last_chunk_ns_ = 0;
+  return st;
+}
+
+void ShmComm::end_chunk(const Chunk& chunk) {
+  if (!chunk.full) return;
+  last_chunk_kind_ = chunk.kind;
+  last_chunk_streamed_ = chunk.streamed;
+  last_chunk_ns_ = uint64_t(std::max<int64_t>(
+      1, std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - chunk.start).count()));
 }
 
 // ---- allgatherv --------------------------------------------------------------------------------------
@@ -581,24 +584,20 @@ Status ShmComm::allgatherv(const void* send, void* recv, const std::vector<int64
   if (mine && own != in && !apart) std::memmove(own, in, mine);
   const size_t chunk = params_.chunk_bytes;
   for (size_t at = 0; at < size_t(largest) * es; at += chunk) {
-    const bool full = at + chunk <= size_t(smallest) * es;  // every member stages and reads a whole chunk
-    const auto chunk_start = full ? Clock::now() : Clock::time_point();
-    const bool chunk_streamed = stores_[kAllgatherChunk].streaming();
+    // timed when every member stages and reads a whole chunk
+    const Chunk timed = begin_chunk(kAllgatherChunk, at + chunk <= size_t(smallest) * es);
     if (at < mine) {
       const size_t n = std::min(chunk, mine - at);
       stores_[kAllgatherChunk].copy(slot(rank_, step_ + 1), in + at, n);
       if (own != in && apart) line_copy(own + at, in + at, n);
     }
-    share_chunk_time();
-    publish();
-    st = wait_all(deadline, what);
+    st = publish_chunk(deadline, what);
     if (!st.is_ok()) return st;
-    record_slowest_chunk();
     for (int r = 0; r < size_; ++r) {
       size_t theirs = size_t(counts[size_t(r)]) * es;
       if (r != rank_ && at < theirs) line_copy(out + offset[size_t(r)] + at, slot(r, step_), std::min(chunk, theirs - at));
     }
-    if (full) chunk_done(kAllgatherChunk, chunk_start, chunk_streamed);
+    end_chunk(timed);
   }
   return Status::ok();
 }
@@ -640,16 +639,12 @@ Status ShmComm::broadcast(void* buf, int64_t count, int dtype, int root, Deadlin
   auto* data = static_cast<char*>(buf);
   for (size_t at = 0; at < bytes; at += params_.chunk_bytes) {
     size_t n = std::min(params_.chunk_bytes, bytes - at);
-    const auto chunk_start = n == params_.chunk_bytes ? Clock::now() : Clock::time_point();
-    const bool chunk_streamed = stores_[kBroadcastChunk].streaming();
+    const Chunk timed = begin_chunk(kBroadcastChunk, n == params_.chunk_bytes);
     if (rank_ == root) stores_[kBroadcastChunk].copy(slot(rank_, step_ + 1), data + at, n);
-    share_chunk_time();
-    publish();
-    st = wait_all(deadline, what);
+    st = publish_chunk(deadline, what);
     if (!st.is_ok()) return st;
-    record_slowest_chunk();
     if (rank_ != root) std::memcpy(data + at, slot(root, step_), n);
-    if (n == params_.chunk_bytes) chunk_done(kBroadcastChunk, chunk_start, chunk_streamed);
+    end_chunk(timed);
   }
   return Status::ok();
 }
@@ -683,25 +678,21 @@ Status ShmComm::alltoallv(const void* send, const std::vector<int64_t>& send_cou
   if (recv_counts[me]) std::memmove(out + roff[me], in + soff[me], size_t(recv_counts[me]) * es);
   const size_t sub = std::max<size_t>(64, params_.chunk_bytes / n / 64 * 64);
   for (size_t at = 0; at < largest; at += sub) {
-    const bool full = at + sub <= smallest;  // every member stages and reads a whole piece for each peer
-    const auto chunk_start = full ? Clock::now() : Clock::time_point();
-    const bool chunk_streamed = stores_[kAlltoallChunk].streaming();
+    // timed when every member stages and reads a whole piece for each peer
+    const Chunk timed = begin_chunk(kAlltoallChunk, at + sub <= smallest);
     char* stage = slot(rank_, step_ + 1);
     for (size_t j = 0; j < n; ++j) {
       size_t len = size_t(send_counts[j]) * es;
       if (j != me && at < len)
         stores_[kAlltoallChunk].copy(stage + j * sub, in + soff[j] + at, std::min(sub, len - at));
     }
-    share_chunk_time();
-    publish();
-    st = wait_all(deadline, what);
+    st = publish_chunk(deadline, what);
     if (!st.is_ok()) return st;
-    record_slowest_chunk();
     for (size_t i = 0; i < n; ++i) {
       size_t len = size_t(recv_counts[i]) * es;
       if (i != me && at < len) std::memcpy(out + roff[i] + at, slot(int(i), step_) + me * sub, std::min(sub, len - at));
     }
-    if (full) chunk_done(kAlltoallChunk, chunk_start, chunk_streamed);
+    end_chunk(timed);
   }
   return Status::ok();
 }
@@ -730,19 +721,14 @@ Status ShmComm::reducescatter(const void* send, void* recv, const std::vector<in
   const int64_t sub = int64_t(std::max<size_t>(64, params_.chunk_bytes / n / 64 * 64) / es);
   std::vector<const void*> srcs(n);
   for (int64_t at = 0; at < largest; at += sub) {
-    const bool full = at + sub <= smallest;  // as in alltoallv
-    const auto chunk_start = full ? Clock::now() : Clock::time_point();
-    const bool chunk_streamed = stores_[kReducescatterChunk].streaming();
+    const Chunk timed = begin_chunk(kReducescatterChunk, at + sub <= smallest);  // as in alltoallv
     char* stage = slot(rank_, step_ + 1);
     for (size_t j = 0; j < n; ++j)
       if (j != me && at < recv_counts[j])
         stores_[kReducescatterChunk].copy(stage + j * size_t(sub) * es, in + size_t(seg[j] + at) * es,
                                           size_t(std::min(sub, recv_counts[j] - at)) * es);
-    share_chunk_time();
-    publish();
-    st = wait_all(deadline, what);
+    st = publish_chunk(deadline, what);
     if (!st.is_ok()) return st;
-    record_slowest_chunk();
     if (at < recv_counts[me]) {
       for (size_t r = 0; r < n; ++r)
         srcs[r] = r == me ? static_cast<const void*>(in + size_t(seg[me] + at) * es)
@@ -750,7 +736,7 @@ Status ShmComm::reducescatter(const void* send, void* recv, const std::vector<in
       reduce(out + size_t(at) * es, srcs.data(), size_, std::min(sub, recv_counts[me] - at), dtype, op, prescale,
              postscale, size_);
     }
-    if (full) chunk_done(kReducescatterChunk, chunk_start, chunk_streamed);
+    end_chunk(timed);
   }
   return Status::ok();
 }

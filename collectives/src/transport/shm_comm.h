@@ -92,12 +92,18 @@ class ShmComm : public Comm {
   Status agree(const OpDesc& desc, Deadline deadline, const std::string& what, std::vector<OpDesc>* all = nullptr);
   Status reduce_segments(const Segment* segments, size_t nseg, int dtype, int op, double prescale,
                          double postscale, Deadline deadline, const std::string& what);
-  // A full chunk, which every member ran, ends with chunk_done (`streamed`: how it was staged); its time
-  // travels with the next chunk's publish (share_chunk_time) and every member records the slowest
-  // member's (record_slowest_chunk).
-  void chunk_done(ChunkKind kind, Clock::time_point start, bool streamed);
-  void share_chunk_time();
-  void record_slowest_chunk();
+  // A chunk of one kind of collective, timed for its StagingStores when every member runs it in full:
+  // begin_chunk at its start, publish_chunk for its first step (publish and wait, carrying the previous
+  // full chunk's time to the peers and recording the slowest member's), end_chunk at its end.
+  struct Chunk {
+    ChunkKind kind;
+    bool full;
+    bool streamed;  // staged with streaming stores
+    Clock::time_point start;
+  };
+  Chunk begin_chunk(ChunkKind kind, bool full) const;
+  Status publish_chunk(Deadline deadline, const std::string& what);
+  void end_chunk(const Chunk& chunk);
   Status check_usable() const;
   Status fail(Status status);
 
