@@ -44,6 +44,8 @@ static handle_fn poll_ptr;
 static __typeof__(&hpcdl_release) release_ptr;
 static __typeof__(&hpcdl_allreduce) allreduce_ptr;
 static __typeof__(&hpcdl_run) run_ptr;
+static __typeof__(&hpcdl_output) output_ptr;
+static __typeof__(&hpcdl_received_splits) received_splits_ptr;
 static PyObject* raise_status; /* Python callable: raises the hpcdl exception for a status */
 static PyObject* error_class;   /* hpcdl.common.exceptions.HpcdlError */
 /* What allreduce() accepts without the Python helper: numpy.ndarray, and the buffer formats of the dtypes
@@ -73,15 +75,17 @@ static PyObject* fail(int status) {
   return NULL;
 }
 
-/* bind(enqueue, wait, poll, release, allreduce, run, raise_status, error_class, array_type, formats): the
+/* bind(enqueue, wait, poll, release, allreduce, run, output, received_splits, raise_status, error_class,
+ * array_type, formats): the
  * functions' addresses in the loaded runtime, the callable that raises for a status, the exception class
  * of bad submissions, numpy.ndarray and a dict {buffer format: runtime dtype code}. */
-#define NFUNCTIONS 6
+#define NFUNCTIONS 8
 static PyObject* bind(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != NFUNCTIONS + 4 || !PyType_Check(args[NFUNCTIONS + 2]) || !PyDict_Check(args[NFUNCTIONS + 3]) ||
       PyDict_GET_SIZE(args[NFUNCTIONS + 3]) > MAX_FORMATS) {
     PyErr_SetString(PyExc_TypeError,
-                    "bind() takes the addresses of enqueue, wait, poll, release, allreduce and run, raise_status, "
+                    "bind() takes the addresses of enqueue, wait, poll, release, allreduce, run, output and "
+                    "received_splits, raise_status, "
                     "error_class, the array type and a dict of at most 16 buffer formats");
     return NULL;
   }
@@ -116,6 +120,8 @@ static PyObject* bind(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   release_ptr = (__typeof__(&hpcdl_release))f[3];
   allreduce_ptr = (__typeof__(&hpcdl_allreduce))f[4];
   run_ptr = (__typeof__(&hpcdl_run))f[5];
+  output_ptr = (__typeof__(&hpcdl_output))f[6];
+  received_splits_ptr = (__typeof__(&hpcdl_received_splits))f[7];
   Py_XSETREF(raise_status, Py_NewRef(args[NFUNCTIONS]));
   Py_XSETREF(error_class, Py_NewRef(args[NFUNCTIONS + 1]));
   Py_RETURN_NONE;
@@ -233,6 +239,51 @@ static PyObject* handle_result(HandleObject* self, PyObject* unused) {
   Py_RETURN_NONE;
 }
 
+/* (address, bytes, shape) of an allgather's or alltoall's result: the output offered at submission when the
+ * result fitted it (c_api.h), else the engine's own buffer, valid until the handle is released. */
+static PyObject* handle_output_bytes(HandleObject* self, PyObject* unused) {
+  if (!check_live(self)) return NULL;
+  void* data = NULL;
+  int64_t nbytes = 0, shape[MAX_DIMS];
+  if (self->ndim < 0 || self->ndim > MAX_DIMS) {
+    PyErr_Format(PyExc_ValueError, "handle %lld has %d dimensions", self->id, self->ndim);
+    return NULL;
+  }
+  int status = output_ptr(self->id, &data, &nbytes, shape);
+  if (status != HPCDL_OK) return fail(status);
+  PyObject* dims = PyTuple_New(self->ndim);
+  if (dims == NULL) return NULL;
+  for (int i = 0; i < self->ndim; ++i) {
+    PyObject* d = PyLong_FromLongLong(shape[i]);
+    if (d == NULL) {
+      Py_DECREF(dims);
+      return NULL;
+    }
+    PyTuple_SET_ITEM(dims, i, d);
+  }
+  return Py_BuildValue("(NLN)", PyLong_FromVoidPtr(data), (long long)nbytes, dims);
+}
+
+/* alltoall: the rows received from each member of the process set, as a list. */
+static PyObject* handle_received_splits(HandleObject* self, PyObject* unused) {
+  if (!check_live(self)) return NULL;
+  int64_t few[64];
+  int64_t* splits = few;
+  int count = received_splits_ptr(self->id, few, 64);
+  if (count > 64) { /* a set of more than 64 members: ask again with room for all */
+    if ((splits = PyMem_Malloc(sizeof(int64_t) * (size_t)count)) == NULL) return PyErr_NoMemory();
+    count = received_splits_ptr(self->id, splits, count);
+  }
+  PyObject* list = count < 0 ? fail(-count) : PyList_New(count);
+  for (int i = 0; list != NULL && i < count; ++i) {
+    PyObject* v = PyLong_FromLongLong(splits[i]);
+    if (v == NULL) Py_CLEAR(list);
+    else PyList_SET_ITEM(list, i, v);
+  }
+  if (splits != few) PyMem_Free(splits);
+  return list;
+}
+
 static PyMethodDef handle_methods[] = {
     {"_check_live", (PyCFunction)handle_check_live, METH_NOARGS, "Raise HpcdlError if the handle was released."},
     {"poll", (PyCFunction)handle_poll, METH_NOARGS, "True when the operation finished; raises if it failed."},
@@ -243,6 +294,11 @@ static PyMethodDef handle_methods[] = {
      "until it finishes."},
     {"result", (PyCFunction)handle_result, METH_NOARGS,
      "What the NumPy helper that created this handle promises (after wait()), or None."},
+    {"output_bytes", (PyCFunction)handle_output_bytes, METH_NOARGS,
+     "allgather, alltoall: (address, bytes, shape) of the result: the offered output when the result fitted "
+     "it, else the engine's own buffer, valid until release()."},
+    {"received_splits", (PyCFunction)handle_received_splits, METH_NOARGS,
+     "alltoall: the rows received from each member of the process set."},
     {NULL, NULL, 0, NULL},
 };
 

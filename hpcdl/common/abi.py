@@ -210,7 +210,16 @@ FUNCTIONS: dict[str, tuple[Any, tuple[Any, ...]]] = {
 }
 
 # What _hotpath calls, by address, in this order (see hpcdl/common/_hotpath.c: bind()).
-HOTPATH = ("hpcdl_enqueue", "hpcdl_wait", "hpcdl_poll", "hpcdl_release", "hpcdl_allreduce", "hpcdl_run")
+HOTPATH = (
+    "hpcdl_enqueue",
+    "hpcdl_wait",
+    "hpcdl_poll",
+    "hpcdl_release",
+    "hpcdl_allreduce",
+    "hpcdl_run",
+    "hpcdl_output",
+    "hpcdl_received_splits",
+)
 
 
 def declare(lib: ctypes.CDLL) -> None:

@@ -72,9 +72,12 @@ class Handle(_hotpath.HandleBase):
 
     ``poll()`` (True when finished; raises if it failed), ``wait(timeout=None)`` (blocks; None: the
     runtime's timeout), ``release()`` (idempotent; a running operation's buffers stay alive until it
-    finishes) and ``result()`` (what the NumPy helper that created it promises, after ``wait``) are
-    implemented in C (``hpcdl/common/_hotpath.c``), like the handle's creation by
-    :func:`enqueue`: they run once per tensor per training step.
+    finishes), ``result()`` (what the NumPy helper that created it promises, after ``wait``), and an
+    allgather's or alltoall's ``output_bytes()`` (address, bytes and shape of the result: the output offered
+    at submission when the result fitted it, c_api.h, else the engine's own buffer, valid until the handle
+    is released) and an alltoall's ``received_splits()`` (rows from each member) are implemented in C
+    (``hpcdl/common/_hotpath.c``), like the handle's creation by :func:`enqueue`: they run once per tensor
+    per training step.
     """
 
     __slots__ = ()
@@ -90,30 +93,6 @@ class Handle(_hotpath.HandleBase):
 
     def output_shape(self) -> tuple[int, ...]:
         return self.output_bytes()[2]
-
-    def output_bytes(self) -> tuple[int, int, tuple[int, ...]]:
-        """The result of an allgather or alltoall where it lies: its address, its size in bytes and its
-        shape. That is the output offered at submission when the result fitted it (c_api.h), else the
-        engine's own buffer, valid until the handle is released (a caller copies it into a buffer of its
-        own)."""
-        self._check_live()
-        data = ctypes.c_void_p()
-        nbytes = ctypes.c_int64()
-        shape = (ctypes.c_int64 * self._ndim)()
-        status = _lib().hpcdl_output(self.id, ctypes.byref(data), ctypes.byref(nbytes), shape)
-        if status != _OK:
-            _raise(status)
-        return data.value or 0, nbytes.value, tuple(shape)
-
-    def received_splits(self) -> list[int]:
-        """alltoall: rows received from each member of the process set."""
-        self._check_live()
-        capacity = 4096
-        splits = (ctypes.c_int64 * capacity)()
-        count = _lib().hpcdl_received_splits(self.id, splits, capacity)
-        if count < 0:
-            _raise(-count)
-        return [int(splits[i]) for i in range(min(count, capacity))]
 
     def join_result(self) -> int:
         """join: the last rank to join."""

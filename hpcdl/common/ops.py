@@ -103,18 +103,21 @@ def allreduce(
     return out
 
 
-def _exchange_shapes(a: np.ndarray, process_set: int, what: str) -> list[tuple[int, ...]]:
-    """Every rank's shape (first dimension may differ), checking ranks agree on the trailing ones."""
+def _exchange_shapes(a: np.ndarray, process_set: int, what: str) -> Optional[list[tuple[int, ...]]]:
+    """Every rank's shape (first dimension may differ), checking ranks agree on the trailing ones; None when
+    every rank's shape is this one's (the usual case, told apart from the raw rows without building them)."""
     size, _ = _set_size(process_set)
+    if a.ndim > 8:
+        raise HpcdlConfigError(f"{what}: arrays of more than 8 dimensions are not supported")
     mine = np.zeros(9, dtype=np.int64)
     mine[0] = a.ndim
     mine[1 : 1 + a.ndim] = a.shape
-    if a.ndim > 8:
-        raise HpcdlConfigError(f"{what}: arrays of more than 8 dimensions are not supported")
     everyone = np.empty(9 * size, dtype=np.int64)
     library.check(
         library.load().hpcdl_allgather(_ptr(mine), 9, _ptr(everyone), None, int(DType.INT64), process_set)
     )
+    if a.ndim and everyone.tobytes() == mine.tobytes() * size:
+        return None
     shapes = [tuple(int(x) for x in row[1 : 1 + int(row[0])]) for row in everyone.reshape(size, 9)]
     trailing = {s[1:] for s in shapes}
     if len(trailing) > 1 or any(len(s) == 0 for s in shapes):
@@ -131,12 +134,14 @@ def allgather(a: np.ndarray, process_set: int = 0, dtype: Optional[DType] = None
     src = _contiguous(a, "allgather")
     kind = _resolve_dtype(src, dtype)
     shapes = _exchange_shapes(src, process_set, "allgather")
-    row = int(np.prod(src.shape[1:], dtype=np.int64))
-    counts = [s[0] * row for s in shapes]
-    out = result_array((sum(s[0] for s in shapes), *src.shape[1:]), src.dtype)
-    code = library.load().hpcdl_allgather(
-        _ptr(src), src.size, _ptr(out), _counts(counts), int(kind), process_set
-    )
+    if shapes is None:  # every rank's shape is this one's
+        counts = None
+        out = result_array((_set_size(process_set)[0] * src.shape[0], *src.shape[1:]), src.dtype)
+    else:
+        row = int(np.prod(src.shape[1:], dtype=np.int64))
+        counts = _counts([s[0] * row for s in shapes])
+        out = result_array((sum(s[0] for s in shapes), *src.shape[1:]), src.dtype)
+    code = library.load().hpcdl_allgather(_ptr(src), src.size, _ptr(out), counts, int(kind), process_set)
     library.check(code)
     return out
 

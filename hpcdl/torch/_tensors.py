@@ -17,11 +17,10 @@ import ctypes
 import math
 from typing import TYPE_CHECKING, Optional
 
-import numpy as np
 import torch
 
 from hpcdl.common.exceptions import HpcdlConfigError, HpcdlInternalError
-from hpcdl.common.memory import result_array
+from hpcdl.common.memory import POOL_FROM_BYTES, result_buffer
 from hpcdl.common.types import Buffer, DType
 
 if TYPE_CHECKING:
@@ -108,12 +107,13 @@ def overlaps_itself(tensor: torch.Tensor) -> bool:
 
 
 def new_result(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A new contiguous CPU tensor for a result, on a result array of ``hpcdl.common.memory`` (from 4 MiB
-    on a block of its pool: on huge pages, and warm once an earlier result of its size has died)."""
+    """A new contiguous CPU tensor for a result: from :data:`~hpcdl.common.memory.POOL_FROM_BYTES` on, over
+    a block of ``hpcdl.common.memory``'s pool (on huge pages, and warm once an earlier result of its size has
+    died; like any tensor made from a buffer, it cannot be resized beyond its size), else torch's own."""
     nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes == 0:
+    if nbytes < POOL_FROM_BYTES:
         return torch.empty(shape, dtype=dtype)
-    return torch.from_numpy(result_array((nbytes,), np.uint8)).view(dtype).reshape(shape)
+    return torch.frombuffer(result_buffer(nbytes), dtype=dtype).view(shape)
 
 
 def tensor_from_output(
@@ -126,7 +126,7 @@ def tensor_from_output(
     if nbytes != math.prod(shape) * dtype.itemsize:
         raise HpcdlInternalError(f"the engine returned {nbytes} bytes for a {dtype} result of {list(shape)}")
     if offered is not None and nbytes and address == offered.data_ptr():
-        return offered.view(shape)
+        return offered if offered.shape == shape else offered.view(shape)  # a view costs 1 us
     result = new_result(shape, dtype)
     if nbytes:
         ctypes.memmove(result.data_ptr(), address, nbytes)

@@ -22,7 +22,7 @@ import torch
 from hpcdl import common
 from hpcdl.common import engine
 from hpcdl.common.exceptions import HpcdlConfigError
-from hpcdl.common.memory import POOL_FROM_BYTES, result_buffer
+from hpcdl.common.memory import POOL_FROM_BYTES
 from hpcdl.common.ops import reducescatter_rows
 from hpcdl.common.types import OpType
 from hpcdl.torch import _adasum, _gpu, _handles
@@ -41,7 +41,9 @@ from hpcdl.torch.reduce_ops import Adasum, Average, check_op, resolve_op, runtim
 
 poll = _handles.poll
 synchronize = _handles.synchronize
-_ALLREDUCE = OpType.ALLREDUCE  # a module global: looking a member up on its enum class costs ~0.1 us
+# module globals: looking a member up on its enum class costs ~0.1 us
+_ALLREDUCE, _ALLGATHER, _ALLTOALL = OpType.ALLREDUCE, OpType.ALLGATHER, OpType.ALLTOALL
+_BROADCAST, _REDUCESCATTER = OpType.BROADCAST, OpType.REDUCESCATTER
 
 
 class Reduction(NamedTuple):
@@ -117,7 +119,7 @@ def new_output(tensor: torch.Tensor) -> torch.Tensor:
     one in host memory comes from ``hpcdl.common.memory``'s pool (warm, on huge pages); like any tensor
     made from a buffer, it cannot be resized beyond its size."""
     if tensor.nbytes >= POOL_FROM_BYTES and tensor.is_cpu:  # nbytes first: the cheaper look at a small one
-        return torch.frombuffer(result_buffer(tensor.nbytes), dtype=tensor.dtype).view(tensor.shape)
+        return new_result(tensor.shape, tensor.dtype)
     if tensor.is_contiguous():  # empty_like keeps its layout; naming the format costs 0.15 us more
         return torch.empty_like(tensor)
     return torch.empty_like(tensor, memory_format=torch.contiguous_format)
@@ -241,6 +243,7 @@ def allreduce_now(
     tensor itself): one call into the runtime, which runs the collective on this thread when the engine is
     idle (its direct path). False, with nothing submitted, where the general launcher must
     take the call (another layout or device, the GPU path, Adasum)."""
+    # _direct, written out: a call costs 0.1 us of a 4-byte allreduce's 3.8
     if op == Adasum or not tensor.is_contiguous() or not tensor.is_cpu or _gpu.takes((tensor,)):
         return False
     address = tensor.data_ptr()
@@ -374,6 +377,49 @@ def allgather_launch(
     return _handles.register(handles, finish, keep_alive=(tensors,))
 
 
+def _direct(tensor: torch.Tensor) -> bool:
+    """True for a tensor a blocking call hands to the runtime as it is: contiguous, in host memory, not taken
+    by the GPU path."""
+    return tensor.is_contiguous() and tensor.is_cpu and not _gpu.takes((tensor,))
+
+
+def _gathered(
+    op_type: OpType,
+    tensor: torch.Tensor,
+    offered: torch.Tensor,
+    name: Optional[str],
+    ps_id: int,
+    splits: Optional[list[int]] = None,
+) -> tuple[torch.Tensor, Optional[list[int]]]:
+    """One allgather or alltoall of a direct tensor, submitted and waited for at once (run on this thread
+    when the engine is idle), into ``offered`` when the result fits it: the result, and for an alltoall given
+    ``splits`` the rows received from each member."""
+    handle = engine.submit(
+        op_type, name, ps_id, runtime_dtype(tensor), tensor.data_ptr(), offered.data_ptr(), tensor.shape,
+        splits=splits, keep=(tensor, offered), wait=True,
+    )  # fmt: skip
+    try:
+        handle.wait()
+        received = handle.received_splits() if splits is not None else None
+        return tensor_from_output(handle, tensor.dtype, offered), received
+    finally:
+        handle.release()
+
+
+def allgather_now(
+    tensor: torch.Tensor, name: Optional[str], process_set: ProcessSet
+) -> Optional[torch.Tensor]:
+    """The blocking allgather of one tensor (checked by the caller), without the launcher's handle record:
+    most of a small allgather's time was Python. None, with nothing submitted, where the launcher must take
+    the call (another layout or device, the GPU path)."""
+    if not _direct(tensor):
+        return None
+    ps_id = id_of(process_set)
+    shape = tensor.shape
+    offered = new_result((common.process_set_size(ps_id) * shape[0], *shape[1:]), tensor.dtype)
+    return _gathered(_ALLGATHER, tensor, offered, name, ps_id)[0]
+
+
 def allgather_async(
     tensor: torch.Tensor, name: Optional[str] = None, process_set: ProcessSet = global_process_set
 ) -> int:
@@ -426,6 +472,34 @@ def broadcast_launch(
         return _deliver(result, output)
 
     return _handles.register(handles, finish, keep_alive=(tensor, output))
+
+
+def broadcast_now(
+    tensor: torch.Tensor, output: torch.Tensor, root_rank: int, name: Optional[str], process_set: ProcessSet
+) -> bool:
+    """The blocking broadcast of one tensor into ``output`` (a fresh contiguous tensor, or the tensor itself,
+    checked by the caller): one call into the runtime, which runs it on this thread when the engine is idle.
+    False, with nothing submitted, where the launcher must take the call (another layout or device, the GPU
+    path)."""
+    if not _direct(tensor):
+        return False
+    dtype = runtime_dtype(tensor)
+    _check_root(root_rank, process_set)
+    address = tensor.data_ptr()
+    result = address if output is tensor else output.data_ptr()
+    shape = tensor.shape or (1,)  # a 0-d tensor travels as one element
+    engine.run(
+        _BROADCAST,
+        name,
+        id_of(process_set),
+        dtype,
+        address,
+        result,
+        shape,
+        root=root_rank,
+        keep=(tensor, output),
+    )
+    return True
 
 
 def broadcast_async(
@@ -481,6 +555,28 @@ def _splits_list(splits: Any, rows: int, set_size: int) -> Optional[list[int]]:
     return values
 
 
+def _splits_dtype(splits: Any) -> torch.dtype:
+    """The dtype of the received splits an alltoall returns: the given splits' own, else int32 (Horovod's)."""
+    return splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
+
+
+def alltoall_now(
+    tensor: torch.Tensor, splits: Any, name: Optional[str], process_set: ProcessSet
+) -> Optional[tuple[torch.Tensor, Optional[torch.Tensor]]]:
+    """The blocking alltoall of one tensor (checked by the caller), without the launcher's handle record: the
+    rows received, and when ``splits`` was given the tensor of rows received from each member. None, with
+    nothing submitted, where the launcher must take the call (another layout or device, the GPU path)."""
+    if not _direct(tensor):
+        return None
+    ps_id = id_of(process_set)
+    split_rows = _splits_list(splits, tensor.shape[0], common.process_set_size(ps_id))
+    offered = new_result(tuple(tensor.shape), tensor.dtype)  # the usual result: as many rows as sent
+    output, received = _gathered(_ALLTOALL, tensor, offered, name, ps_id, split_rows)
+    if received is None:
+        return output, None
+    return output, torch.tensor(received, dtype=_splits_dtype(splits))
+
+
 def alltoall_async(
     tensor: torch.Tensor,
     splits: Any = None,
@@ -500,7 +596,7 @@ def alltoall_launch(
     check_rows(tensor, "alltoall")
     runtime_dtype(tensor)
     split_rows = _splits_list(splits, tensor.shape[0], common.process_set_size(ps_id))
-    splits_dtype = splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
+    splits_dtype = _splits_dtype(splits)
     if _gpu.takes((tensor,)):
         return _gpu.alltoall(tensor, split_rows, splits_dtype, check_name(name), ps_id)
     source = readable(tensor)
@@ -519,13 +615,9 @@ def alltoall_launch(
 # ---- reducescatter --------------------------------------------------------------------------------
 
 
-def reducescatter_launch(
-    tensors: list[torch.Tensor], name: Optional[str], how: Reduction, wait: bool = False
-) -> int:
-    """Submit one reducescatter or a group; ``synchronize`` returns the list of this rank's slices.
-    ``wait``: the caller synchronizes next (see ``_enqueue``)."""
-    op = check_op(how.op)
-    if op == Adasum:
+def _checked_reducescatter(tensors: Sequence[torch.Tensor], how: Reduction) -> tuple[int, int, int]:
+    """A reducescatter's checks; the process set's id and size and this rank's place in it."""
+    if check_op(how.op) == Adasum:
         raise HpcdlConfigError("reducescatter does not support Adasum; use hvd.Average or hvd.Sum")
     ps_id = id_of(how.process_set)
     set_size, set_rank = common.process_set_size(ps_id), common.process_set_rank(ps_id)
@@ -534,12 +626,24 @@ def reducescatter_launch(
     for t in tensors:
         check_rows(t, "reducescatter")
         runtime_dtype(t)
+    return ps_id, set_size, set_rank
+
+
+def _reducescatter_output(tensor: torch.Tensor, set_size: int, set_rank: int) -> torch.Tensor:
+    """This rank's slice of a reducescatter of ``tensor``, to be written (Horovod's split of dim 0)."""
+    rows = reducescatter_rows(tensor.shape[0], set_size, set_rank)
+    return torch.empty((rows, *tensor.shape[1:]), dtype=tensor.dtype)
+
+
+def reducescatter_launch(
+    tensors: list[torch.Tensor], name: Optional[str], how: Reduction, wait: bool = False
+) -> int:
+    """Submit one reducescatter or a group; ``synchronize`` returns the list of this rank's slices.
+    ``wait``: the caller synchronizes next (see ``_enqueue``)."""
+    ps_id, set_size, set_rank = _checked_reducescatter(tensors, how)
     if _gpu.takes(tensors):
         return _gpu.reducescatter(tensors, name, ps_id, how.request())
-    results = [
-        torch.empty((reducescatter_rows(t.shape[0], set_size, set_rank), *t.shape[1:]), dtype=t.dtype)
-        for t in tensors
-    ]
+    results = [_reducescatter_output(t, set_size, set_rank) for t in tensors]
     handles = _enqueue(
         OpType.REDUCESCATTER, [readable(t) for t in tensors], results, name, ps_id, wait, **how.request()
     )
@@ -548,6 +652,29 @@ def reducescatter_launch(
         return [out.to(t.device) for out, t in zip(results, tensors)]
 
     return _handles.register(handles, finish, keep_alive=(tensors,))
+
+
+def reducescatter_now(tensor: torch.Tensor, name: Optional[str], how: Reduction) -> Optional[torch.Tensor]:
+    """The blocking reducescatter of one tensor: one call into the runtime, which runs it on this thread when
+    the engine is idle; this rank's slice. None, with nothing submitted, where the launcher must take the
+    call (another layout or device, the GPU path)."""
+    ps_id, set_size, set_rank = _checked_reducescatter((tensor,), how)
+    if not _direct(tensor):
+        return None
+    output = _reducescatter_output(tensor, set_size, set_rank)
+    dtype, address = runtime_dtype(tensor), tensor.data_ptr()
+    engine.run(
+        _REDUCESCATTER,
+        name,
+        ps_id,
+        dtype,
+        address,
+        output.data_ptr(),
+        tensor.shape,
+        keep=(tensor, output),
+        **how.request(),
+    )
+    return output
 
 
 def reducescatter_async(

@@ -25,6 +25,13 @@ from hpcdl.torch.reduce_ops import Average, Sum, resolve_op
 synchronize = _a.synchronize
 
 
+def _differentiated(tensor: torch.Tensor) -> bool:
+    """True when autograd must record the collective (the tensor wants a gradient, and grad mode is on);
+    else a blocking call is the collective alone, one call into the runtime (a loss or metric, a batch of
+    ids, an object's bytes)."""
+    return tensor.requires_grad and torch.is_grad_enabled()
+
+
 def _compressed(tensors: Sequence[torch.Tensor], compression: type[Compressor]) -> tuple[list, list]:
     pairs = [compression.compress(t) for t in tensors]
     return [t for t, _ in pairs], [c for _, c in pairs]
@@ -61,8 +68,7 @@ def allreduce(
     """
     check_tensor(tensor, "allreduce")
     reduce_op = resolve_op(op, average)
-    if compression is Compression.none and not (tensor.requires_grad and torch.is_grad_enabled()):
-        # Nothing to differentiate: the collective alone, in one call (a loss or metric average).
+    if compression is Compression.none and not _differentiated(tensor):
         output = new_output(tensor)
         if _a.allreduce_now(
             tensor, output, check_name(name), reduce_op, prescale_factor, postscale_factor, process_set
@@ -169,7 +175,12 @@ def allgather(
     tensor: torch.Tensor, name: Optional[str] = None, process_set: ProcessSet = global_process_set
 ) -> torch.Tensor:
     """Concatenate ``tensor`` from every rank of the set along dim 0 (its size may differ per rank)."""
-    (gathered,) = _Allgather.apply(process_set, check_name(name), check_rows(tensor, "allgather"))
+    check_rows(tensor, "allgather")
+    if not _differentiated(tensor):
+        gathered = _a.allgather_now(tensor, check_name(name), process_set)
+        if gathered is not None:
+            return gathered
+    (gathered,) = _Allgather.apply(process_set, check_name(name), tensor)
     return gathered
 
 
@@ -210,6 +221,10 @@ def broadcast(
 ) -> torch.Tensor:
     """Return the tensor of global rank ``root_rank`` on every rank of the set (input unchanged)."""
     check_tensor(tensor, "broadcast")
+    if not _differentiated(tensor):
+        output = new_output(tensor)
+        if _a.broadcast_now(tensor, output, root_rank, check_name(name), process_set):
+            return output
     return _Broadcast.apply(root_rank, process_set, check_name(name), tensor)
 
 
@@ -221,6 +236,8 @@ def broadcast_(
 ) -> torch.Tensor:
     """In-place ``broadcast``: ``tensor`` receives the root's values and is returned."""
     _a.check_in_place(tensor, "broadcast_")
+    if _a.broadcast_now(tensor, tensor, root_rank, check_name(name), process_set):
+        return tensor
     return synchronize(
         _a.broadcast_launch(tensor, tensor, root_rank, check_name(name), process_set, wait=True)
     )
@@ -252,7 +269,12 @@ def alltoall(
     """Send ``splits[i]`` rows of dim 0 to rank i of the set (an even split when None) and return the rows
     received, in rank order; with ``splits`` given, also the tensor of rows received from each rank."""
     check_rows(tensor, "alltoall")
-    output, received = _Alltoall.apply(splits, process_set, check_name(name), tensor)
+    name = check_name(name)
+    exchanged = None if _differentiated(tensor) else _a.alltoall_now(tensor, splits, name, process_set)
+    if exchanged is not None:
+        output, received = exchanged
+    else:
+        output, received = _Alltoall.apply(splits, process_set, name, tensor)
     if splits is None:
         return output
     return output, received
@@ -288,7 +310,9 @@ def reducescatter(
     ranks get one extra row)."""
     how = Reduction(op, prescale_factor, postscale_factor, process_set)
     compressed, ctx = compression.compress(check_rows(tensor, "reducescatter"))
-    (reduced,) = _Reducescatter.apply(how, check_name(name), compressed)
+    reduced = None if _differentiated(compressed) else _a.reducescatter_now(compressed, check_name(name), how)
+    if reduced is None:
+        (reduced,) = _Reducescatter.apply(how, check_name(name), compressed)
     return compression.decompress(reduced, ctx)
 
 

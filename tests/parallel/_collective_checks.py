@@ -204,7 +204,7 @@ def run_scaled_floats_exact(n: int, r: int) -> None:
 
 def run_allgather(n: int, r: int) -> None:
     for dtype in DTYPES:
-        for rows in (lambda q: q + 1, lambda q: 0 if q == 0 else 2 * q, lambda q: 0):
+        for rows in (lambda q: q + 1, lambda q: 0 if q == 0 else 2 * q, lambda q: 0, lambda q: 2):
             shapes = [(rows(q), 3) for q in range(n)]
             inputs = [values(dtype, shapes[q], q, 7) for q in range(n)]
             got = hc.allgather(inputs[r], dtype=dtype)
@@ -330,6 +330,12 @@ def run_mismatch(n: int, r: int) -> None:
         lambda: hc.allreduce(np.ones(4), op=ReduceOp.MIN if r else ReduceOp.MAX),
     )
     expect_error("mismatched roots", hc.HpcdlMismatchError, lambda: hc.broadcast(np.ones(3), root=r % 2))
+    msg = expect_error(
+        "allgather of mismatched trailing dimensions",
+        hc.HpcdlMismatchError,
+        lambda: hc.allgather(np.ones((2, 3 if r == 0 else 4), np.float32)),
+    )
+    check("the allgather mismatch names the shapes", bool(msg) and "rank 0: (2, 3)" in str(msg), str(msg))
     expect_error(
         "mismatched collectives",
         hc.HpcdlMismatchError,

@@ -193,6 +193,77 @@ def check_reducescatter() -> None:
     )
 
 
+def check_blocking_calls_without_autograd() -> None:
+    """A blocking allgather, alltoall, broadcast or reducescatter of a contiguous tensor that autograd need
+    not record is one submission of the tensor itself, without the differentiable Function: right for every
+    dtype, 0-d tensors, uneven rows and given splits, mismatches still caught by name; other layouts are
+    staged as before and give the same values; a tensor that wants a gradient is still recorded."""
+    from hpcdl.torch import ops
+
+    n, r = hvd.size(), hvd.rank()
+    functions = (ops._Allgather, ops._Alltoall, ops._Broadcast, ops._Reducescatter)
+    originals = {f: f.apply for f in functions}
+
+    def refuse(*args: object) -> None:
+        raise AssertionError(
+            "a direct call autograd need not record went through the differentiable Function"
+        )
+
+    dtypes = (torch.float32, torch.int64, torch.bfloat16, torch.bool)
+    direct: dict[tuple[str, torch.dtype], torch.Tensor] = {}
+    for f in functions:
+        f.apply = refuse
+    try:
+        for dtype in dtypes:
+            x = data(r, (n * 2, 3), dtype)
+            everyone_x = [data(k, (n * 2, 3), dtype) for k in range(n)]
+            direct["ag", dtype] = hvd.allgather(x, name=f"direct.ag.{dtype}")
+            assert torch.equal(direct["ag", dtype], torch.cat(everyone_x)), dtype
+            direct["a2a", dtype] = hvd.alltoall(x, name=f"direct.a2a.{dtype}")
+            assert torch.equal(direct["a2a", dtype], torch.cat([e[2 * r : 2 * r + 2] for e in everyone_x]))
+            direct["bc", dtype] = hvd.broadcast(x, root_rank=n - 1)
+            assert torch.equal(direct["bc", dtype], everyone_x[n - 1]), dtype
+            assert torch.equal(x, everyone_x[r]), "broadcast changed its input"
+            if dtype != torch.bool:
+                full = sum(e.to(torch.float64) for e in everyone_x)
+                direct["rs", dtype] = hvd.reducescatter(x, op=hvd.Sum, name=f"direct.rs.{dtype}")
+                assert_close(direct["rs", dtype], full[2 * r : 2 * r + 2], f"reducescatter {dtype}", 0.1)
+        scalar = torch.tensor(float(r))
+        assert hvd.broadcast_(scalar, root_rank=1) is scalar and scalar.item() == 1.0
+        splits = torch.tensor([(k + r) % 2 + 1 for k in range(n)], dtype=torch.int64)
+        out, received = hvd.alltoall(torch.full((int(splits.sum()),), float(r)), splits=splits)
+        assert received.dtype == torch.int64 and received.tolist() == [(r + k) % 2 + 1 for k in range(n)]
+        assert out.tolist() == [float(k) for k in range(n) for _ in range((r + k) % 2 + 1)]
+        rows = hvd.allgather(torch.full((r + 1, 2), r))  # uneven rows: the engine's own buffer, copied out
+        assert rows.tolist() == [[k, k] for k in range(n) for _ in range(k + 1)]
+        # trailing dimensions that differ between ranks are a mismatch of that name, not a wrong result
+        try:
+            hvd.allgather(torch.zeros(2, 2 + (r == 0)), name="direct.mismatch")
+        except hvd.HorovodInternalError as exc:
+            assert "direct.mismatch" in str(exc), str(exc)
+        else:
+            raise AssertionError("an allgather whose trailing dimensions differ must raise")
+        hvd.barrier()
+    finally:
+        for f, apply in originals.items():
+            f.apply = apply
+    for dtype in dtypes:  # a transposed view: staged by the launcher, the same values
+        wide = data(r, (n * 2, 3), dtype).t().contiguous().t()  # the same values, column-major
+        assert not wide.is_contiguous() and torch.equal(wide, data(r, (n * 2, 3), dtype))
+        assert torch.equal(hvd.allgather(wide), direct["ag", dtype]), dtype
+        assert torch.equal(hvd.alltoall(wide), direct["a2a", dtype]), dtype
+        assert torch.equal(hvd.broadcast(wide, root_rank=n - 1), direct["bc", dtype]), dtype
+        if dtype != torch.bool:
+            assert torch.equal(hvd.reducescatter(wide, op=hvd.Sum), direct["rs", dtype]), dtype
+    wants_grad = data(r, (n, 2)).requires_grad_()
+    assert hvd.allgather(wants_grad).grad_fn is not None
+    assert hvd.reducescatter(wants_grad).grad_fn is not None
+    assert hvd.alltoall(wants_grad).grad_fn is not None
+    assert hvd.broadcast(wants_grad, root_rank=0).grad_fn is not None
+    with torch.no_grad():
+        assert hvd.allgather(wants_grad).grad_fn is None
+
+
 def check_fp16_compression() -> None:
     x = data(hvd.rank(), (16,))
     out = hvd.allreduce(x, op=hvd.Sum, compression=hvd.Compression.fp16)
@@ -806,6 +877,7 @@ SCENARIOS: dict[str, list[Check]] = {
         check_broadcast,
         check_alltoall,
         check_reducescatter,
+        check_blocking_calls_without_autograd,
         check_fp16_compression,
         check_sparse_allreduce,
         check_gradients,
