@@ -28,6 +28,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.eager import record
 from tensorflow.python.ops import control_flow_util
 
 from hpcdl.common import basics, elastic
@@ -191,6 +192,8 @@ def _tensors(values: Tensors, what: str) -> list[tf.Tensor]:
 def _tensor(value: Any, what: str) -> tf.Tensor:
     if isinstance(value, tf.IndexedSlices):
         raise _errors.invalid_argument(f"{what} takes dense tensors; hvd.allreduce handles tf.IndexedSlices")
+    if isinstance(value, tf.Tensor):  # nothing to convert, and a conversion's dispatch costs 8 us eagerly
+        return value
     try:
         return tf.convert_to_tensor(value)
     except (TypeError, ValueError) as exc:
@@ -227,7 +230,11 @@ def _differentiable(
     backward: Callable[[list[tf.Tensor]], list[Optional[tf.Tensor]]],
     tensors: Sequence[tf.Tensor],
 ) -> list[tf.Tensor]:
-    """``forward(tensors)``, whose gradient is ``backward(the outputs' incoming gradients)``."""
+    """``forward(tensors)``, whose gradient is ``backward(the outputs' incoming gradients)``. Eagerly with
+    no gradient tape recording, the forward alone: ``tf.custom_gradient`` inspects the function's signature
+    on every call, 70 % of a small eager allreduce's time."""
+    if tf.executing_eagerly() and not record.could_possibly_record():
+        return forward(list(tensors))
 
     @tf.custom_gradient
     def op(*xs: tf.Tensor) -> Any:
@@ -311,7 +318,9 @@ def _reductions(
         op, float(prescale_factor), float(postscale_factor), ps, _engine.place(groups, ps)
     )
     originals = [t.dtype for t in tensors]
-    widened = [tf.cast(t, reduction_dtype(t.dtype, op)) for t in tensors]
+    wider = [reduction_dtype(t.dtype, op) for t in tensors]
+    # tf.cast to the same dtype returns its input, after a dispatch that costs 8 us eagerly
+    widened = [t if t.dtype == w else tf.cast(t, w) for t, w in zip(tensors, wider)]
     wires = [wire_of(t.dtype) for t in widened]
     if kind == "Allreduce":
         run, shapes = _engine.allreduce, [t.shape for t in widened]

@@ -295,6 +295,35 @@ def check_gradients_of_every_op() -> None:
             assert_close(run(x, op), expected, f"{mode} gradient of {name}", 1e-12)
 
 
+def check_eager_calls_without_a_tape_skip_custom_gradient() -> None:
+    """Eagerly with no gradient tape recording, a collective is the engine's work alone: tf.custom_gradient
+    (which inspects its function's signature every call, most of a small op's time) is not entered; under a
+    tape it is, and gradients flow (check_gradients_of_every_op)."""
+    r, n = hvd.rank(), hvd.size()
+    original = tf.custom_gradient
+
+    def refuse(f: Callable) -> Callable:
+        raise AssertionError("an eager call with no tape recording entered tf.custom_gradient")
+
+    x = tf.constant(np.full((n, 2), r + 1.0, np.float32))
+    tf.custom_gradient = refuse
+    try:
+        assert_close(hvd.allreduce(x, op=hvd.Sum), np.full((n, 2), n * (n + 1) / 2), "allreduce", 1e-6)
+        assert_close(hvd.allgather(x), np.repeat(np.arange(1.0, n + 1), n)[:, None] * np.ones(2), "allgather")
+        assert_close(hvd.broadcast(x, 0), np.ones((n, 2)), "broadcast")
+        assert_close(hvd.alltoall(x), np.arange(1.0, n + 1)[:, None] * np.ones(2), "alltoall")
+        assert_close(hvd.reducescatter(x, op=hvd.Sum), np.full((1, 2), n * (n + 1) / 2), "reducescatter")
+        with tf.GradientTape():
+            try:
+                hvd.allreduce(x, op=hvd.Sum)
+            except AssertionError:
+                pass
+            else:
+                raise AssertionError("a call under a recording tape must go through tf.custom_gradient")
+    finally:
+        tf.custom_gradient = original
+
+
 # ---- variables, objects, process sets, join, topology -----------------------------------------------
 
 
@@ -669,6 +698,7 @@ SCENARIOS: dict[str, list[Check]] = {
         check_scaling_average_flag_and_compression,
         check_indexed_slices_are_allgathered,
         check_gradients_of_every_op,
+        check_eager_calls_without_a_tape_skip_custom_gradient,
         check_variables_and_objects,
         check_process_sets,
         check_join_with_uneven_steps,
