@@ -27,8 +27,8 @@ Names = Sequence[Optional[str]]
 
 
 # TensorFlow adopts an array a tf.numpy_function returns without copying it when its data is 64-byte
-# aligned; NumPy aligns large arrays to 16 bytes only.
-_ALIGNMENT = 64
+# aligned (its kernels check that alignment); NumPy aligns large arrays to 16 bytes only.
+ALIGNMENT = 64
 
 
 def _empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -38,8 +38,8 @@ def _empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if nbytes >= POOL_FROM_BYTES:
         return result_array(shape, dtype)
-    raw = np.empty(nbytes + _ALIGNMENT, dtype=np.uint8)
-    start = -raw.ctypes.data % _ALIGNMENT
+    raw = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
+    start = -raw.ctypes.data % ALIGNMENT
     return raw[start : start + nbytes].view(dtype).reshape(shape)
 
 
@@ -259,7 +259,9 @@ def alltoall(
 
     def collect(handles: list[engine.Handle]) -> list[np.ndarray]:
         [h] = handles
-        received = np.asarray(h.received_splits(), dtype=np.int32)
+        splits = h.received_splits()
+        received = _empty((len(splits),), np.int32)  # aligned: TensorFlow adopts it
+        received[:] = splits
         return [_engine_output(h, wire, array.dtype, offered), received]
 
     return Started(_submit_all(submit, 1), collect)

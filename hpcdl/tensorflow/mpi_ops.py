@@ -45,6 +45,7 @@ from hpcdl.tensorflow import _engine, _errors, _graph_names, _latch
 from hpcdl.tensorflow._dtypes import reduction_dtype, wire_of
 
 Tensors = Sequence[Any]
+_from_dlpack = tf.experimental.dlpack.from_dlpack
 
 
 # ---- running engine work on tensors ------------------------------------------------------------------
@@ -121,6 +122,21 @@ def _submit(
     return np.asarray(token, dtype=np.int64)
 
 
+def _adopt(array: np.ndarray) -> tf.Tensor:
+    """An eager tensor over ``array``'s own memory, through DLPack, where TensorFlow can use that memory as
+    it is (aligned for its kernels: an unaligned one is adopted too, and fails their checks with an abort);
+    else a copy (unaligned, bfloat16, read-only). A 32 MiB result took 5.8 ms to convert, DLPack 1 us; a
+    small one 7.5 us against 0.7."""
+    if (
+        array.dtype.kind in "biufc"
+        and array.flags.writeable
+        and array.flags.c_contiguous
+        and array.ctypes.data % _engine.ALIGNMENT == 0
+    ):
+        return _from_dlpack(array.__dlpack__())
+    return tf.convert_to_tensor(array)
+
+
 def _run(
     kind: str,
     start: Callable[..., _engine.Started],
@@ -135,7 +151,7 @@ def _run(
     auto_names = [n for n in names if n is not None and _graph_names.is_auto(n)]
     if tf.executing_eagerly():
         arrays = [np.asarray(t) for t in inputs]
-        return [tf.convert_to_tensor(out) for out in _explained(start(*arrays).finish, auto_names)]
+        return [_adopt(out) for out in _explained(start(*arrays).finish, auto_names)]
     if control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
         raise HpcdlUnsupportedError(
             f"hpcdl's {kind} cannot run inside an XLA-compiled function: XLA compiles no Python, and "

@@ -194,6 +194,42 @@ def test_every_op_of_one_process_eagerly_and_in_a_graph(one_process) -> None:
     hvd.barrier()
 
 
+def test_eager_results_are_adopted_in_place_and_keep_their_memory(one_process) -> None:
+    """An eager result becomes a tensor over the engine's output itself (DLPack) where TensorFlow can use
+    that memory as it is; an unaligned or bfloat16 array is copied (TensorFlow's kernels abort on unaligned
+    memory). A large result lies on a block of the pool, which must not serve the next result while the
+    tensor lives."""
+    import ml_dtypes
+
+    from hpcdl.tensorflow._engine import _empty
+    from hpcdl.tensorflow.mpi_ops import _adopt
+
+    for dtype in (
+        np.float16,
+        np.float32,
+        np.float64,
+        np.int8,
+        np.int32,
+        np.int64,
+        np.uint16,
+        np.bool_,
+        np.complex64,
+    ):
+        aligned = _empty((5,), dtype)
+        aligned[:] = 1
+        adopted = _adopt(aligned)
+        aligned[0] = 0
+        assert adopted.numpy()[0] == 0, f"{np.dtype(dtype)}: copied, not adopted"
+    for array in (np.arange(17, dtype=np.float32)[1:], np.ones(4, ml_dtypes.bfloat16)):
+        copied = _adopt(array)
+        array[0] = 7
+        assert copied.numpy()[0] != 7 and float(tf.reduce_sum(tf.cast(copied, tf.float32))) > 0
+    first = hvd.allgather(tf.fill([1 << 20], 1.0))  # 4 MiB: a block of the pool
+    second = hvd.allgather(tf.fill([1 << 20], 2.0))
+    assert float(tf.reduce_min(first)) == float(tf.reduce_max(first)) == 1.0
+    assert float(tf.reduce_min(second)) == 2.0
+
+
 def test_tape_and_keras_optimizer_change_nothing_in_one_process(one_process) -> None:
     import hpcdl.keras as hvd_keras
 
