@@ -1,12 +1,14 @@
 """Step latency of hpcdl.tensorflow's collectives in graph mode and eagerly, one build against another.
 
-Four loops, each timed step by step on every rank of one job (rank 0's times are reported):
+Six loops, each timed step by step on every rank of one job (rank 0's times are reported):
 
 - ``tape``: a ``tf.function`` training step of a small MLP (64-64-10, 4 gradients) with
   ``hvd.DistributedGradientTape``: one grouped allreduce per step, so the step is mostly latency;
 - ``many``: a ``tf.function`` of 18 independent allreduces of 100 float32 each;
 - ``eager_tape``: the ``tape`` step run eagerly;
-- ``eager_allreduce``: one allreduce of 100 float32, eagerly.
+- ``eager_allreduce``: one allreduce of 100 float32, eagerly;
+- ``eager_allgather``: one allgather of 100 float32, eagerly;
+- ``eager_allgather_16mib``: one allgather of 16 MiB per rank (float32), eagerly: a large result.
 
 Builds are hpcdl installations: ``installed`` (the hpcdl this Python imports, e.g. the editable checkout)
 or a directory made with ``pip install --no-deps --target DIR <tree>`` (another commit). Their ranks run
@@ -34,7 +36,7 @@ import sysconfig
 import time
 from typing import Any, Optional
 
-LOOPS = ("tape", "many", "eager_tape", "eager_allreduce")
+LOOPS = ("tape", "many", "eager_tape", "eager_allreduce", "eager_allgather", "eager_allgather_16mib")
 MARKER = "REPORT "
 
 
@@ -58,6 +60,7 @@ def _loops(tf: Any, hvd: Any) -> dict[str, Any]:
         return loss
 
     tensors = [tf.fill([100], float(i)) for i in range(18)]
+    large = tf.fill([4 << 20], 1.0)
 
     @tf.function
     def many() -> Any:
@@ -68,6 +71,8 @@ def _loops(tf: Any, hvd: Any) -> dict[str, Any]:
         "many": many,
         "eager_tape": step,
         "eager_allreduce": lambda: hvd.allreduce(tensors[0], op=hvd.Sum, name="eager_allreduce"),
+        "eager_allgather": lambda: hvd.allgather(tensors[0], name="eager_allgather"),
+        "eager_allgather_16mib": lambda: hvd.allgather(large, name="eager_allgather_16mib"),
     }
 
 
