@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import json
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 import weakref
@@ -255,6 +257,30 @@ def check_names_and_cache() -> None:
         for i in range(6):
             out = E.synchronize(E.allreduce_async(values(r, 8, i + step), name=f"cached.{i}", op=SUM))
             np.testing.assert_array_equal(out, sum(values(q, 8, i + step) for q in range(n)))
+    # An unnamed operation's name never comes again, so it takes no cache entry: six of them would have
+    # evicted every named entry, and 'kept.*' would travel in full again.
+    for _ in range(2):
+        for name in ("kept.a", "kept.b"):
+            E.synchronize(E.allreduce_async(values(r, 4), name=name, op=SUM))
+    path = os.path.join(tempfile.mkdtemp(), "cache.json")  # world rank 0 writes the timeline
+    E.start_timeline(path)
+    for _ in range(6):
+        E.synchronize(E.allreduce_async(values(r, 4), op=SUM))
+    for name in ("kept.a", "kept.b"):
+        E.synchronize(E.allreduce_async(values(r, 4), name=name, op=SUM))
+    E.stop_timeline()
+    if r == 0:
+        with open(path) as timeline:
+            events = json.load(timeline)
+        tracks = {
+            e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"
+        }
+        negotiated = {
+            tracks[e["tid"]]: e["args"].get("cached", False)
+            for e in events
+            if e["ph"] == "X" and e["name"] == "NEGOTIATE" and tracks[e["tid"]].startswith("kept.")
+        }
+        assert negotiated == {"kept.a": True, "kept.b": True}, negotiated
     passed("names_and_cache")
 
 

@@ -123,8 +123,7 @@ Status Engine::enqueue(const hpcdl_request& r, int64_t* handle, bool caller_wait
   } else if (r.op_type == HPCDL_OP_JOIN) {
     q.name = "join";
   } else {
-    int64_t k = unnamed_counter_[{r.process_set, r.op_type}]++;
-    q.name = std::string(op_type_name(r.op_type)) + ".noname." + std::to_string(k);
+    q.name = unnamed_name(r.op_type, unnamed_counter_[{r.process_set, r.op_type}]++);
   }
   NameRecord* record = record_of(Key{q.process_set, q.name});
   if (const EngineOp* holder = record->op.get()) {

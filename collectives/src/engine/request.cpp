@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <sstream>
+#include <string_view>
 
 #include "hpcdl/c_api.h"
 
@@ -98,6 +99,28 @@ const char* op_type_upper(int op_type) {
   static const char* names[] = {"ALLREDUCE", "ALLGATHER", "BROADCAST", "ALLTOALL",
                                 "REDUCESCATTER", "BARRIER", "JOIN"};
   return op_type >= 0 && op_type <= 6 ? names[op_type] : "UNKNOWN";
+}
+
+namespace {
+constexpr char kUnnamed[] = ".noname.";
+}
+
+std::string unnamed_name(int op_type, int64_t n) {
+  return std::string(op_type_name(op_type)) + kUnnamed + std::to_string(n);
+}
+
+int64_t unnamed_number(int op_type, const std::string& name) {
+  const std::string_view type = op_type_name(op_type), infix = kUnnamed;
+  const size_t digits = type.size() + infix.size();
+  if (name.size() <= digits || name.size() > digits + 18 || name.compare(0, type.size(), type) != 0 ||
+      name.compare(type.size(), infix.size(), infix) != 0)
+    return -1;
+  int64_t n = 0;
+  for (size_t i = digits; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    n = n * 10 + (name[i] - '0');
+  }
+  return n;
 }
 
 const char* placement_name(int placement) {

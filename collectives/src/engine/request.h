@@ -50,6 +50,11 @@ int dtype_size(int dtype);
 const char* dtype_name(int dtype);
 const char* op_type_name(int op_type);      // "allreduce", ...
 const char* op_type_upper(int op_type);     // "ALLREDUCE", ... (timeline activity names)
+// The name of a process set's n-th operation of a type submitted without a name ("allreduce.noname.<n>"),
+// and back: n for such a name, -1 for any other. Every rank numbers its unnamed operations alike, so such a
+// name means the same operation on every rank, and never comes again.
+std::string unnamed_name(int op_type, int64_t n);
+int64_t unnamed_number(int op_type, const std::string& name);
 const char* reduce_op_name(int reduce_op);  // "sum", ...
 std::string shape_text(const std::vector<int64_t>& shape);
 std::string ranks_text(const std::vector<int>& ranks);  // "rank 3" / "ranks 0, 2"
