@@ -270,15 +270,17 @@ std::shared_ptr<EngineOp> Engine::mark_finished(std::shared_ptr<EngineOp> op, in
 
 // Response cache: operations that ran with every member's submission are remembered under a small id; a
 // rank that submits the same thing again sends only the id. Identical on every rank (updated in the same
-// order from the same data), with least-recently-used eviction. An unnamed operation's name never comes
-// again: remembering it only evicted another (a search of the whole cache, 1.3 us of each unnamed call).
+// order from the same data), with least-recently-used eviction (O(1): a model with more tensors than the
+// cache has entries misses, and evicts, at every tensor of every step). An unnamed operation's name never
+// comes again: remembering it only evicted another (1.3 us of each unnamed call while that eviction searched
+// the whole cache).
 void Engine::remember(NameRecord& r) {
   if (cache_capacity_ <= 0) return;
   for (const auto& q : r.by_member)
     if (!q || q->op_type == HPCDL_OP_JOIN) return;
   if (unnamed_number(r.by_member[0]->op_type, r.key.second) >= 0) return;
   if (r.cache_id >= 0 && r.cache_requests == r.by_member) {  // it ran from this very entry
-    r.last_used = ++cache_clock_;
+    cache_used(r);
     return;
   }
   int id = r.cache_id;
@@ -287,10 +289,12 @@ void Engine::remember(NameRecord& r) {
       id = static_cast<int>(cache_.size());
       cache_.push_back(nullptr);
     } else {
-      id = 0;
-      for (int i = 1; i < static_cast<int>(cache_.size()); ++i)
-        if (cache_[i]->last_used < cache_[id]->last_used) id = i;
-      NameRecord& evicted = *cache_[id];
+      NameRecord& evicted = *least_used_;
+      id = evicted.cache_id;
+      least_used_ = evicted.newer;
+      if (least_used_ != nullptr) least_used_->older = nullptr;
+      else most_used_ = nullptr;  // a cache of one entry
+      evicted.newer = nullptr;
       std::lock_guard<std::mutex> lock(mutex_);
       evicted.cache_id = -1;
       evicted.cache_requests.clear();
@@ -303,7 +307,19 @@ void Engine::remember(NameRecord& r) {
   }
   r.cache_members = r.members;
   r.cache_requests = r.by_member;
-  r.last_used = ++cache_clock_;
+  cache_used(r);
+}
+
+void Engine::cache_used(NameRecord& r) {
+  if (most_used_ == &r) return;
+  if (r.older != nullptr) r.older->newer = r.newer;
+  if (r.newer != nullptr) r.newer->older = r.older;
+  if (least_used_ == &r) least_used_ = r.newer;
+  r.older = most_used_;
+  r.newer = nullptr;
+  if (most_used_ != nullptr) most_used_->newer = &r;
+  most_used_ = &r;
+  if (least_used_ == nullptr) least_used_ = &r;
 }
 
 // World rank 0, every second: operations some ranks submitted and others have not, for longer than the

@@ -153,7 +153,8 @@ struct NameRecord {
   int cache_id = -1;
   std::vector<int> cache_members;
   std::vector<RequestPtr> cache_requests;  // every member's submission as it last ran
-  uint64_t last_used = 0;
+  NameRecord* older = nullptr;  // the cache's entries from least to most recently used (a list through them)
+  NameRecord* newer = nullptr;
   // ---- cycle runner ----
   std::string what;  // "allreduce 'grad.w'": names its collectives in messages (built once)
 
@@ -297,6 +298,7 @@ class Engine {
   Status shutdown_status(const std::vector<int>& ranks) const;
   bool cached(const NameRecord& r, const OpRequest& request) const;
   void remember(NameRecord& r);
+  void cache_used(NameRecord& r);  // r, a cache entry, moves to the most recently used end
   void stall_check(Clock::time_point now);
   // ---- diagnosis (diagnose.cpp) ----
   void request_reports(const std::vector<int>& ranks, Report why);  // under mutex_
@@ -391,7 +393,8 @@ class Engine {
   std::map<std::pair<int, int>, std::vector<NameRecord*>> groups_;  // (set, group id) -> ready, held back
   std::map<std::pair<int, int>, std::string> failed_groups_;
   std::vector<NameRecord*> cache_;  // response cache id -> record
-  uint64_t cache_clock_ = 0;
+  NameRecord* least_used_ = nullptr;  // the cache's use order: evicted first
+  NameRecord* most_used_ = nullptr;
   std::vector<Abort> aborts_to_send_;
   std::vector<uint8_t> fusion_buffer_, prescaled_;
   ResultBytes scratch_;
