@@ -440,7 +440,10 @@ def grouped_allgather_async(
 def _check_root(root_rank: Any, process_set: ProcessSet) -> int:
     if not isinstance(root_rank, int) or isinstance(root_rank, bool):
         raise HpcdlConfigError(f"root_rank must be an int (a global rank), got {root_rank!r}")
-    members = common.process_set_ranks(id_of(process_set))
+    ps_id = id_of(process_set)
+    if ps_id == 0 and 0 <= root_rank < common.size():  # the whole job: no list of its ranks to build
+        return root_rank
+    members = common.process_set_ranks(ps_id)
     if root_rank not in members:
         raise HpcdlConfigError(
             f"root_rank {root_rank} is not a member of {process_set} (ranks {members}); "
