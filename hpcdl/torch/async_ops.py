@@ -6,9 +6,10 @@ arguments, stages the tensors and submits them: to the engine for CPU tensors (z
 contiguous, a contiguous copy of any other layout otherwise: see ``_tensors``), or to ``_gpu`` for the
 tensors of the GPU path (negotiated by the same engine; NCCL moves them). The public ``*_async``
 functions are Horovod-signature wrappers around the launchers; ``ops`` builds the blocking,
-differentiable collectives on the same launchers. What a launcher needs
-besides the tensors travels in one small record per collective shape (:class:`Reduction`, ...), which the
-differentiable ops also keep for their gradients.
+differentiable collectives on the same launchers, and on the ``*_now`` functions (one submission of a
+contiguous host tensor, waited for at once, without the launcher's handle record) for calls autograd need
+not record. What a launcher needs besides the tensors travels in one small record per collective shape
+(:class:`Reduction`, ...), which the differentiable ops also keep for their gradients.
 """
 
 from __future__ import annotations

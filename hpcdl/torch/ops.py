@@ -1,12 +1,15 @@
 """Blocking, differentiable collectives on tensors (Horovod's ``allreduce``, ``allgather``, ...).
 
-Each is an autograd Function around the launcher of ``async_ops``. Gradients follow Horovod 0.28 exactly,
-so that models port unchanged: allreduce's gradient is the same allreduce of the incoming gradient;
-allgather's is the Average-allreduce of the incoming gradient, narrowed to this rank's rows; broadcast's
-is the Average-allreduce of the incoming gradient on the root and zero elsewhere; alltoall's is the
-reverse alltoall; reducescatter's is the allgather of the incoming gradient (times the set size for Sum,
-times the scale factors). Incoming gradients of any layout (autograd often hands over an expanded one)
-are staged like any other tensor.
+Each is an autograd Function around the launcher of ``async_ops``; a call autograd need not record (its
+tensor wants no gradient, or grad mode is off) on a contiguous host tensor is one submission instead, made
+and waited for by ``async_ops``' ``*_now`` functions, on this thread when the engine is idle.
+
+Gradients follow Horovod 0.28 exactly, so that models port unchanged: allreduce's gradient is the same
+allreduce of the incoming gradient; allgather's is the Average-allreduce of the incoming gradient, narrowed
+to this rank's rows; broadcast's is the Average-allreduce of the incoming gradient on the root and zero
+elsewhere; alltoall's is the reverse alltoall; reducescatter's is the allgather of the incoming gradient
+(times the set size for Sum, times the scale factors). Incoming gradients of any layout (autograd often
+hands over an expanded one) are staged like any other tensor.
 """
 
 from __future__ import annotations
