@@ -82,6 +82,39 @@ def main() -> None:
                 "refused",
                 "right" if "cannot run in place" in str(error) else "wrong",
             )
+    # the engine's NumPy helpers: from engine.OFFER_FROM_BYTES on, the result is the array they offered when
+    # it fits, else a copy; a smaller one is always copied out
+    offers: list[int] = []
+    offer = engine._offer
+
+    def remember_offer(a: np.ndarray, rows: int) -> np.ndarray:
+        result = offer(a, rows)
+        offers.append(result.ctypes.data)
+        return result
+
+    engine._offer = remember_offer  # type: ignore[assignment]
+    n = engine.OFFER_FROM_BYTES // 4  # rows of one float32: the smallest input that offers
+    cases = (("equal", n, 0), ("unequal", n, 1), ("small", 4, 0))  # unequal: no rank's offer fits
+    for case, rows, step in cases:
+        got = engine.synchronize(engine.allgather_async(rows_of(rank, rows + step * rank * rank), name=case))
+        want = np.concatenate([rows_of(q, rows + step * q * q) for q in range(size)])
+        where = "offered" if got.ctypes.data in offers else "copied"
+        print("CASE", f"allgather.{case}.numpy", where, "right" if np.array_equal(got, want) else "wrong")
+    send = np.arange(size * n, dtype=np.float32).reshape(size * n, 1) + 1000 * rank
+    sent = [[0] * (size - 1) + [size * n]] + [[n] * size] * (size - 1)  # rank 0 sends everything to the last
+    for case, splits in (("even", None), ("uneven", sent[rank])):
+        handle = engine.alltoall_async(send, splits=splits, name=f"numpy.{case}")
+        got = engine.synchronize(handle)
+        received = handle.received_splits()
+        handle.release()
+        by = sent if case == "uneven" else [[n] * size] * size  # by[q][r]: rows q sends to r
+        want = np.concatenate(
+            [np.arange(sum(by[q][:rank]), sum(by[q][: rank + 1])) + 1000 * q for q in range(size)]
+        ).astype(np.float32)
+        right = np.array_equal(got.ravel(), want) and received == [by[q][rank] for q in range(size)]
+        where = "offered" if got.ctypes.data in offers else "copied"
+        print("CASE", f"alltoall.{case}.numpy", where, "right" if right else "wrong")
+    engine._offer = offer  # type: ignore[assignment]
     # hpcdl.torch: the result is the output it offered (no copy) when every rank has its rows
     offered: list[int] = []
     new_result = _tensors.new_result

@@ -14,6 +14,7 @@ RANK = str(Path(__file__).with_name("offered_outputs_rank.py"))
 EXPECTED = {
     "allgather.equal": "offered",
     "allgather.unequal": "copied",
+    "allgather.small": "copied",
     "alltoall.even": "offered",
     "alltoall.uneven": "copied",
     "allgather.overlapping": "refused",
@@ -30,7 +31,7 @@ def test_results_go_where_offered_when_they_fit(transport: str) -> None:
             for line in rank_lines(done.stdout, rank)
             if line.startswith("CASE ")
         }
-        assert len(cases) == 12, cases
+        assert len(cases) == 17, cases
         for name, (where, value) in cases.items():
             expected = EXPECTED.get(name.rsplit(".", 1)[0], "offered")  # torch.allgather, torch.alltoall
             assert (where, value) == (expected, "right"), (rank, name, where, value)
