@@ -262,35 +262,40 @@ def check_names_and_cache() -> None:
     for _ in range(2):
         for name in ("kept.a", "kept.b"):
             E.synchronize(E.allreduce_async(values(r, 4), name=name, op=SUM))
-    path = os.path.join(tempfile.mkdtemp(), "cache.json")  # world rank 0 writes the timeline
-    E.start_timeline(path)
-    for _ in range(6):
-        E.synchronize(E.allreduce_async(values(r, 4), op=SUM))
-    for name in ("kept.a", "kept.b"):
-        E.synchronize(E.allreduce_async(values(r, 4), name=name, op=SUM))
-    # Least recently used first: lru.0 is used again after lru.1-3, so lru.4 evicts lru.1.
-    for i in (0, 1, 2, 3, 0, 4, 0, 2, 1):
-        E.synchronize(E.allreduce_async(values(r, 4), name=f"lru.{i}", op=SUM))
-    E.stop_timeline()
-    if r == 0:
-        with open(path) as timeline:
-            events = json.load(timeline)
-        tracks = {
-            e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"
-        }
-        cached: dict[str, list[bool]] = {}
-        for e in events:
-            if e["ph"] == "X" and e["name"] == "NEGOTIATE" and tracks[e["tid"]].startswith(("kept.", "lru.")):
-                cached.setdefault(tracks[e["tid"]], []).append(e["args"].get("cached", False))
-        assert cached == {
-            "kept.a": [True],
-            "kept.b": [True],
-            "lru.0": [False, True, True],
-            "lru.1": [False, False],
-            "lru.2": [False, True],
-            "lru.3": [False],
-            "lru.4": [False],
-        }, cached
+    with tempfile.TemporaryDirectory(prefix="hpcdl-cache-") as scratch:
+        path = os.path.join(scratch, "cache.json")  # world rank 0 writes the timeline
+        E.start_timeline(path)
+        for _ in range(6):
+            E.synchronize(E.allreduce_async(values(r, 4), op=SUM))
+        for name in ("kept.a", "kept.b"):
+            E.synchronize(E.allreduce_async(values(r, 4), name=name, op=SUM))
+        # Least recently used first: lru.0 is used again after lru.1-3, so lru.4 evicts lru.1.
+        for i in (0, 1, 2, 3, 0, 4, 0, 2, 1):
+            E.synchronize(E.allreduce_async(values(r, 4), name=f"lru.{i}", op=SUM))
+        E.stop_timeline()
+        if r == 0:
+            with open(path) as timeline:
+                events = json.load(timeline)
+            tracks = {
+                e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"
+            }
+            cached: dict[str, list[bool]] = {}
+            for e in events:
+                if (
+                    e["ph"] == "X"
+                    and e["name"] == "NEGOTIATE"
+                    and tracks[e["tid"]].startswith(("kept.", "lru."))
+                ):
+                    cached.setdefault(tracks[e["tid"]], []).append(e["args"].get("cached", False))
+            assert cached == {
+                "kept.a": [True],
+                "kept.b": [True],
+                "lru.0": [False, True, True],
+                "lru.1": [False, False],
+                "lru.2": [False, True],
+                "lru.3": [False],
+                "lru.4": [False],
+            }, cached
     passed("names_and_cache")
 
 
