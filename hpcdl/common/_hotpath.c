@@ -76,9 +76,9 @@ static PyObject* fail(int status) {
 }
 
 /* bind(enqueue, wait, poll, release, allreduce, run, output, received_splits, raise_status, error_class,
- * array_type, formats): the
- * functions' addresses in the loaded runtime, the callable that raises for a status, the exception class
- * of bad submissions, numpy.ndarray and a dict {buffer format: runtime dtype code}. */
+ * array_type, formats): the functions' addresses in the loaded runtime, the callable that raises for a
+ * status, the exception class of bad submissions, numpy.ndarray and a dict {buffer format: runtime dtype
+ * code}. */
 #define NFUNCTIONS 8
 static PyObject* bind(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != NFUNCTIONS + 4 || !PyType_Check(args[NFUNCTIONS + 2]) || !PyDict_Check(args[NFUNCTIONS + 3]) ||

@@ -91,9 +91,6 @@ class Handle(_hotpath.HandleBase):
             ctypes.memmove(out.ctypes.data, address, nbytes)
         return out
 
-    def output_shape(self) -> tuple[int, ...]:
-        return self.output_bytes()[2]
-
     def join_result(self) -> int:
         """join: the last rank to join."""
         self._check_live()
@@ -259,9 +256,10 @@ def _buffer(a: np.ndarray, dtype: DType) -> Buffer:
 OFFER_FROM_BYTES = 16 << 10
 
 
-def _engine_output(handle: Handle, dtype: np.dtype, offered: Optional[np.ndarray]) -> np.ndarray:
-    """An allgather's or alltoall's result: ``offered`` itself when the engine wrote it there (the usual
-    result, offered at submission), else a copy of the engine's own buffer."""
+def output_array(handle: Handle, dtype: np.dtype, offered: Optional[np.ndarray]) -> np.ndarray:
+    """A finished allgather's or alltoall's result as an array of ``dtype``: ``offered`` itself when the
+    engine wrote it there (the usual result, offered at submission), else a copy of the engine's own
+    buffer."""
     address, _, shape = handle.output_bytes()
     if offered is not None and offered.size and address == offered.ctypes.data:
         return offered if offered.shape == shape else offered.reshape(shape)
@@ -372,7 +370,7 @@ def allgather_async(a: np.ndarray, name: Optional[str] = None, process_set: int 
         name=name,
         process_set=process_set,
         keep=(a, offered),
-        result=lambda h: _engine_output(h, a.dtype, offered),
+        result=lambda h: output_array(h, a.dtype, offered),
     )
 
 
@@ -409,7 +407,7 @@ def alltoall_async(
         process_set=process_set,
         splits=list(splits) if splits is not None else None,
         keep=(a, offered),
-        result=lambda h: _engine_output(h, a.dtype, offered),
+        result=lambda h: output_array(h, a.dtype, offered),
     )
 
 

@@ -103,10 +103,12 @@ def allreduce(
     return out
 
 
-def _exchange_shapes(a: np.ndarray, process_set: int, what: str) -> Optional[list[tuple[int, ...]]]:
-    """Every rank's shape (first dimension may differ), checking ranks agree on the trailing ones; None when
-    every rank's shape is this one's (the usual case, told apart from the raw rows without building them)."""
-    size, _ = _set_size(process_set)
+def _exchange_shapes(
+    a: np.ndarray, size: int, process_set: int, what: str
+) -> Optional[list[tuple[int, ...]]]:
+    """Every rank's shape (first dimension may differ) of a process set of ``size``, checking ranks agree on
+    the trailing ones; None when every rank's shape is this one's (the usual case, told apart from the raw
+    rows without building them)."""
     if a.ndim > 8:
         raise HpcdlConfigError(f"{what}: arrays of more than 8 dimensions are not supported")
     mine = np.zeros(9, dtype=np.int64)
@@ -133,10 +135,11 @@ def allgather(a: np.ndarray, process_set: int = 0, dtype: Optional[DType] = None
     """Concatenate every rank's ``a`` along the first dimension (which may differ per rank)."""
     src = _contiguous(a, "allgather")
     kind = _resolve_dtype(src, dtype)
-    shapes = _exchange_shapes(src, process_set, "allgather")
+    size, _ = _set_size(process_set)
+    shapes = _exchange_shapes(src, size, process_set, "allgather")
     if shapes is None:  # every rank's shape is this one's
         counts = None
-        out = result_array((_set_size(process_set)[0] * src.shape[0], *src.shape[1:]), src.dtype)
+        out = result_array((size * src.shape[0], *src.shape[1:]), src.dtype)
     else:
         row = int(np.prod(src.shape[1:], dtype=np.int64))
         counts = _counts([s[0] * row for s in shapes])

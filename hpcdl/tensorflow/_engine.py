@@ -117,11 +117,8 @@ def _engine_output(handle: engine.Handle, wire: Wire, dtype: np.dtype, offered: 
     """An allgather's or alltoall's result as an array of the tensor's dtype: ``offered`` itself when the
     engine wrote it there (the usual result, offered at submission, see c_api.h), else a copy of the
     engine's own buffer."""
-    address, _, shape = handle.output_bytes()
-    if wire.pairs:
-        shape = shape[:-1]
-    fits = offered.size > 0 and address == offered.ctypes.data
-    return wire.receive(offered if fits else handle.output(), dtype, shape)
+    raw = engine.output_array(handle, wire.view, offered)
+    return wire.receive(raw, dtype, raw.shape[:-1] if wire.pairs else raw.shape)
 
 
 @dataclass(frozen=True)

@@ -479,18 +479,19 @@ def broadcast_launch(
 
 
 def broadcast_now(
-    tensor: torch.Tensor, output: torch.Tensor, root_rank: int, name: Optional[str], process_set: ProcessSet
-) -> bool:
-    """The blocking broadcast of one tensor into ``output`` (a fresh contiguous tensor, or the tensor itself,
-    checked by the caller): one call into the runtime, which runs it on this thread when the engine is idle.
-    False, with nothing submitted, where the launcher must take the call (another layout or device, the GPU
-    path)."""
+    tensor: torch.Tensor, root_rank: int, name: Optional[str], process_set: ProcessSet, in_place: bool
+) -> Optional[torch.Tensor]:
+    """The blocking broadcast of one tensor (checked by the caller) into a fresh tensor, or into itself
+    (``in_place``): one call into the runtime, which runs it on this thread when the engine is idle; the
+    result. None, with nothing submitted, where the launcher must take the call (another layout or device,
+    the GPU path)."""
     if not _direct(tensor):
-        return False
+        return None
     dtype = runtime_dtype(tensor)
     _check_root(root_rank, process_set)
+    output = tensor if in_place else new_output(tensor)
     address = tensor.data_ptr()
-    result = address if output is tensor else output.data_ptr()
+    result = address if in_place else output.data_ptr()
     shape = tensor.shape or (1,)  # a 0-d tensor travels as one element
     engine.run(
         _BROADCAST,
@@ -503,7 +504,7 @@ def broadcast_now(
         root=root_rank,
         keep=(tensor, output),
     )
-    return True
+    return output
 
 
 def broadcast_async(

@@ -225,8 +225,8 @@ def broadcast(
     """Return the tensor of global rank ``root_rank`` on every rank of the set (input unchanged)."""
     check_tensor(tensor, "broadcast")
     if not _differentiated(tensor):
-        output = new_output(tensor)
-        if _a.broadcast_now(tensor, output, root_rank, check_name(name), process_set):
+        output = _a.broadcast_now(tensor, root_rank, check_name(name), process_set, in_place=False)
+        if output is not None:
             return output
     return _Broadcast.apply(root_rank, process_set, check_name(name), tensor)
 
@@ -239,7 +239,7 @@ def broadcast_(
 ) -> torch.Tensor:
     """In-place ``broadcast``: ``tensor`` receives the root's values and is returned."""
     _a.check_in_place(tensor, "broadcast_")
-    if _a.broadcast_now(tensor, tensor, root_rank, check_name(name), process_set):
+    if _a.broadcast_now(tensor, root_rank, check_name(name), process_set, in_place=True) is not None:
         return tensor
     return synchronize(
         _a.broadcast_launch(tensor, tensor, root_rank, check_name(name), process_set, wait=True)
