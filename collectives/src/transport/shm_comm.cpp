@@ -39,9 +39,12 @@ struct ShmComm::Header {
 struct ShmComm::RankCtl {
   alignas(128) std::atomic<uint32_t> step;
   int32_t pid;
-  // The rank's time for the last full allreduce chunk (ns; 0: none since it was read), written before it
-  // publishes the next chunk's first step: every rank feeds StagingStores the slowest rank's time.
-  std::atomic<uint64_t> chunk_ns;
+  // The rank's time for its last full chunk (ns; 0: none since it was shared), written before it publishes
+  // the next chunk's first step, in the word of that step's parity (as the staging slots): a member may
+  // publish its next step while a slower one still reads this one's times, and would otherwise overwrite
+  // them (the ranks then fed their StagingStores different times and chose differently under load).
+  // Every rank feeds StagingStores the slowest rank's time.
+  std::atomic<uint64_t> chunk_ns[2];
   // The doorbell (see Comm::wait_notify): the latest cycle a peer rang for, this rank's own pokes, and the
   // word its idle engine sleeps on, which every ring and poke changes.
   alignas(128) std::atomic<uint32_t> bell;
@@ -52,7 +55,7 @@ struct ShmComm::RankCtl {
 
 namespace {
 constexpr uint64_t kMagic = 0x687063646c73686dULL;  // "hpcdlshm"
-constexpr uint32_t kLayout = 3;
+constexpr uint32_t kLayout = 4;
 constexpr size_t kHeaderBytes = 4096;
 // An out-of-place output at least this large (a whole allreduce's, or one segment's) receives its results
 // through streaming stores. Unlike an in-place output (read moments before as the input), its lines are not
@@ -540,12 +543,14 @@ ShmComm::Chunk ShmComm::begin_chunk(ChunkKind kind, bool full) const {
 // ran the same chunks, so either all or none of them has a time, of the same kind: all feed the same
 // (slowest) one to that kind's StagingStores, which then make the same choices on every rank.
 Status ShmComm::publish_chunk(Deadline deadline, const std::string& what) {
-  ctl(rank_).chunk_ns.store(last_chunk_ns_, std::memory_order_relaxed);
+  const uint32_t parity = (step_ + 1) & 1;  // of the step published next
+  ctl(rank_).chunk_ns[parity].store(last_chunk_ns_, std::memory_order_relaxed);
   publish();
   Status st = wait_all(deadline, what);
   if (!st.is_ok()) return st;
   uint64_t slowest = 0;
-  for (int r = 0; r < size_; ++r) slowest = std::max(slowest, ctl(r).chunk_ns.load(std::memory_order_relaxed));
+  for (int r = 0; r < size_; ++r)
+    slowest = std::max(slowest, ctl(r).chunk_ns[parity].load(std::memory_order_relaxed));
   if (slowest > 0) stores_[last_chunk_kind_].record_chunk(double(slowest) * 1e-9, last_chunk_streamed_);
   last_chunk_ns_ = 0;
   return st;
