@@ -99,7 +99,7 @@ def _start(lib: Any, resolved: config.Resolved, env: Any, static_sets: str, extr
         rendezvous_origin=meet.origin,
         secret=meet.secret,
         process_sets=static_sets,
-        autotune_fixed=config.autotune_fixed(resolved),
+        user_set_knobs=config.user_set_knobs(resolved),
         **extra,
     )
     members = extra.get("members")

@@ -27,7 +27,7 @@ class Setting:
     default: Any
     kind: type  # int, float, bool or str
     invert: bool = False  # HPCDL_STALL_CHECK_DISABLE=1 means stall_check=0
-    tunable: bool = False  # the autotuner may change it unless the user set it
+    tunable: bool = False  # the engine may change it (autotuner, cache growth) unless the user set it
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -272,6 +272,6 @@ def options_text(options: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def autotune_fixed(resolved: Resolved) -> str:
-    """Comma list of tunable knobs the user set, which the autotuner must leave alone."""
+def user_set_knobs(resolved: Resolved) -> str:
+    """Comma list of tunable knobs the user set, which the engine must leave alone."""
     return ",".join(s.key for s in SETTINGS if s.tunable and s.key in resolved.user_set)

@@ -227,6 +227,19 @@ def check_wait_timeout_names_the_missing_ranks() -> None:
     passed("wait_timeout")
 
 
+def negotiations_cached(path: str, prefixes: tuple[str, ...]) -> dict[str, list[bool]]:
+    """From rank 0's timeline: for each tensor whose name starts with one of ``prefixes``, whether each of
+    its negotiations went through the response cache (every member sent only the entry's id)."""
+    with open(path) as timeline:
+        events = json.load(timeline)
+    tracks = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    cached: dict[str, list[bool]] = {}
+    for e in events:
+        if e["ph"] == "X" and e["name"] == "NEGOTIATE" and tracks[e["tid"]].startswith(prefixes):
+            cached.setdefault(tracks[e["tid"]], []).append(e["args"].get("cached", False))
+    return cached
+
+
 def check_names_and_cache() -> None:
     r, n = hc.rank(), hc.size()
     # Unnamed operations get the same deterministic names on every rank.
@@ -274,19 +287,7 @@ def check_names_and_cache() -> None:
             E.synchronize(E.allreduce_async(values(r, 4), name=f"lru.{i}", op=SUM))
         E.stop_timeline()
         if r == 0:
-            with open(path) as timeline:
-                events = json.load(timeline)
-            tracks = {
-                e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"
-            }
-            cached: dict[str, list[bool]] = {}
-            for e in events:
-                if (
-                    e["ph"] == "X"
-                    and e["name"] == "NEGOTIATE"
-                    and tracks[e["tid"]].startswith(("kept.", "lru."))
-                ):
-                    cached.setdefault(tracks[e["tid"]], []).append(e["args"].get("cached", False))
+            cached = negotiations_cached(path, ("kept.", "lru."))
             assert cached == {
                 "kept.a": [True],
                 "kept.b": [True],
@@ -497,6 +498,32 @@ def check_join_uneven() -> None:
 # ---- scenario: semantics (Horovod's rules for names, scaling, groups and shutdown) -----------------------
 
 
+def check_the_cache_grows_to_hold_a_model() -> None:
+    """With the default capacity (the user set none), a model with more named tensors than the response
+    cache holds would miss at every tensor of every step (least recently used eviction of a cyclic set).
+    A name evicted for want of room that comes back doubles the capacity on every rank alike, so from the
+    third step every tensor goes through the cache."""
+    r, n = hc.rank(), hc.size()
+    assert E.engine_knob("cache_capacity") == 1024
+    tensors = 1300
+    with tempfile.TemporaryDirectory(prefix="hpcdl-cache-") as scratch:
+        path = os.path.join(scratch, "grown.json")  # world rank 0 writes the timeline
+        for step in range(3):
+            if step == 2:
+                E.start_timeline(path)
+            handles = [
+                E.allreduce_async(values(r, 2, i + step), name=f"model.{i}", op=SUM) for i in range(tensors)
+            ]
+            for i, h in enumerate(handles):
+                np.testing.assert_array_equal(E.synchronize(h), sum(values(q, 2, i + step) for q in range(n)))
+        E.stop_timeline()
+        assert E.engine_knob("cache_capacity") == 2048, E.engine_knob("cache_capacity")
+        if r == 0:
+            cached = negotiations_cached(path, ("model.",))
+            assert len(cached) == tensors and all(c == [True] for c in cached.values()), cached
+    passed("cache_grows")
+
+
 def check_names_stay_taken_until_collected() -> None:
     r = hc.rank()
     first = E.allreduce_async(values(r, 4), name="taken", op=SUM)
@@ -681,6 +708,7 @@ SCENARIOS: dict[str, Callable[[list[str]], None]] = {
             check_names_stay_taken_until_collected,
             check_prescale_rounds_like_horovod,
             check_group_ids_per_process_set,
+            check_the_cache_grows_to_hold_a_model,
             check_a_shutdown_ends_the_job,
         )
     ],

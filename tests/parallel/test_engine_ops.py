@@ -115,8 +115,15 @@ def test_results_the_engine_allocates_reuse_released_buffers() -> None:
 def test_horovod_semantics_of_names_scaling_groups_and_shutdown() -> None:
     """A name stays taken until its result is collected; integer and float16 prescaling rounds like
     Horovod's and a float average over 3 ranks divides; groups on a subset do not shift the global group
-    ids; one rank's shutdown fails the others' pending and later operations at once, naming it."""
+    ids; the response cache grows to hold a model with more names than its default capacity; one rank's
+    shutdown fails the others' pending and later operations at once, naming it."""
     done = run_scenario(3, "semantics")
     for rank in range(3):
-        expected = ["names_until_collected", "prescale_rounds", "group_ids", "shutdown_ends_the_job"]
+        expected = [
+            "names_until_collected",
+            "prescale_rounds",
+            "group_ids",
+            "cache_grows",
+            "shutdown_ends_the_job",
+        ]
         assert passes(done.stdout, rank) == expected, done.stdout[-3000:]

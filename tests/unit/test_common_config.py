@@ -41,11 +41,11 @@ def test_bad_values_name_the_variable() -> None:
     assert config.resolve({}, {}).get("tcp_spin_us") is None  # unset: the runtime chooses
 
 
-def test_options_text_and_autotune_fixed() -> None:
+def test_options_text_and_user_set_knobs() -> None:
     resolved = config.resolve({"fusion_threshold": 0}, {"HPCDL_SMALL_MESSAGE_BYTES": "128"})
     text = config.options_text({"rank": 0, "hierarchical": True, "timeout_s": 1.5})
     assert text == "rank=0\nhierarchical=1\ntimeout_s=1.5\n"
-    assert config.autotune_fixed(resolved) == "small_message_bytes,fusion_threshold"
+    assert config.user_set_knobs(resolved) == "small_message_bytes,fusion_threshold"
     with pytest.raises(HpcdlConfigError, match="line break"):
         config.options_text({"timeline": "a\nrank=3"})
 

@@ -131,11 +131,12 @@ HPCDL_API const char* hpcdl_build_info(void);
  *                                 the default: when some host has several ranks of the process set)
  *   fusion_threshold              engine fusion buffer bytes (0 disables fusion)
  *   cycle_time_ms                 engine cycle time (float)
- *   cache_capacity                engine response cache entries (0 disables)
+ *   cache_capacity                engine response cache entries (0 disables); unless the user set it, the
+ *                                 cache doubles when a name it evicted for want of room comes back
  *   timeline, timeline_mark_cycles  Chrome-trace output path written by rank 0, mark cycles 0|1
  *   stall_check=0|1, stall_check_s, stall_shutdown_s
  *   autotune=0|1, autotune_log, autotune_warmup_samples, autotune_steps_per_sample,
- *   autotune_fixed                comma list of knobs the user set explicitly (never tuned)
+ *   user_set_knobs                comma list of knobs the user set explicitly (never tuned, never grown)
  *   process_sets                  static process sets, ';'-separated lists of ','-separated world ranks
  *   dynamic_process_sets=0|1
  *   members                       ','-separated world ranks: after the rendezvous of every rank, this

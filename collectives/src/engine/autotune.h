@@ -5,7 +5,7 @@
 // reductions of one training step). A sample is `steps_per_sample` steps; its score is bytes moved per
 // second of burst time. After `warmup_samples` samples with the starting values, each tunable knob in turn
 // is tried at every candidate value (one sample each) and fixed at its best; then the tuner has converged.
-// Knobs the user set explicitly (init option autotune_fixed) are never changed.
+// Knobs the user set explicitly (init option user_set_knobs) are never changed.
 #pragma once
 
 #include <cstdint>

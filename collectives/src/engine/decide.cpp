@@ -270,10 +270,11 @@ std::shared_ptr<EngineOp> Engine::mark_finished(std::shared_ptr<EngineOp> op, in
 
 // Response cache: operations that ran with every member's submission are remembered under a small id; a
 // rank that submits the same thing again sends only the id. Identical on every rank (updated in the same
-// order from the same data), with least-recently-used eviction (O(1): a model with more tensors than the
-// cache has entries misses, and evicts, at every tensor of every step). An unnamed operation's name never
-// comes again: remembering it only evicted another (0.8 of an unnamed call's 3.0 us at one rank, while that
-// eviction searched the whole cache).
+// order from the same data), with least-recently-used eviction (O(1)). A model with more tensors than the
+// cache has entries would miss, and evict, at every tensor of every step: a name evicted for want of room
+// that comes back doubles the capacity (unless the user set it), so such a model misses only while the
+// cache grows. An unnamed operation's name never comes again: remembering it only evicted another (0.8 of
+// an unnamed call's 3.0 us at one rank, while that eviction searched the whole cache).
 void Engine::remember(NameRecord& r) {
   if (cache_capacity_ <= 0) return;
   for (const auto& q : r.by_member)
@@ -285,11 +286,24 @@ void Engine::remember(NameRecord& r) {
   }
   int id = r.cache_id;
   if (id < 0) {
+    if (cache_grows_ && cache_capacity_ < kCacheGrowthLimit && evicted_names_.count(r.key) != 0) {
+      std::lock_guard<std::mutex> lock(knob_mutex_);
+      cache_capacity_ = std::min(2 * cache_capacity_, kCacheGrowthLimit);
+      evicted_.clear();  // evicted under the smaller capacity: the next growth needs evictions under this one
+      evicted_names_.clear();
+    }
     if (static_cast<int>(cache_.size()) < cache_capacity_) {
       id = static_cast<int>(cache_.size());
       cache_.push_back(nullptr);
     } else {
       NameRecord& evicted = *least_used_;
+      if (cache_grows_ && cache_capacity_ < kCacheGrowthLimit && evicted_names_.insert(evicted.key).second) {
+        evicted_.push_back(evicted.key);
+        while (static_cast<int>(evicted_.size()) > kCacheGrowthLimit) {
+          evicted_names_.erase(evicted_.front());
+          evicted_.pop_front();
+        }
+      }
       id = evicted.cache_id;
       least_used_ = evicted.newer;
       if (least_used_ != nullptr) least_used_->older = nullptr;

@@ -187,6 +187,15 @@ std::string Engine::device_failure(const DeviceBatch& b, const std::string& mess
          message + ")";
 }
 
+// Under mutex_: when the first of the outstanding batches becomes overdue (see overdue_device_batch).
+Deadline Engine::device_batches_due() const {
+  const auto limit = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s_));
+  Deadline due = Deadline::max();
+  if (!device_queue_.empty()) due = device_queue_.front()->decided.back() + limit;
+  for (const auto& kv : device_running_) due = std::min(due, kv.second->taken + limit);
+  return due;
+}
+
 // Under mutex_: the timeout of the oldest batch that waits for the executor or runs on the device too long.
 Status Engine::overdue_device_batch(Clock::time_point now) const {
   const auto limit = std::chrono::duration<double>(timeout_s_);

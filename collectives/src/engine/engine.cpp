@@ -62,6 +62,8 @@ Status Engine::start() {
   knobs_.cycle_time_ms = o.get_double("cycle_time_ms", 1.0);
   knobs_.small_message_bytes = static_cast<double>(o.get_int("small_message_bytes", 65536));
   cache_capacity_ = static_cast<int>(o.get_int("cache_capacity", 1024));
+  const std::set<std::string> user_set = split_commas(o.get("user_set_knobs"));
+  cache_grows_ = user_set.count("cache_capacity") == 0;
   stall_check_enabled_ = o.get_bool("stall_check", true);
   stall_check_s_ = o.get_double("stall_check_s", 60.0);
   stall_shutdown_s_ = o.get_double("stall_shutdown_s", 0.0);
@@ -70,7 +72,7 @@ Status Engine::start() {
   stacks_.configure(static_cast<int>(o.get_int("stack_fd", -1)), static_cast<int>(o.get_int("stack_signal", 0)),
                     o.get("stack_thread"));
   if (rank_ == 0 && o.get_bool("autotune", false)) {
-    autotuner_ = std::make_unique<Autotuner>(knobs_, split_commas(o.get("autotune_fixed")),
+    autotuner_ = std::make_unique<Autotuner>(knobs_, user_set,
                                              static_cast<int>(o.get_int("autotune_warmup_samples", 3)),
                                              static_cast<int>(o.get_int("autotune_steps_per_sample", 10)));
     if (!o.get("autotune_log").empty()) {
@@ -397,13 +399,20 @@ Status Engine::run_cycle(CycleResult* result) {
   const uint32_t number = next_cycle_++;
   last_cycle_start_ = Clock::now();
   if (timeline_.active() && timeline_.mark_cycles()) timeline_.instant("CYCLE_START", last_cycle_start_);
-  const bool news = pack(&message_);
+  Deadline batches_due;
+  const bool news = pack(&message_, &batches_due);
   control_->ring_if_late(number, news ? kRingAfter : kRingAfterEarly);
   // The cycle that announces this rank's shutdown is its last: it waits for its peers a short while, not
-  // the whole timeout, so that an exiting process leaves at once even when a peer is hung.
+  // the whole timeout, so that an exiting process leaves at once even when a peer is hung. Nor does it wait
+  // past a device batch's deadline: peers whose batch is overdue stop cycling (a heartbeat would wait for
+  // them in vain, and time out naming the negotiation instead of the collective that never finished).
   const Deadline until = shutdown_sent_ ? std::min(deadline(), Clock::now() + kShutdownGrace) : deadline();
-  Status s = exchange(message_, until);
-  if (!s.is_ok()) return s;
+  Status s = exchange(message_, std::min(until, batches_due));
+  if (!s.is_ok()) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const Status overdue = s.code == HPCDL_ERR_TIMEOUT ? overdue_device_batch(Clock::now()) : Status::ok();
+    return overdue.is_ok() ? s : overdue;
+  }
   std::vector<NameRecord*> work;
   std::set<int> join_changed;
   std::vector<Abort> aborts;
@@ -461,9 +470,14 @@ bool Engine::cached(const NameRecord& r, const OpRequest& request) const {
 
 // Packs this rank's control message; true when it brings news its peers should not wait for (see
 // kRingAfterEarly): control flags, nothing at all (a heartbeat), or a submission that completes a round.
-bool Engine::pack(ByteWriter* message) {
+// `batches_due`: when the first outstanding device batch becomes overdue.
+bool Engine::pack(ByteWriter* message, Deadline* batches_due) {
+  std::vector<int> ask;
+  uint8_t why = 0;
+  bool report = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    *batches_due = device_batches_due();
     widest_pack_ = std::max<int64_t>(widest_pack_, static_cast<int64_t>(queue_.size()));
     for (auto& op : queue_) {
       op->packed = true;
@@ -473,12 +487,6 @@ bool Engine::pack(ByteWriter* message) {
     queue_bytes_ = 0;
     deferred_ = false;
     if (shutdown_requested_ && !shutdown_sent_) shutdown_sent_ = true;
-  }
-  std::vector<int> ask;
-  uint8_t why = 0;
-  bool report = false;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
     ask.swap(report_request_);
     why = report_why_;
     report_why_ = 0;

@@ -42,6 +42,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -262,7 +263,7 @@ class Engine {
   // ---- cycles (cycle runner) ----
   bool cycle();  // one cycle and what follows it; false when the engine failed or the job ended
   Status run_cycle(CycleResult* result);
-  bool pack(ByteWriter* message);
+  bool pack(ByteWriter* message, Deadline* batches_due);
   Status exchange(const ByteWriter& mine, Deadline deadline);
   std::string pending_summary() const;
   bool decode(int rank, const uint8_t* message, size_t size, bool* shutdown, std::vector<Abort>* aborts,
@@ -288,6 +289,7 @@ class Engine {
   void hand_to_device(const std::vector<NameRecord*>& batch, bool fused, const std::string& what);
   std::string device_failure(const DeviceBatch& batch, const std::string& message, int* code) const;
   Status overdue_device_batch(Clock::time_point now) const;  // under mutex_
+  Deadline device_batches_due() const;                     // under mutex_
   void record_device_timeline(const DeviceBatch& batch, const int64_t* times_ns);
   const void* prescaled(const void* input, int64_t count, const OpRequest& request);
   void finish(NameRecord& r, int code, const std::string& message);
@@ -330,6 +332,10 @@ class Engine {
   mutable std::mutex knob_mutex_;
   Knobs knobs_;
   int cache_capacity_ = 1024;
+  // The response cache doubles (up to kCacheGrowthLimit) when a name it evicted comes back, unless the user
+  // set its capacity: a model with more tensors than entries would otherwise miss at every tensor.
+  bool cache_grows_ = true;
+  static constexpr int kCacheGrowthLimit = 1 << 16;
   bool stall_check_enabled_ = true;
   double stall_check_s_ = 60, stall_shutdown_s_ = 0;
   std::unique_ptr<Autotuner> autotuner_;  // world rank 0 only
@@ -395,6 +401,10 @@ class Engine {
   std::vector<NameRecord*> cache_;  // response cache id -> record
   NameRecord* least_used_ = nullptr;  // the cache's use order: evicted first
   NameRecord* most_used_ = nullptr;
+  // The names the cache evicted since it last grew, at most kCacheGrowthLimit of them (oldest first): a
+  // name among them that is remembered again was evicted only for want of room.
+  std::deque<Key> evicted_;
+  std::unordered_set<Key, KeyHash> evicted_names_;
   std::vector<Abort> aborts_to_send_;
   std::vector<uint8_t> fusion_buffer_, prescaled_;
   ResultBytes scratch_;
