@@ -8,7 +8,8 @@ operation and size (the bytes each rank contributes), in the same processes and 
 - ``hvd``: hpcdl.torch's blocking call as a user writes it: ``hvd.allgather(t)``, ``hvd.alltoall(t)``,
   ``hvd.broadcast_(t, 0)``, ``hvd.reducescatter(t, op=hvd.Sum)``, each under a name; ``grouped``: one
   ``hvd.grouped_allreduce_`` of 64 tensors sharing the size; ``burst``: 64 ``hvd.allreduce_async_`` then
-  their ``synchronize``, as ``DistributedOptimizer`` reduces a layer's small gradients;
+  their ``synchronize``, as ``DistributedOptimizer`` reduces a layer's small gradients (``--group N``: N
+  tensors; a burst of more names than the engine's response cache holds is a large model's step);
 - ``runtime``: ``hpcdl.common``'s call on a NumPy array (``allgather``, ``alltoall``, ``broadcast``,
   ``reducescatter``): no engine; for ``grouped`` and ``burst``, one in-place ``allreduce`` of all the bytes
   (what fusion at its best costs);
@@ -55,13 +56,13 @@ except ImportError:  # run as a script
     )
 
 OPS = ("allgather", "alltoall", "broadcast", "reducescatter", "grouped", "burst")
-GROUP = 64  # the tensors of a grouped allreduce or a burst
+GROUP = 64  # the tensors of a grouped allreduce or a burst, unless --group says otherwise
 IMPLS = ("hvd", "runtime", "mpi4py")
 DEFAULT_SIZES = [64 << 10, 1 << 20, 16 << 20]
 
 
-def _calls(op: str, nbytes: int) -> dict[str, Callable[[], object]]:
-    """The blocking calls to time for one operation and size."""
+def _calls(op: str, nbytes: int, group: int) -> dict[str, Callable[[], object]]:
+    """The blocking calls to time for one operation and size (``group``: tensors of a grouped or burst)."""
     import torch
 
     import hpcdl.common as hc
@@ -70,10 +71,10 @@ def _calls(op: str, nbytes: int) -> dict[str, Callable[[], object]]:
     n = hc.size()
     many = op in ("grouped", "burst")
     # divides among the ranks (alltoall, reducescatter) or the tensors of a group
-    count = max(nbytes // 4 // (GROUP if many else n), 1) * (GROUP if many else n)
+    count = max(nbytes // 4 // (group if many else n), 1) * (group if many else n)
     a = np.ones(count, dtype=np.float32) if not many else np.zeros(count, dtype=np.float32)
     t = torch.from_numpy(a.copy())
-    parts = [torch.zeros(count // GROUP) for _ in range(GROUP)] if many else []
+    parts = [torch.zeros(count // group) for _ in range(group)] if many else []
     calls: dict[str, Callable[[], object]] = {}
     if many:
         if op == "grouped":
@@ -122,15 +123,15 @@ def _burst(parts: list) -> None:
         hvd.synchronize(handle)
 
 
-def worker(sizes: list[int], rounds: int, budget: float) -> None:
+def worker(ops: list[str], sizes: list[int], group: int, rounds: int, budget: float) -> None:
     import hpcdl.common as hc
     import hpcdl.torch as hvd
 
     hvd.init()
     report: dict = {"times": {}, "hpcdl": os.path.dirname(os.path.abspath(hc.__file__))}
-    steps = [(op, nbytes) for op in OPS for nbytes in sizes]
+    steps = [(op, nbytes) for op in ops for nbytes in sizes]
     for done, (op, nbytes) in enumerate(steps):
-        calls = _calls(op, nbytes)
+        calls = _calls(op, nbytes, group)
         counts = {name: block_count(call, 3, 3, budget) for name, call in calls.items()}
         report["times"][f"{op} {nbytes}"] = timed_rounds(calls, counts, rounds, nbytes)
         if hc.rank() == 0:
@@ -159,6 +160,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(prog="hpcdl bench api_collectives", description=__doc__.split("\n\n")[0])
     parser.add_argument("-np", "--num-proc", type=int, default=2, help="number of ranks (default 2)")
     parser.add_argument("--sizes", help="comma list of bytes per rank (default 64 KiB, 1 MiB, 16 MiB)")
+    parser.add_argument("--ops", help=f"comma list of operations (default all: {','.join(OPS)})")
+    parser.add_argument(
+        "--group", type=int, default=GROUP, help=f"tensors of a grouped allreduce or burst (default {GROUP})"
+    )
     parser.add_argument("--rounds", type=int, default=5, help="rounds per operation and size (default 5)")
     parser.add_argument("--block-seconds", type=float, default=0.1, help="length of one timed block")
     parser.add_argument("--no-mpi", action="store_true", help="launch with hpcdl run only (no mpi4py)")
@@ -168,8 +173,14 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else DEFAULT_SIZES
+    ops = args.ops.split(",") if args.ops else list(OPS)
+    unknown = sorted(set(ops) - set(OPS))
+    if unknown:
+        parser.error(f"unknown operation(s) {', '.join(unknown)}; choose from {', '.join(OPS)}")
+    if args.group < 1:
+        parser.error("--group needs at least one tensor")
     if args.worker:
-        worker(sizes, args.rounds, args.block_seconds)
+        worker(ops, sizes, args.group, args.rounds, args.block_seconds)
         return
     try:
         from ._launch import run_ranks
@@ -179,7 +190,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     if args.pythonpath:
         os.environ["PYTHONPATH"] = args.pythonpath  # the launcher and its ranks, not this process
     load_before = os.getloadavg()[0]
-    worker_args = ["--worker", "--sizes", ",".join(map(str, sizes)), "--rounds", str(args.rounds)]
+    worker_args = ["--worker", "--ops", ",".join(ops), "--sizes", ",".join(map(str, sizes))]
+    worker_args += ["--group", str(args.group), "--rounds", str(args.rounds)]
     worker_args += ["--block-seconds", str(args.block_seconds)]
     (text,) = run_ranks(__file__, args.num_proc, worker_args, "REPORT", use_mpi, args.no_progress)[:1]
     report = json.loads(text)
