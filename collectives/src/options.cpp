@@ -35,6 +35,11 @@ double Options::get_double(const std::string& key, double fallback) const {
   return std::strtod(it->second.c_str(), nullptr);
 }
 
+bool Options::logs_info() const {
+  const std::string level = get("log_level", "warning");
+  return level == "info" || level == "debug" || level == "trace";
+}
+
 bool Options::get_bool(const std::string& key, bool fallback) const {
   auto it = values_.find(key);
   if (it == values_.end() || it->second.empty()) return fallback;

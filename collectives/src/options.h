@@ -17,6 +17,8 @@ class Options {
   long long get_int(const std::string& key, long long fallback) const;
   double get_double(const std::string& key, double fallback) const;
   bool get_bool(const std::string& key, bool fallback) const;
+  // The log level is info or more verbose (hpcdl run --verbose): the runtime says what it chose.
+  bool logs_info() const;
   void set(const std::string& key, const std::string& value) { values_[key] = value; }
 
  private:

@@ -103,11 +103,6 @@ size_t hierarchical_min_bytes(const Options& options, const std::vector<PeerInfo
   return 0;
 }
 
-bool logs_info(const Options& options) {
-  const std::string level = options.get("log_level", "warning");
-  return level == "info" || level == "debug" || level == "trace";
-}
-
 std::vector<int> parse_ranks(const std::string& text) {
   std::vector<int> ranks;
   std::istringstream in(text);
@@ -315,7 +310,7 @@ Status Runtime::start(const Options& options) {
     st = add_process_set(ranks, &id);
     if (!st.is_ok()) return st;
   }
-  if (rank_ == 0 && spans && transport_ != "mpi" && logs_info(options_)) {  // what hpcdl run --verbose shows
+  if (rank_ == 0 && spans && transport_ != "mpi" && options_.logs_info()) {  // what hpcdl run --verbose shows
     const size_t from = hierarchical_min_bytes(options_, peers_, world);
     const std::string line = "hpcdl: " + std::to_string(size_) + " ranks on " + std::to_string(per_host.size()) +
                              " hosts (" + (homogeneous_ ? std::to_string(local_size_) + " per host" : "unequal") +

@@ -262,7 +262,7 @@ def launch(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> int:
         raise LaunchError(f"--launcher local runs every rank here, but {remote_hosts[0]} is another host")
     common_env = {**rank_settings_env(spec), **debug_env(spec, environ)}
     if spec.verbose and not any(environ.get(v) for v in ("HPCDL_LOG_LEVEL", "HOROVOD_LOG_LEVEL")):
-        common_env.setdefault("HPCDL_LOG_LEVEL", "info")  # rank 0 says how its collectives cross hosts
+        common_env.setdefault("HPCDL_LOG_LEVEL", "info")  # rank 0 says what it chose (paths, cache)
     rendezvous_addr = _rendezvous_address(spec, remote_hosts)
     router = OutputRouter(spec.output, num_proc)
     if spec.verbose:

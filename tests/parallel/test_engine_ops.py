@@ -117,7 +117,11 @@ def test_horovod_semantics_of_names_scaling_groups_and_shutdown() -> None:
     Horovod's and a float average over 3 ranks divides; groups on a subset do not shift the global group
     ids; the response cache grows to hold a model with more names than its default capacity; one rank's
     shutdown fails the others' pending and later operations at once, naming it."""
-    done = run_scenario(3, "semantics")
+    done = run_scenario(3, "semantics", HPCDL_LOG_LEVEL="info")
+    # With hpcdl run --verbose (log level info) rank 0 says when the cache grew, and why, once.
+    grew = [line for line in done.stderr.splitlines() if "response cache grew" in line]
+    assert len(grew) == 1 and grew[0].startswith("[0]<stderr>:"), done.stderr[-3000:]
+    assert "grew to 2048 entries: 'model.0' came back" in grew[0], grew
     for rank in range(3):
         expected = [
             "names_until_collected",

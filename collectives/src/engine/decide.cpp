@@ -287,10 +287,18 @@ void Engine::remember(NameRecord& r) {
   int id = r.cache_id;
   if (id < 0) {
     if (cache_grows_ && cache_capacity_ < kCacheGrowthLimit && evicted_names_.count(r.key) != 0) {
-      std::lock_guard<std::mutex> lock(knob_mutex_);
-      cache_capacity_ = std::min(2 * cache_capacity_, kCacheGrowthLimit);
+      {
+        std::lock_guard<std::mutex> lock(knob_mutex_);
+        cache_capacity_ = std::min(2 * cache_capacity_, kCacheGrowthLimit);
+      }
       evicted_.clear();  // evicted under the smaller capacity: the next growth needs evictions under this one
       evicted_names_.clear();
+      if (says_choices_)
+        std::fprintf(stderr,
+                     "hpcdl: the response cache grew to %d entries: '%s' came back after the cache evicted it "
+                     "for want of room (the job uses more named tensors than it held; HPCDL_CACHE_CAPACITY "
+                     "fixes the capacity)\n",
+                     cache_capacity_, r.key.second.c_str());
     }
     if (static_cast<int>(cache_.size()) < cache_capacity_) {
       id = static_cast<int>(cache_.size());

@@ -64,6 +64,7 @@ Status Engine::start() {
   cache_capacity_ = static_cast<int>(o.get_int("cache_capacity", 1024));
   const std::set<std::string> user_set = split_commas(o.get("user_set_knobs"));
   cache_grows_ = user_set.count("cache_capacity") == 0;
+  says_choices_ = rank_ == 0 && o.logs_info();
   stall_check_enabled_ = o.get_bool("stall_check", true);
   stall_check_s_ = o.get_double("stall_check_s", 60.0);
   stall_shutdown_s_ = o.get_double("stall_shutdown_s", 0.0);

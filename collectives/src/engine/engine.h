@@ -335,6 +335,7 @@ class Engine {
   // The response cache doubles (up to kCacheGrowthLimit) when a name it evicted comes back, unless the user
   // set its capacity: a model with more tensors than entries would otherwise miss at every tensor.
   bool cache_grows_ = true;
+  bool says_choices_ = false;  // world rank 0 at log level info (hpcdl run --verbose): reports the growth
   static constexpr int kCacheGrowthLimit = 1 << 16;
   bool stall_check_enabled_ = true;
   double stall_check_s_ = 60, stall_shutdown_s_ = 0;
