@@ -42,8 +42,9 @@ def test_a_rank_failing_after_init_ends_the_job_within_seconds(launcher: str, ho
     assert "failing_at" in failing, ranks[1].stdout + ranks[1].stderr
     assert ranks[0].job_returncode != 0
     # Before, the failing rank's exit-time shutdown waited for rank 0 to shut down too (up to the 60 s
-    # timeout), and the launcher saw the failure only then.
-    assert ended - failing["failing_at"] < 5.0, f"the job ended {ended - failing['failing_at']:.1f} s after"
+    # timeout), and the launcher saw the failure only then. Now the job ends in 1.7-2.2 s beside six busy
+    # loops; beside a full test run, mpirun's teardown and rank 2's exit once took 8.3 s (1 of 11 runs).
+    assert ended - failing["failing_at"] < 15.0, f"the job ended {ended - failing['failing_at']:.1f} s after"
     waiting = merged(ranks[2])  # its pending allreduce failed at once, naming the rank
     assert waiting.get("error") == "HpcdlShutdownError", ranks[2].stdout + ranks[2].stderr
     assert "rank 1 has shut down" in waiting["message"], waiting["message"]
