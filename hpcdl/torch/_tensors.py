@@ -71,21 +71,21 @@ def is_direct(tensor: torch.Tensor) -> bool:
 def readable(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor's values as a contiguous CPU tensor: the tensor itself when it already is one, else a
     copy that whoever submits it must keep alive until the operation completes."""
-    t = tensor.detach()
-    if not is_direct(t):
-        t = t.to("cpu").contiguous()
-    return t
+    if is_direct(tensor):  # every gradient: detach() alone would cost 0.3 us
+        return tensor
+    return tensor.detach().to("cpu").contiguous()
 
 
 def writable(target: torch.Tensor) -> torch.Tensor:
     """Where the runtime writes a result meant for ``target``: ``target`` itself when it can, else a fresh
     contiguous CPU tensor of its shape and dtype (see :func:`deliver`)."""
-    t = target.detach()
-    return t if is_direct(t) else torch.empty(tuple(t.shape), dtype=t.dtype)
+    return target if is_direct(target) else torch.empty(tuple(target.shape), dtype=target.dtype)
 
 
 def deliver(result: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Copy a result into ``target`` (through any view, onto any device) unless it was written there."""
+    if result is target:
+        return target
     if result.data_ptr() != target.data_ptr() or result.device != target.device:
         with torch.no_grad():
             target.copy_(result)

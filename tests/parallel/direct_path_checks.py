@@ -1,12 +1,13 @@
 """Rank programs of tests/parallel/test_engine_direct_path.py: blocking collectives that run on the caller's
-thread (the engine's direct path: a lone, small host operation while the engine is idle), beside operations
-in flight, with mismatches, unnamed operations (a fresh name each call), joined ranks, process sets, a
-re-initialised runtime and a peer that shuts down. ``python direct_path_checks.py SCENARIO`` prints ``PASS
-<check>`` per check; the first failure raises. Which operations ran on the caller's thread comes from this
-rank's flight recorder (``direct``). The direct path is taken when the engine thread is idle at the moment
-of the wait and the peers meet the caller in the negotiation, which a loaded or oversubscribed host changes
-for any one call: each check repeats its calls (the process-set check until the job saw one, within bounds)
-and prints ``RESULT direct <check> <calls that took it>``; the test wants some in the job."""
+thread (the engine's direct path: a lone, small host operation or group while the engine is idle), beside
+operations in flight, with mismatches, unnamed operations (a fresh name each call), small groups, joined
+ranks, process sets, a re-initialised runtime and a peer that shuts down. ``python direct_path_checks.py
+SCENARIO`` prints ``PASS <check>`` per check; the first failure raises. Which operations ran on the
+caller's thread comes from this rank's flight recorder (``direct``). The direct path is taken when the
+engine thread is idle at the moment of the wait and the peers meet the caller in the negotiation, which a
+loaded or oversubscribed host changes for any one call: each check repeats its calls (the process-set check
+until the job saw one, within bounds) and prints ``RESULT direct <check> <calls that took it>``; the test
+wants some in the job."""
 
 from __future__ import annotations
 
@@ -48,9 +49,10 @@ def report_direct(check: str, name: str) -> None:
     print(f"RESULT direct {check} {sum(ran_directly(name))}", flush=True)
 
 
-def job_saw_direct(name: str) -> bool:
-    """Whether any rank ran a call of `name` on its caller's thread (an allreduce over every rank)."""
-    seen = np.array([sum(ran_directly(name))], np.float32)
+def job_saw_direct(name: str, prefix: bool = False) -> bool:
+    """Whether any rank ran a call of `name` (or with `prefix`, of a name starting with it) on its caller's
+    thread (an allreduce over every rank)."""
+    seen = np.array([sum(ran_directly(name, prefix))], np.float32)
     return bool(reduce_now(f"{name} seen", seen)[0] > 0)
 
 
@@ -110,6 +112,39 @@ def check_unnamed() -> None:
     np.testing.assert_array_equal(E.synchronize(E.allreduce_async(mine(r), op=SUM)), everyone)
     print(f"RESULT direct unnamed {sum(ran_directly('allreduce.noname.', prefix=True))}", flush=True)
     passed("unnamed")
+
+
+def check_groups() -> None:
+    """A small group waited for at once runs on its caller's thread like a lone operation (its members are
+    left for the caller, not handed to the engine thread one by one); a small group left pending across a
+    blocking call, one only polled, and one too large to leave to its caller complete as before."""
+    r, n = hc.rank(), hc.size()
+    everyone = sum(mine(q) for q in range(n))
+
+    def group(prefix: str, rows: int = 3) -> list[E.Handle]:
+        arrays = [np.resize(mine(r), rows) + i for i in range(8)]
+        return E.grouped_allreduce_async(arrays, names=[f"{prefix}.{i}" for i in range(8)], op=SUM)
+
+    def check(handles: list[E.Handle], rows: int = 3) -> None:
+        for i, h in enumerate(handles):
+            np.testing.assert_array_equal(E.synchronize(h), np.resize(everyone, rows) + n * i)
+
+    for _round in range(20):  # until the job saw one, as for process sets
+        for _ in range(10):
+            check(group("grp"))
+        if job_saw_direct("grp.", prefix=True):
+            break
+    pending = group("left")
+    np.testing.assert_array_equal(reduce_now("between", mine(r)), everyone)
+    check(pending)
+    polled = group("polled")
+    deadline = time.monotonic() + 30
+    while not all(h.poll() for h in polled):  # a caller that only polls does not run the cycle itself
+        assert time.monotonic() < deadline, "a polled group did not complete"
+    check(polled)
+    check(group("large", 16384), 16384)  # 8 x 64 KiB: handed to the engine thread
+    print(f"RESULT direct groups {sum(ran_directly('grp.', prefix=True))}", flush=True)
+    passed("groups")
 
 
 def check_join() -> None:
@@ -183,6 +218,7 @@ SCENARIOS = {
     "ordering": check_ordering_against_ops_in_flight,
     "mismatch": check_mismatch_is_caught,
     "unnamed": check_unnamed,
+    "groups": check_groups,
     "join": check_join,
     "process_sets": check_process_sets,
     "reinit": check_reinit,

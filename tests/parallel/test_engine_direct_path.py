@@ -1,8 +1,8 @@
 """The engine's direct path with real ranks: a lone, small blocking collective (a name the response cache
-knows, or a new one) runs on the caller's thread when the engine is idle, with the engine's guarantees:
-ordering against operations in flight, mismatches caught (on first-seen names too), joined ranks, process
-sets, a runtime shut down and started again (an elastic reset), a peer's shutdown while a caller waits. The
-rank programs are in ``direct_path_checks.py``."""
+knows, or a new one) or a small group runs on the caller's thread when the engine is idle, with the
+engine's guarantees: ordering against operations in flight, mismatches caught (on first-seen names too),
+joined ranks, process sets, a runtime shut down and started again (an elastic reset), a peer's shutdown
+while a caller waits. The rank programs are in ``direct_path_checks.py``."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def direct_calls(stdout: str, np_: int, check: str) -> int:
 
 @pytest.mark.parametrize("np_", [2, 3, 4])
 def test_direct_calls_keep_order_catch_mismatches_and_serve_process_sets(tmp_path: Path, np_: int) -> None:
-    scenarios = ("ordering", "mismatch", "unnamed", "process_sets")
+    scenarios = ("ordering", "mismatch", "unnamed", "groups", "process_sets")
     stdout = run(tmp_path, np_, *scenarios)
     for rank in range(np_):
         assert passes(stdout, rank) == list(scenarios)

@@ -54,7 +54,8 @@ constexpr std::chrono::microseconds kSettle{100};
 constexpr std::chrono::microseconds kRingAfter{20};
 constexpr std::chrono::microseconds kRingAfterEarly{200};
 // A submission this small, made while the engine sleeps and nothing else waits in its queue, does not wake
-// it: its caller usually waits for it next and then runs the cycle itself (the direct path). The engine
+// it: its caller usually waits for it next and then runs the cycle itself (the direct path). A group's
+// members, submitted back to back, count as one submission of their bytes together. The engine
 // thread still runs it when anything else wakes it, at the latest within a second. A larger one wakes it, to
 // start while its caller goes on (the overlap asynchronous submission is for), unless the caller waits for
 // it at once (hpcdl_run): at 1 MiB that wake-up, one context switch a call, cost 5-9 us.
