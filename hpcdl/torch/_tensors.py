@@ -71,7 +71,7 @@ def is_direct(tensor: torch.Tensor) -> bool:
 def readable(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor's values as a contiguous CPU tensor: the tensor itself when it already is one, else a
     copy that whoever submits it must keep alive until the operation completes."""
-    if is_direct(tensor):  # every gradient: detach() alone would cost 0.3 us
+    if is_direct(tensor):  # handed over as it is: detach() alone would cost 0.3 us
         return tensor
     return tensor.detach().to("cpu").contiguous()
 
