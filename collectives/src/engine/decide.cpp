@@ -286,7 +286,9 @@ void Engine::remember(NameRecord& r) {
   }
   int id = r.cache_id;
   if (id < 0) {
-    if (cache_grows_ && cache_capacity_ < kCacheGrowthLimit && evicted_names_.count(r.key) != 0) {
+    // After a growth there is room, so no eviction follows in this call: one look at the limit serves both.
+    const bool may_grow = cache_grows_ && cache_capacity_ < kCacheGrowthLimit;
+    if (may_grow && evicted_names_.count(r.key) != 0) {
       {
         std::lock_guard<std::mutex> lock(knob_mutex_);
         cache_capacity_ = std::min(2 * cache_capacity_, kCacheGrowthLimit);
@@ -305,7 +307,7 @@ void Engine::remember(NameRecord& r) {
       cache_.push_back(nullptr);
     } else {
       NameRecord& evicted = *least_used_;
-      if (cache_grows_ && cache_capacity_ < kCacheGrowthLimit && evicted_names_.insert(evicted.key).second) {
+      if (may_grow && evicted_names_.insert(evicted.key).second) {
         evicted_.push_back(evicted.key);
         while (static_cast<int>(evicted_.size()) > kCacheGrowthLimit) {
           evicted_names_.erase(evicted_.front());

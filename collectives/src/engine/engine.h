@@ -363,7 +363,6 @@ class Engine {
   std::map<int, int> last_group_id_;  // per process set
   bool waiting_ = false;  // the engine thread sleeps (idle_wait); a submission that needs it pokes it
   bool deferred_ = false;  // the queue holds operations whose caller is expected to run their cycle itself
-  std::pair<int, int> deferred_group_{0, 0};  // (process set, group id) of the group the queue holds alone
   bool shutdown_requested_ = false;
   bool running_ = false;
   Status failed_;  // once set, the engine accepts no more work

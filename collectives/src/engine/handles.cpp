@@ -166,10 +166,11 @@ Status Engine::enqueue(const hpcdl_request& r, int64_t* handle, bool caller_wait
   last_enqueue_ = op->submitted;
   const bool alone = queue_.empty();
   // The next member of a group whose earlier members were all this queue held, and were left for their
-  // caller: the group counts as one submission (nothing in it can run before its last member is in).
-  const bool joins_deferred_group =
-      deferred_ && q.group_id != 0 && deferred_group_ == std::make_pair(q.process_set, q.group_id);
-  deferred_group_ = alone || joins_deferred_group ? std::make_pair(q.process_set, q.group_id) : std::make_pair(0, 0);
+  // caller (while deferred_ holds, the queue holds only what started it and members of its group): the
+  // group counts as one submission (nothing in it can run before its last member is in).
+  const bool joins_deferred_group = !alone && deferred_ && q.group_id != 0 &&
+                                    queue_.front()->request.group_id == q.group_id &&
+                                    queue_.front()->request.process_set == q.process_set;
   queue_.push_back(std::move(op));
   // A lone host submission (or group) whose caller waits for it at once (hpcdl_run), or a small one, whose
   // caller most likely waits for it next: that wait runs its cycle itself (see try_direct), so the engine
