@@ -49,3 +49,12 @@ def build_program(test_source: str, runtime_sources: list[str], output: Path) ->
     )
     assert done.returncode == 0, done.stderr
     return output
+
+
+def assert_checks_pass(program: Path, checks: int) -> None:
+    """Runs a check program: it must print `checks` lines, every one an "ok ..." line, and exit 0."""
+    done = subprocess.run([str(program)], capture_output=True, text=True, timeout=60)
+    lines = done.stdout.splitlines()
+    assert [line for line in lines if not line.startswith("ok ")] == [], done.stdout + done.stderr
+    assert len(lines) == checks, done.stdout + done.stderr
+    assert done.returncode == 0, done.stderr

@@ -5,16 +5,12 @@ huge length are refused before anything in them is read."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
-from native_programs import build_program
+from native_programs import assert_checks_pass, build_program
 
 
 def test_peer_values_are_checked_before_use(tmp_path: Path) -> None:
     sources = ["engine/request.cpp", "net/session.cpp", "net/socket.cpp", "crypto/sha256.cpp"]
     program = build_program("peer_values_test.cpp", sources, tmp_path / "peer_values_test")
-    done = subprocess.run([str(program)], capture_output=True, text=True, timeout=60)
-    lines = done.stdout.splitlines()
-    assert [line for line in lines if not line.startswith("ok ")] == [], done.stdout + done.stderr
-    assert len(lines) == 28 and done.returncode == 0, done.stdout
+    assert_checks_pass(program, 28)

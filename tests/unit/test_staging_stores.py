@@ -7,18 +7,14 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from native_programs import SHM_SOURCES, build_program
+from native_programs import SHM_SOURCES, assert_checks_pass, build_program
 
 
 def test_auto_choice_and_copies(tmp_path: Path) -> None:
     program = build_program(
         "staging_stores_test.cpp", ["transport/staging_stores.cpp"], tmp_path / "staging_stores_test"
     )
-    done = subprocess.run([str(program)], capture_output=True, text=True, timeout=60)
-    lines = done.stdout.splitlines()
-    assert len(lines) == 19, done.stdout + done.stderr
-    assert [line for line in lines if not line.startswith("ok ")] == []
-    assert done.returncode == 0
+    assert_checks_pass(program, 19)
 
 
 def test_every_collective_times_its_chunks_and_ranks_choose_alike(tmp_path: Path) -> None:

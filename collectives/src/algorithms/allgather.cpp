@@ -29,7 +29,7 @@ Status p2p_allgatherv(P2P& p, const void* send, void* recv, const std::vector<in
   if (n == 1 || exchange) return Status::ok();
   const Ring ring(p, std::move(offsets), kRingChunkBytes);
   Schedule s;
-  ring_allgather(s, ring, out, {});
+  ring_allgather(s, ring, Areas(out, ring.offsets.back()), {});
   return p.run(s, deadline, what);
 }
 

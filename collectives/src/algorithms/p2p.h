@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "algorithms/areas.h"
 #include "algorithms/op_desc.h"
 #include "algorithms/schedule.h"
 #include "comm.h"
@@ -48,11 +49,17 @@ Status p2p_agree(P2P& p, const OpDesc& desc, Deadline deadline, const std::strin
 
 Status p2p_allreduce(P2P& p, const void* send, void* recv, int64_t count, int dtype, int op, double prescale,
                      double postscale, size_t small_message_bytes, Deadline deadline, const std::string& what);
+// p2p_allreduce of segments (see Comm::allreduce_segments): large ones run as one ring that sends from and
+// receives into the segments where they are; small ones are packed into one buffer for the exchange.
+Status p2p_allreduce_segments(P2P& p, const std::vector<Segment>& segments, int dtype, int op, double prescale,
+                              double postscale, size_t small_message_bytes, Deadline deadline,
+                              const std::string& what);
 // The bandwidth-optimal part of p2p_allreduce alone, for callers that agreed on the arguments already:
-// every member passes the same count (>= 1), dtype and op; AVERAGE divides by `divisor`. Runs as rings over
-// consecutive pieces of kRingPieceBytes.
-Status p2p_ring_allreduce(P2P& p, const void* send, void* recv, int64_t count, int dtype, int op, double prescale,
-                          double postscale, int64_t divisor, Deadline deadline, const std::string& what);
+// every member passes the same count (>= 1), dtype and op; AVERAGE divides by `divisor`. `send` and `recv`
+// hold `count` elements each (they may be the same). Runs as rings over consecutive pieces of kRingPieceBytes.
+Status p2p_ring_allreduce(P2P& p, const Areas& send, const Areas& recv, int64_t count, int dtype, int op,
+                          double prescale, double postscale, int64_t divisor, Deadline deadline,
+                          const std::string& what);
 Status p2p_allgatherv(P2P& p, const void* send, void* recv, const std::vector<int64_t>& counts, int dtype,
                       size_t small_message_bytes, Deadline deadline, const std::string& what);
 Status p2p_broadcast(P2P& p, void* buf, int64_t count, int dtype, int root, Deadline deadline,
@@ -93,11 +100,13 @@ constexpr size_t kRingPieceBytes = 8 << 20;
 // Each other segment this rank reduces on the way is `in`'s segment combined with what the previous
 // rank sent, written to the same offset of `acc` (which may be `in`); `tmp` holds one chunk. The last
 // combination (segment r) applies `op` in full (average: divides by `divisor`) and `postscale`; the others
-// sum partially. Returns, per chunk of segment r, the receive after which that chunk is final.
-std::vector<int> ring_reduce_scatter(Schedule& s, const Ring& ring, const char* in, char* acc, char* mine, char* tmp,
-                                     int dtype, int op, double postscale, int64_t divisor);
+// sum partially. Returns, per chunk of segment r, the receive after which that chunk is final. The receives'
+// actions read `in`, `acc` and `mine`: they must outlive the schedule's run.
+std::vector<int> ring_reduce_scatter(Schedule& s, const Ring& ring, const Areas& in, const Areas& acc,
+                                     const Areas& mine, char* tmp, int dtype, int op, double postscale,
+                                     int64_t divisor);
 // Adds an allgather to `s` on `out`, where this rank holds segment r; `ready[c]` (empty: none) is the
 // receive after which chunk c of segment r may be sent.
-void ring_allgather(Schedule& s, const Ring& ring, char* out, const std::vector<int>& ready);
+void ring_allgather(Schedule& s, const Ring& ring, const Areas& out, const std::vector<int>& ready);
 
 }  // namespace hpcdl

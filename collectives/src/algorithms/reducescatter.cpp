@@ -57,8 +57,8 @@ Status p2p_reducescatter(P2P& p, const void* send, void* recv, const std::vector
   const Ring ring(p, std::move(offsets), kRingChunkBytes);
   std::vector<char> work(ring.offsets.back());
   Schedule s;
-  ring_reduce_scatter(s, ring, in, work.data(), static_cast<char*>(recv), p.scratch(ring.chunk), dtype, op, postscale,
-                      n);
+  const Areas input(in, work.size()), partials(work.data(), work.size()), mine(recv, ring.seg_len(r));
+  ring_reduce_scatter(s, ring, input, partials, mine, p.scratch(ring.chunk), dtype, op, postscale, n);
   return p.run(s, deadline, what);
 }
 

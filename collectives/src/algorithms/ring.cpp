@@ -11,8 +11,9 @@ Ring::Ring(const P2P& p, std::vector<size_t> offs, size_t chunk_bytes)
   chunks = (largest + chunk - 1) / chunk;
 }
 
-std::vector<int> ring_reduce_scatter(Schedule& s, const Ring& ring, const char* in, char* acc, char* mine, char* tmp,
-                                     int dtype, int op, double postscale, int64_t divisor) {
+std::vector<int> ring_reduce_scatter(Schedule& s, const Ring& ring, const Areas& in, const Areas& acc,
+                                     const Areas& mine, char* tmp, int dtype, int op, double postscale,
+                                     int64_t divisor) {
   const size_t es = dtype_bytes(dtype);
   const int partial = op == HPCDL_AVERAGE ? HPCDL_SUM : op;
   const int n = ring.n;
@@ -22,18 +23,23 @@ std::vector<int> ring_reduce_scatter(Schedule& s, const Ring& ring, const char* 
   for (int k = 0; k < n - 1; ++k) {
     const int out_seg = ring.seg(k + 1), in_seg = ring.seg(k + 2);
     const bool final_step = k == n - 2;
-    const char* from = k == 0 ? in : acc;
+    const Areas& from = k == 0 ? in : acc;
     std::vector<int> got(ring.chunks, -1);
     for (size_t c = 0; c < ring.chunks; ++c) {
-      const size_t send_at = ring.offsets[size_t(out_seg)] + ring.chunk_at(out_seg, c);
-      s.send(ring.next, from + send_at, ring.chunk_len(out_seg, c), last[c]);
+      const int after = last[c];
+      from.each(ring.offsets[size_t(out_seg)] + ring.chunk_at(out_seg, c), ring.chunk_len(out_seg, c),
+                [&](char* data, size_t, size_t len) { s.send(ring.next, data, len, after); });
       const size_t at = ring.chunk_at(in_seg, c), len = ring.chunk_len(in_seg, c);
-      const char* own = in + ring.offsets[size_t(in_seg)] + at;
-      char* dst = final_step ? mine + at : acc + ring.offsets[size_t(in_seg)] + at;
+      const size_t own = ring.offsets[size_t(in_seg)] + at;
+      const Areas* dst = final_step ? &mine : &acc;
+      const size_t dst_at = final_step ? at : own;
+      const Areas* src = &in;
       got[c] = s.recv(ring.prev, tmp, len, [=]() {
-        const void* srcs[2] = {own, tmp};
-        reduce(dst, srcs, 2, int64_t(len / es), dtype, final_step ? op : partial, 1.0, final_step ? postscale : 1.0,
-               divisor);
+        each_pair(*dst, dst_at, *src, own, len, [&](char* to, char* from_in, size_t rel, size_t bytes) {
+          const void* srcs[2] = {from_in, tmp + rel};
+          reduce(to, srcs, 2, int64_t(bytes / es), dtype, final_step ? op : partial, 1.0,
+                 final_step ? postscale : 1.0, divisor);
+        });
         return Status::ok();
       });
     }
@@ -42,7 +48,7 @@ std::vector<int> ring_reduce_scatter(Schedule& s, const Ring& ring, const char* 
   return last;
 }
 
-void ring_allgather(Schedule& s, const Ring& ring, char* out, const std::vector<int>& ready) {
+void ring_allgather(Schedule& s, const Ring& ring, const Areas& out, const std::vector<int>& ready) {
   std::vector<int> last(ring.chunks, -1);
   for (size_t c = 0; c < ready.size() && c < last.size(); ++c) last[c] = ready[c];
   // Step k forwards segment r-k (its own at k = 0, else the one that arrived at step k-1).
@@ -50,10 +56,13 @@ void ring_allgather(Schedule& s, const Ring& ring, char* out, const std::vector<
     const int out_seg = ring.seg(k), in_seg = ring.seg(k + 1);
     std::vector<int> got(ring.chunks, -1);
     for (size_t c = 0; c < ring.chunks; ++c) {
-      s.send(ring.next, out + ring.offsets[size_t(out_seg)] + ring.chunk_at(out_seg, c), ring.chunk_len(out_seg, c),
-             last[c]);
-      got[c] = s.recv(ring.prev, out + ring.offsets[size_t(in_seg)] + ring.chunk_at(in_seg, c),
-                      ring.chunk_len(in_seg, c));
+      const int after = last[c];
+      out.each(ring.offsets[size_t(out_seg)] + ring.chunk_at(out_seg, c), ring.chunk_len(out_seg, c),
+               [&](char* data, size_t, size_t len) { s.send(ring.next, data, len, after); });
+      // A chunk over several areas is received piece by piece; its last piece completes it (a peer's
+      // receives complete in order).
+      out.each(ring.offsets[size_t(in_seg)] + ring.chunk_at(in_seg, c), ring.chunk_len(in_seg, c),
+               [&](char* data, size_t, size_t len) { got[c] = s.recv(ring.prev, data, len); });
     }
     last = std::move(got);
   }

@@ -121,9 +121,11 @@ Status HierarchicalComm::allreduce_sliced(const void* send, void* recv, int64_t 
                                     what + " [within host]");
   if (!st.is_ok()) return st;
   Status across = Status::ok();
-  if (counts[size_t(me)] > 0)
-    across = p2p_ring_allreduce(*cross_, mine, mine, counts[size_t(me)], dtype, op, 1.0, postscale, size(), deadline,
-                                what + " [across hosts]");
+  if (counts[size_t(me)] > 0) {
+    const Areas slice(mine, size_t(counts[size_t(me)]) * es);
+    across = p2p_ring_allreduce(*cross_, slice, slice, counts[size_t(me)], dtype, op, 1.0, postscale, size(),
+                                deadline, what + " [across hosts]");
+  }
   // Every member learns whether every slice made it before waiting for them in the gather.
   st = host_verdict(across, deadline, what);
   if (!st.is_ok()) return st;

@@ -325,6 +325,11 @@ Status TcpComm::allreduce(const void* send, void* recv, int64_t count, int dtype
   HPCDL_TCP_OP(p2p_allreduce(*this, send, recv, count, dtype, op, prescale, postscale, small_message_bytes_,
                              deadline, what));
 }
+Status TcpComm::allreduce_segments(const std::vector<Segment>& segments, int dtype, int op, double prescale,
+                                   double postscale, Deadline deadline, const std::string& what) {
+  HPCDL_TCP_OP(p2p_allreduce_segments(*this, segments, dtype, op, prescale, postscale, small_message_bytes_, deadline,
+                                      what));
+}
 Status TcpComm::allgatherv(const void* send, void* recv, const std::vector<int64_t>& counts, int dtype,
                            Deadline deadline, const std::string& what) {
   HPCDL_TCP_OP(p2p_allgatherv(*this, send, recv, counts, dtype, small_message_bytes_, deadline, what));

@@ -35,6 +35,9 @@ class TcpComm : public Comm, public P2P {
 
   Status allreduce(const void* send, void* recv, int64_t count, int dtype, int op, double prescale, double postscale,
                    Deadline deadline, const std::string& what) override;
+  bool native_segments() const override { return true; }
+  Status allreduce_segments(const std::vector<Segment>& segments, int dtype, int op, double prescale,
+                            double postscale, Deadline deadline, const std::string& what) override;
   Status allgatherv(const void* send, void* recv, const std::vector<int64_t>& counts, int dtype, Deadline deadline,
                     const std::string& what) override;
   Status broadcast(void* buf, int64_t count, int dtype, int root, Deadline deadline, const std::string& what) override;
