@@ -1,7 +1,8 @@
 """Every collective and dtype across separate hosts (network namespaces with their own names and addresses):
 one rank per host on two and on three hosts (flat TCP rings), two ranks on each of two hosts as the runtime
-chooses, forced hierarchical (shared memory within a host, TCP between them) and forced flat; and how a job
-learns which path its allreduce takes (``hpcdl run --verbose``, the timeline)."""
+chooses, forced hierarchical (shared memory within a host, TCP between them) and forced flat; the engine's
+fused batches reduced where their tensors are, on both paths; and how a job learns which path its allreduce
+takes (``hpcdl run --verbose``, the timeline)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ _MISSING = missing_requirements()
 pytestmark = pytest.mark.skipif(_MISSING is not None, reason=f"no virtual hosts: {_MISSING}")
 
 CHECKS = Path(__file__).parents[1] / "parallel" / "_collective_checks.py"
+SEGMENTS = Path(__file__).parents[1] / "parallel" / "test_engine_segments.py"
 SECRET = "7c" * 32
 _FOREIGN = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "HPCDL_", "HOROVOD_", "MASTER_", "TORCHELASTIC_")
 _ports = itertools.count(29600)
@@ -93,6 +95,51 @@ def test_every_collective_and_dtype_across_hosts(hosts: VirtualHosts, job: str) 
         assert (found["local_size"], found["cross_size"]) == (per_host, len(placement) // per_host)
         assert found["transport_cross"] == "tcp"
         assert found["transport_local"] == ("shm" if shared else "tcp" if per_host > 1 else "self")
+
+
+def segment_digests(
+    hosts: VirtualHosts, placement: list[str], timeline: str, threshold: int
+) -> dict[int, dict]:
+    """test_engine_segments.py's rank program on `placement`: every rank's PASS lines, and its digests."""
+    env = {"HPCDL_FUSION_THRESHOLD": str(threshold)}
+    digests = {}
+    for rank, (code, out, err) in enumerate(
+        run_job(hosts, placement, [sys.executable, str(SEGMENTS), timeline], env)
+    ):
+        assert code == 0, f"rank {rank}: {err[-3000:]}"
+        lines = out.splitlines()
+        assert [line.split()[1] for line in lines if line.startswith("PASS ")] == ["dtypes", "join"], out
+        digests[rank] = dict(line.split()[1:3] for line in lines if line.startswith("DIGEST "))
+    return digests
+
+
+FUSED_JOBS = {
+    **{job: JOBS[job][0] for job in ("2 hosts x 1", "2 hosts x 2")},
+    "2 + 1": ["host1", "host1", "host2"],
+}
+
+
+@pytest.mark.parametrize("job", list(FUSED_JOBS))
+def test_fused_batches_across_hosts_reduce_tensors_where_they_are(
+    hosts: VirtualHosts, tmp_path: Path, job: str
+) -> None:
+    """The engine fuses tensors of every size across hosts: over the flat TCP ring (one rank per host) and
+    through the hierarchical stages (shared memory within a host, TCP between) it reduces them where they are;
+    hosts of unequal sizes (the leaders' path) pack them. In every float dtype, in place and out of place,
+    with joined ranks, bit for bit as unfused."""
+    placement = FUSED_JOBS[job]
+    trace = tmp_path / "fused.json"
+    fused = segment_digests(hosts, placement, str(trace), 64 << 20)
+    assert segment_digests(hosts, placement, "-", 0) == fused
+    assert len({d["dtypes"] for d in fused.values()}) == 1
+    events = json.loads(trace.read_text())
+    tracks = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    spans = {(tracks[e["tid"]], e["name"]): e for e in events if e["ph"] == "X"}
+    large = spans[("tl.large", "ALLREDUCE")]  # 2.8 MB, fused with a tiny and a medium tensor, never copied
+    assert large["args"]["fused_tensors"] == 3 and large["args"]["in_place"] is True
+    assert large["args"]["path"] == ("flat" if job == "2 hosts x 1" else "hierarchical")
+    assert ("tl.large", "MEMCPY_IN_FUSION_BUFFER") not in spans
+    assert ("tl.tiny", "MEMCPY_IN_FUSION_BUFFER") in spans
 
 
 CHOICE = r"""

@@ -1,5 +1,4 @@
 #include <algorithm>
-#include <cstring>
 #include <vector>
 
 #include "algorithms/p2p.h"
@@ -61,31 +60,18 @@ Status p2p_allreduce_segments(P2P& p, const std::vector<Segment>& segments, int 
   int64_t count = 0;
   for (const Segment& s : segments) count += s.count;
   const int n = p.p2p_size();
+  const auto [send, recv] = segment_areas(segments, es);
   // What takes no ring is packed into one buffer: the exchange's data travels as one block.
   if (n == 1 || takes_exchange(n, count, dtype, prescale, small_message_bytes)) {
     std::vector<char> packed(size_t(count) * es);
-    size_t at = 0;
-    for (const Segment& s : segments) {
-      if (s.count > 0) std::memcpy(packed.data() + at, s.send, size_t(s.count) * es);
-      at += size_t(s.count) * es;
-    }
+    send.pack(packed.data());
     Status st = p2p_allreduce(p, packed.data(), packed.data(), count, dtype, op, prescale, postscale,
                               small_message_bytes, deadline, what);
-    if (!st.is_ok()) return st;
-    at = 0;
-    for (const Segment& s : segments) {
-      if (s.count > 0) std::memcpy(s.recv, packed.data() + at, size_t(s.count) * es);
-      at += size_t(s.count) * es;
-    }
-    return Status::ok();
+    if (st.is_ok()) recv.unpack(packed.data());
+    return st;
   }
   Status st = p2p_agree(p, make_desc(HPCDL_OP_ALLREDUCE, dtype, op, count), deadline, what);
   if (!st.is_ok()) return st;
-  Areas send, recv;
-  for (const Segment& s : segments) {
-    send.add(s.send, size_t(s.count) * es);
-    recv.add(s.recv, size_t(s.count) * es);
-  }
   return p2p_ring_allreduce(p, send, recv, count, dtype, op, prescale, postscale, n, deadline, what);
 }
 

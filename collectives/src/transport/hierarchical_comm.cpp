@@ -42,6 +42,7 @@ Status HierarchicalComm::create(Runtime& runtime, const std::vector<int>& ranks,
     Status st = runtime.make_shm_comm(local, local_rank, key + "/local", Channel::kDirect, deadline, &shm);
     if (!st.is_ok()) return st;
     c->local_ = shm;
+    c->local_shm_ = shm;
   } else {
     std::shared_ptr<TcpComm> self;
     Status st = runtime.make_tcp_comm(local, 0, key + "/local", deadline, &self);
@@ -72,15 +73,41 @@ Status HierarchicalComm::allreduce(const void* send, void* recv, int64_t count, 
   // shared-memory steps of the hierarchical path wait by spinning and yielding, which costs more than the
   // TCP messages they save wherever ranks outnumber cores (benchmarks/README.md). Integers scaled before the
   // sum would be truncated once per stage: those stay on the flat mesh too.
-  if (size_t(count) * dtype_bytes(dtype) < min_bytes_ || count < int64_t(size()) ||
-      (!is_float(dtype) && prescale != 1.0))
+  if (goes_flat(count, dtype, prescale))
     return flat_->allreduce(send, recv, count, dtype, op, prescale, postscale, deadline, what);
   // The whole set agrees first over the flat mesh, where every other collective starts too, so that ranks
   // that called different collectives, or one with other arguments, all fail at once with one message.
   Status st = p2p_agree(*flat_, make_desc(HPCDL_OP_ALLREDUCE, dtype, op, count), deadline, what);
   if (!st.is_ok()) return st;
   if (!cross_) return allreduce_leaders(send, recv, count, dtype, op, prescale, postscale, deadline, what);
-  return allreduce_sliced(send, recv, count, dtype, op, prescale, postscale, deadline, what);
+  const size_t bytes = size_t(count) * dtype_bytes(dtype);
+  return allreduce_sliced(Areas(send, bytes), Areas(recv, bytes), count, dtype, op, prescale, postscale, deadline,
+                          what);
+}
+
+bool HierarchicalComm::goes_flat(int64_t count, int dtype, double prescale) const {
+  return size_t(count) * dtype_bytes(dtype) < min_bytes_ || count < int64_t(size()) ||
+         (!is_float(dtype) && prescale != 1.0);
+}
+
+// A fused batch: its tensors are read and written where they are, on the flat mesh as on the sliced path;
+// only the leaders' path (hosts of unequal sizes) packs them into one buffer.
+Status HierarchicalComm::allreduce_segments(const std::vector<Segment>& segments, int dtype, int op,
+                                            double prescale, double postscale, Deadline deadline,
+                                            const std::string& what) {
+  int64_t count = 0;
+  for (const Segment& s : segments) count += s.count;
+  if (goes_flat(count, dtype, prescale))
+    return flat_->allreduce_segments(segments, dtype, op, prescale, postscale, deadline, what);
+  Status st = p2p_agree(*flat_, make_desc(HPCDL_OP_ALLREDUCE, dtype, op, count), deadline, what);
+  if (!st.is_ok()) return st;
+  const auto [send, recv] = segment_areas(segments, dtype_bytes(dtype));
+  if (cross_) return allreduce_sliced(send, recv, count, dtype, op, prescale, postscale, deadline, what);
+  if (packed_.size() < send.bytes()) packed_.resize(send.bytes());
+  send.pack(packed_.data());
+  st = allreduce_leaders(packed_.data(), packed_.data(), count, dtype, op, prescale, postscale, deadline, what);
+  if (st.is_ok()) recv.unpack(packed_.data());
+  return st;
 }
 
 Status HierarchicalComm::host_verdict(const Status& status, Deadline deadline, const std::string& what) {
@@ -103,9 +130,12 @@ Status HierarchicalComm::host_verdict(const Status& status, Deadline deadline, c
 // Large, equal hosts: reduce-scatter within the host into one slice per member, allreduce each slice over its
 // owners' ring across hosts (all slices at once, each member's core and connection carrying 1/L of the
 // traffic), gather the slices within the host.
-Status HierarchicalComm::allreduce_sliced(const void* send, void* recv, int64_t count, int dtype, int op,
+Status HierarchicalComm::allreduce_sliced(const Areas& send, const Areas& recv, int64_t count, int dtype, int op,
                                           double prescale, double postscale, Deadline deadline,
                                           const std::string& what) {
+  if (!local_shm_)  // one member per host: the ring across hosts is the whole allreduce
+    return p2p_ring_allreduce(*cross_, send, recv, count, dtype, op, prescale, postscale, size(), deadline,
+                              what + " [across hosts]");
   const int members = local_->size(), me = local_->rank();
   const size_t es = dtype_bytes(dtype);
   const int partial = op == HPCDL_AVERAGE ? HPCDL_SUM : op;
@@ -116,20 +146,20 @@ Status HierarchicalComm::allreduce_sliced(const void* send, void* recv, int64_t 
   std::vector<int64_t> counts(static_cast<size_t>(members));
   for (int i = 0; i < members; ++i)
     counts[size_t(i)] = std::max<int64_t>(0, std::min<int64_t>(step, count - int64_t(i) * step));
-  char* mine = static_cast<char*>(recv) + size_t(std::min<int64_t>(int64_t(me) * step, count)) * es;
-  Status st = local_->reducescatter(send, mine, counts, dtype, partial, prescale, 1.0, deadline,
-                                    what + " [within host]");
+  // This member's slice, in place in the output (over as many of its areas as it spans).
+  const Areas mine = recv.window(size_t(std::min<int64_t>(int64_t(me) * step, count)) * es,
+                                 size_t(counts[size_t(me)]) * es);
+  Status st = local_shm_->reducescatter_areas(send, mine, counts, dtype, partial, prescale, 1.0, deadline,
+                                              what + " [within host]");
   if (!st.is_ok()) return st;
   Status across = Status::ok();
-  if (counts[size_t(me)] > 0) {
-    const Areas slice(mine, size_t(counts[size_t(me)]) * es);
-    across = p2p_ring_allreduce(*cross_, slice, slice, counts[size_t(me)], dtype, op, 1.0, postscale, size(),
-                                deadline, what + " [across hosts]");
-  }
+  if (counts[size_t(me)] > 0)
+    across = p2p_ring_allreduce(*cross_, mine, mine, counts[size_t(me)], dtype, op, 1.0, postscale, size(), deadline,
+                                what + " [across hosts]");
   // Every member learns whether every slice made it before waiting for them in the gather.
   st = host_verdict(across, deadline, what);
   if (!st.is_ok()) return st;
-  return local_->allgatherv(mine, recv, counts, dtype, deadline, what + " [within host]");
+  return local_shm_->allgatherv_areas(mine, recv, counts, dtype, deadline, what + " [within host]");
 }
 
 // Hosts with different numbers of members: sum within the host, allreduce between one leader per host,

@@ -18,7 +18,9 @@
 
 namespace hpcdl {
 
+class Areas;
 class Runtime;
+class ShmComm;
 class TcpComm;
 
 class HierarchicalComm : public Comm {
@@ -34,6 +36,9 @@ class HierarchicalComm : public Comm {
 
   Status allreduce(const void* send, void* recv, int64_t count, int dtype, int op, double prescale, double postscale,
                    Deadline deadline, const std::string& what) override;
+  bool native_segments() const override { return true; }
+  Status allreduce_segments(const std::vector<Segment>& segments, int dtype, int op, double prescale,
+                            double postscale, Deadline deadline, const std::string& what) override;
   Status allgatherv(const void* send, void* recv, const std::vector<int64_t>& counts, int dtype, Deadline deadline,
                     const std::string& what) override;
   Status broadcast(void* buf, int64_t count, int dtype, int root, Deadline deadline, const std::string& what) override;
@@ -48,7 +53,9 @@ class HierarchicalComm : public Comm {
   Bell wait_notify(uint32_t cycle, Deadline until) override;
 
  private:
-  Status allreduce_sliced(const void* send, void* recv, int64_t count, int dtype, int op, double prescale,
+  // Whether an allreduce goes over the flat mesh (see allreduce).
+  bool goes_flat(int64_t count, int dtype, double prescale) const;
+  Status allreduce_sliced(const Areas& send, const Areas& recv, int64_t count, int dtype, int op, double prescale,
                           double postscale, Deadline deadline, const std::string& what);
   Status allreduce_leaders(const void* send, void* recv, int64_t count, int dtype, int op, double prescale,
                            double postscale, Deadline deadline, const std::string& what);
@@ -57,10 +64,12 @@ class HierarchicalComm : public Comm {
 
   std::shared_ptr<TcpComm> flat_;
   std::shared_ptr<Comm> local_;      // members on this host (ShmComm, or a TcpComm of one)
+  std::shared_ptr<ShmComm> local_shm_;  // the same when it is a ShmComm (several members on this host)
   std::shared_ptr<TcpComm> cross_;   // member i of every host (equal members per host), else null
   std::shared_ptr<TcpComm> leaders_;  // unequal hosts: the first member of each host; null on the others
   std::vector<std::vector<int>> members_;  // comm ranks of each host, hosts in order of their first member
   size_t min_bytes_ = 0;  // allreduces of fewer bytes go flat (see hierarchical_min_bytes in runtime.cpp)
+  std::vector<char> packed_;  // a batch on the leaders' path (hosts of unequal sizes), as one buffer
 };
 
 }  // namespace hpcdl

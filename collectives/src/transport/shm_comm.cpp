@@ -567,6 +567,18 @@ void ShmComm::end_chunk(const Chunk& chunk) {
 // ---- allgatherv --------------------------------------------------------------------------------------
 Status ShmComm::allgatherv(const void* send, void* recv, const std::vector<int64_t>& counts, int dtype,
                            Deadline deadline, const std::string& what) {
+  return allgatherv_over(OneArea{static_cast<char*>(const_cast<void*>(send))}, OneArea{static_cast<char*>(recv)},
+                         counts, dtype, deadline, what);
+}
+
+Status ShmComm::allgatherv_areas(const Areas& in, const Areas& out, const std::vector<int64_t>& counts, int dtype,
+                                 Deadline deadline, const std::string& what) {
+  return allgatherv_over(in, out, counts, dtype, deadline, what);
+}
+
+template <class Input, class Output>
+Status ShmComm::allgatherv_over(const Input& in, const Output& out, const std::vector<int64_t>& counts, int dtype,
+                                Deadline deadline, const std::string& what) {
   std::vector<int64_t> vec(counts);
   vec.resize(size_t(2 * size_), 0);
   Status st = agree(make_desc(HPCDL_OP_ALLGATHER, dtype, 0, counts[size_t(rank_)], vec), deadline, what);
@@ -579,28 +591,35 @@ Status ShmComm::allgatherv(const void* send, void* recv, const std::vector<int64
     largest = std::max(largest, counts[size_t(r)]);
     smallest = std::min(smallest, counts[size_t(r)]);
   }
-  auto* out = static_cast<char*>(recv);
-  const auto* in = static_cast<const char*>(send);
-  const size_t mine = size_t(counts[size_t(rank_)]) * es;
-  char* own = out + offset[size_t(rank_)];
+  const size_t mine = size_t(counts[size_t(rank_)]) * es, own = offset[size_t(rank_)];
   // This rank's block is copied chunk by chunk right after staging it, while the chunk is in the cache
   // (one read of the input instead of two), unless it overlaps the output elsewhere than in place.
-  const bool apart = own + mine <= in || in + mine <= own;
-  if (mine && own != in && !apart) std::memmove(own, in, mine);
+  bool in_place = true, apart = true;
+  each_pair(out, own, in, 0, mine, [&](char* o, char* i, size_t, size_t len) {
+    in_place = in_place && o == i;
+    apart = apart && (o + len <= i || i + len <= o);
+  });
+  if (!in_place && !apart)
+    each_pair(out, own, in, 0, mine, [&](char* o, char* i, size_t, size_t len) { std::memmove(o, i, len); });
   const size_t chunk = params_.chunk_bytes;
   for (size_t at = 0; at < size_t(largest) * es; at += chunk) {
     // timed when every member stages and reads a whole chunk
     const Chunk timed = begin_chunk(kAllgatherChunk, at + chunk <= size_t(smallest) * es);
     if (at < mine) {
       const size_t n = std::min(chunk, mine - at);
-      stores_[kAllgatherChunk].copy(slot(rank_, step_ + 1), in + at, n);
-      if (own != in && apart) line_copy(own + at, in + at, n);
+      char* stage = slot(rank_, step_ + 1);
+      in.each(at, n, [&](char* i, size_t rel, size_t len) { stores_[kAllgatherChunk].copy(stage + rel, i, len); });
+      if (!in_place && apart)
+        each_pair(out, own + at, in, at, n, [&](char* o, char* i, size_t, size_t len) { line_copy(o, i, len); });
     }
     st = publish_chunk(deadline, what);
     if (!st.is_ok()) return st;
     for (int r = 0; r < size_; ++r) {
       size_t theirs = size_t(counts[size_t(r)]) * es;
-      if (r != rank_ && at < theirs) line_copy(out + offset[size_t(r)] + at, slot(r, step_), std::min(chunk, theirs - at));
+      if (r == rank_ || at >= theirs) continue;
+      const char* staged = slot(r, step_);
+      out.each(offset[size_t(r)] + at, std::min(chunk, theirs - at),
+               [&](char* o, size_t rel, size_t len) { line_copy(o, staged + rel, len); });
     }
     end_chunk(timed);
   }
@@ -706,6 +725,20 @@ Status ShmComm::alltoallv(const void* send, const std::vector<int64_t>& send_cou
 Status ShmComm::reducescatter(const void* send, void* recv, const std::vector<int64_t>& recv_counts, int dtype,
                               int op, double prescale, double postscale, Deadline deadline,
                               const std::string& what) {
+  return reducescatter_over(OneArea{static_cast<char*>(const_cast<void*>(send))}, OneArea{static_cast<char*>(recv)},
+                            recv_counts, dtype, op, prescale, postscale, deadline, what);
+}
+
+Status ShmComm::reducescatter_areas(const Areas& in, const Areas& out, const std::vector<int64_t>& recv_counts,
+                                    int dtype, int op, double prescale, double postscale, Deadline deadline,
+                                    const std::string& what) {
+  return reducescatter_over(in, out, recv_counts, dtype, op, prescale, postscale, deadline, what);
+}
+
+template <class Input, class Output>
+Status ShmComm::reducescatter_over(const Input& in, const Output& out, const std::vector<int64_t>& recv_counts,
+                                   int dtype, int op, double prescale, double postscale, Deadline deadline,
+                                   const std::string& what) {
   std::vector<int64_t> vec(recv_counts);
   vec.resize(size_t(2 * size_), 0);
   int64_t total = 0;
@@ -721,25 +754,27 @@ Status ShmComm::reducescatter(const void* send, void* recv, const std::vector<in
     largest = std::max(largest, recv_counts[r]);
     smallest = std::min(smallest, recv_counts[r]);
   }
-  const auto* in = static_cast<const char*>(send);
-  auto* out = static_cast<char*>(recv);
   const int64_t sub = int64_t(std::max<size_t>(64, params_.chunk_bytes / n / 64 * 64) / es);
   std::vector<const void*> srcs(n);
   for (int64_t at = 0; at < largest; at += sub) {
     const Chunk timed = begin_chunk(kReducescatterChunk, at + sub <= smallest);  // as in alltoallv
     char* stage = slot(rank_, step_ + 1);
-    for (size_t j = 0; j < n; ++j)
-      if (j != me && at < recv_counts[j])
-        stores_[kReducescatterChunk].copy(stage + j * size_t(sub) * es, in + size_t(seg[j] + at) * es,
-                                          size_t(std::min(sub, recv_counts[j] - at)) * es);
+    for (size_t j = 0; j < n; ++j) {
+      if (j == me || at >= recv_counts[j]) continue;
+      char* to = stage + j * size_t(sub) * es;
+      in.each(size_t(seg[j] + at) * es, size_t(std::min(sub, recv_counts[j] - at)) * es,
+              [&](char* data, size_t rel, size_t len) { stores_[kReducescatterChunk].copy(to + rel, data, len); });
+    }
     st = publish_chunk(deadline, what);
     if (!st.is_ok()) return st;
     if (at < recv_counts[me]) {
-      for (size_t r = 0; r < n; ++r)
-        srcs[r] = r == me ? static_cast<const void*>(in + size_t(seg[me] + at) * es)
-                          : slot(int(r), step_) + me * size_t(sub) * es;
-      reduce(out + size_t(at) * es, srcs.data(), size_, std::min(sub, recv_counts[me] - at), dtype, op, prescale,
-             postscale, size_);
+      // This rank's part: its own input and the peers' staged parts, reduced into its output.
+      each_pair(out, size_t(at) * es, in, size_t(seg[me] + at) * es, size_t(std::min(sub, recv_counts[me] - at)) * es,
+                [&](char* result, char* own, size_t rel, size_t len) {
+                  for (size_t r = 0; r < n; ++r)
+                    srcs[r] = r == me ? static_cast<const void*>(own) : slot(int(r), step_) + me * size_t(sub) * es + rel;
+                  reduce(result, srcs.data(), size_, int64_t(len / es), dtype, op, prescale, postscale, size_);
+                });
     }
     end_chunk(timed);
   }
