@@ -772,7 +772,8 @@ Status ShmComm::reducescatter_over(const Input& in, const Output& out, const std
       each_pair(out, size_t(at) * es, in, size_t(seg[me] + at) * es, size_t(std::min(sub, recv_counts[me] - at)) * es,
                 [&](char* result, char* own, size_t rel, size_t len) {
                   for (size_t r = 0; r < n; ++r)
-                    srcs[r] = r == me ? static_cast<const void*>(own) : slot(int(r), step_) + me * size_t(sub) * es + rel;
+                    srcs[r] = r == me ? static_cast<const void*>(own)
+                                      : slot(int(r), step_) + me * size_t(sub) * es + rel;
                   reduce(result, srcs.data(), size_, int64_t(len / es), dtype, op, prescale, postscale, size_);
                 });
     }
