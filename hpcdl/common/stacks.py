@@ -7,6 +7,8 @@ empties the file first, so the file holds the latest dump only: the engine does 
 needs a missing rank's stack (it raises the signal in its own process, over the file descriptor
 :func:`descriptor` gives it), and :func:`request` does it for another process. A real-time signal is used,
 not SIGUSR1/SIGUSR2 (schedulers send those to warn of a job's end) or SIGQUIT (a launcher may use it).
+Like any signal, it ends a sleep early (``sleep``, ``nanosleep``: never restarted); the other system calls
+it interrupts restart (faulthandler's handler is installed with ``SA_RESTART``).
 """
 
 from __future__ import annotations

@@ -34,7 +34,11 @@ def stuck_in_dataloader() -> None:
 
 
 def stuck_in_c_call() -> None:
-    ctypes.PyDLL(None).sleep(120)  # PyDLL: the call keeps the GIL
+    # PyDLL: the call keeps the GIL. A signal (a stack request's) ends a C sleep early, as it ends any
+    # nanosleep; robust C code sleeps again for what is left, and so does this.
+    left = 120
+    while left > 0:
+        left = ctypes.PyDLL(None).sleep(left)
 
 
 def fail(how: str) -> None:
