@@ -90,11 +90,12 @@ bool HierarchicalComm::goes_flat(int64_t count, int dtype, double prescale) cons
          (!is_float(dtype) && prescale != 1.0);
 }
 
-// A fused batch: its tensors are read and written where they are, on the flat mesh as on the sliced path;
-// only the leaders' path (hosts of unequal sizes) packs them into one buffer.
+// A fused batch (hosts of equal sizes: see native_segments): its tensors are read and written where they
+// are, on the flat mesh as on the sliced path.
 Status HierarchicalComm::allreduce_segments(const std::vector<Segment>& segments, int dtype, int op,
                                             double prescale, double postscale, Deadline deadline,
                                             const std::string& what) {
+  if (!cross_) return Comm::allreduce_segments(segments, dtype, op, prescale, postscale, deadline, what);
   int64_t count = 0;
   for (const Segment& s : segments) count += s.count;
   if (goes_flat(count, dtype, prescale))
@@ -102,12 +103,7 @@ Status HierarchicalComm::allreduce_segments(const std::vector<Segment>& segments
   Status st = p2p_agree(*flat_, make_desc(HPCDL_OP_ALLREDUCE, dtype, op, count), deadline, what);
   if (!st.is_ok()) return st;
   const auto [send, recv] = segment_areas(segments, dtype_bytes(dtype));
-  if (cross_) return allreduce_sliced(send, recv, count, dtype, op, prescale, postscale, deadline, what);
-  if (packed_.size() < send.bytes()) packed_.resize(send.bytes());
-  send.pack(packed_.data());
-  st = allreduce_leaders(packed_.data(), packed_.data(), count, dtype, op, prescale, postscale, deadline, what);
-  if (st.is_ok()) recv.unpack(packed_.data());
-  return st;
+  return allreduce_sliced(send, recv, count, dtype, op, prescale, postscale, deadline, what);
 }
 
 Status HierarchicalComm::host_verdict(const Status& status, Deadline deadline, const std::string& what) {

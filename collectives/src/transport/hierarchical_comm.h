@@ -36,7 +36,8 @@ class HierarchicalComm : public Comm {
 
   Status allreduce(const void* send, void* recv, int64_t count, int dtype, int op, double prescale, double postscale,
                    Deadline deadline, const std::string& what) override;
-  bool native_segments() const override { return true; }
+  // Hosts of unequal sizes (the leaders' path) would have to pack a batch: there the engine fuses as over MPI.
+  bool native_segments() const override { return cross_ != nullptr; }
   Status allreduce_segments(const std::vector<Segment>& segments, int dtype, int op, double prescale,
                             double postscale, Deadline deadline, const std::string& what) override;
   Status allgatherv(const void* send, void* recv, const std::vector<int64_t>& counts, int dtype, Deadline deadline,
@@ -69,7 +70,6 @@ class HierarchicalComm : public Comm {
   std::shared_ptr<TcpComm> leaders_;  // unequal hosts: the first member of each host; null on the others
   std::vector<std::vector<int>> members_;  // comm ranks of each host, hosts in order of their first member
   size_t min_bytes_ = 0;  // allreduces of fewer bytes go flat (see hierarchical_min_bytes in runtime.cpp)
-  std::vector<char> packed_;  // a batch on the leaders' path (hosts of unequal sizes), as one buffer
 };
 
 }  // namespace hpcdl
