@@ -124,10 +124,9 @@ def test_fused_batches_across_hosts_reduce_tensors_where_they_are(
     hosts: VirtualHosts, tmp_path: Path, job: str
 ) -> None:
     """The engine fuses tensors of every size across hosts: over the flat TCP ring (one rank per host) and
-    through the hierarchical stages (shared memory within a host, TCP between) it reduces them where they are.
-    Hosts of unequal sizes (the leaders' path, which would have to pack them) fuse as over MPI: small tensors
-    through the fusion buffer, large ones alone. In every float dtype, in place and out of place, with
-    joined ranks, bit for bit as unfused."""
+    through the hierarchical stages (shared memory within a host, TCP between: one ring per member slot on
+    hosts of equal sizes, the leaders' ring on unequal ones) it reduces them where they are. In every float
+    dtype, in place and out of place, with joined ranks, bit for bit as unfused."""
     placement = FUSED_JOBS[job]
     trace = tmp_path / "fused.json"
     fused = segment_digests(hosts, placement, str(trace), 64 << 20)
@@ -139,11 +138,8 @@ def test_fused_batches_across_hosts_reduce_tensors_where_they_are(
     large = spans[("tl.large", "ALLREDUCE")]  # 2.8 MB: fused with a tiny and a medium tensor, never copied
     assert large["args"]["path"] == ("flat" if job == "2 hosts x 1" else "hierarchical")
     assert ("tl.large", "MEMCPY_IN_FUSION_BUFFER") not in spans
-    if job == "2 + 1":  # alone, as the medium one; the tiny one, with nothing to fuse with, alone too
-        assert "fused_tensors" not in large["args"]
-    else:
-        assert large["args"]["fused_tensors"] == 3 and large["args"]["in_place"] is True
-        assert ("tl.tiny", "MEMCPY_IN_FUSION_BUFFER") in spans
+    assert large["args"]["fused_tensors"] == 3 and large["args"]["in_place"] is True
+    assert ("tl.tiny", "MEMCPY_IN_FUSION_BUFFER") in spans
 
 
 CHOICE = r"""

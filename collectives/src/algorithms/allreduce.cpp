@@ -61,8 +61,10 @@ Status p2p_allreduce_segments(P2P& p, const std::vector<Segment>& segments, int 
   for (const Segment& s : segments) count += s.count;
   const int n = p.p2p_size();
   const auto [send, recv] = segment_areas(segments, es);
+  // One rank (a host of one on the hierarchical path) reduces each segment into its output, no buffer between.
+  if (n == 1) return p2p_ring_allreduce(p, send, recv, count, dtype, op, prescale, postscale, 1, deadline, what);
   // What takes no ring is packed into one buffer: the exchange's data travels as one block.
-  if (n == 1 || takes_exchange(n, count, dtype, prescale, small_message_bytes)) {
+  if (takes_exchange(n, count, dtype, prescale, small_message_bytes)) {
     std::vector<char> packed(size_t(count) * es);
     send.pack(packed.data());
     Status st = p2p_allreduce(p, packed.data(), packed.data(), count, dtype, op, prescale, postscale,

@@ -18,12 +18,11 @@ constexpr size_t kSlotBytes = 512;  // fixed part of each rank's control message
 // The most one rank's control message may hold (thousands of operations with long names take a few MB): a
 // larger announced length is a broken peer, refused before anything is allocated for it.
 constexpr uint32_t kMaxControlBytes = 64u << 20;
-// On a communicator that reduces segments natively (shared memory, TCP, the hierarchical path over hosts of
-// equal sizes), a fused
-// allreduce reduces its tensors where they are, one segment each, except those at most kPackTensorMaxBytes:
+// On a communicator that reduces segments natively (shared memory, TCP, the hierarchical path across hosts), a
+// fused allreduce reduces its tensors where they are, one segment each, except those at most kPackTensorMaxBytes:
 // they are copied into the fusion buffer, which is one segment, since for them a copy is cheaper than a piece
-// of every kernel call, copy or system call of the collective. Elsewhere (MPI, hosts of unequal sizes) a
-// segmented allreduce would copy anyway, so only allreduces at most
+// of every kernel call, copy or system call of the collective. Elsewhere (MPI) a segmented allreduce would
+// copy anyway, so only allreduces at most
 // kFuseTensorMaxBytes are fused, all through the fusion buffer; larger ones run alone, in place, because
 // copying them in and out costs more than the per-operation overhead fusion saves.
 constexpr int64_t kFuseTensorMaxBytes = 256 * 1024;

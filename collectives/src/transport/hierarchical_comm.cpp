@@ -79,7 +79,8 @@ Status HierarchicalComm::allreduce(const void* send, void* recv, int64_t count, 
   // that called different collectives, or one with other arguments, all fail at once with one message.
   Status st = p2p_agree(*flat_, make_desc(HPCDL_OP_ALLREDUCE, dtype, op, count), deadline, what);
   if (!st.is_ok()) return st;
-  if (!cross_) return allreduce_leaders(send, recv, count, dtype, op, prescale, postscale, deadline, what);
+  if (!cross_) return allreduce_leaders({Segment{send, recv, count}}, count, dtype, op, prescale, postscale, deadline,
+                                        what);
   const size_t bytes = size_t(count) * dtype_bytes(dtype);
   return allreduce_sliced(Areas(send, bytes), Areas(recv, bytes), count, dtype, op, prescale, postscale, deadline,
                           what);
@@ -90,18 +91,17 @@ bool HierarchicalComm::goes_flat(int64_t count, int dtype, double prescale) cons
          (!is_float(dtype) && prescale != 1.0);
 }
 
-// A fused batch (hosts of equal sizes: see native_segments): its tensors are read and written where they
-// are, on the flat mesh as on the sliced path.
+// A fused batch: its tensors are read and written where they are, on the flat mesh as on either staged path.
 Status HierarchicalComm::allreduce_segments(const std::vector<Segment>& segments, int dtype, int op,
                                             double prescale, double postscale, Deadline deadline,
                                             const std::string& what) {
-  if (!cross_) return Comm::allreduce_segments(segments, dtype, op, prescale, postscale, deadline, what);
   int64_t count = 0;
   for (const Segment& s : segments) count += s.count;
   if (goes_flat(count, dtype, prescale))
     return flat_->allreduce_segments(segments, dtype, op, prescale, postscale, deadline, what);
   Status st = p2p_agree(*flat_, make_desc(HPCDL_OP_ALLREDUCE, dtype, op, count), deadline, what);
   if (!st.is_ok()) return st;
+  if (!cross_) return allreduce_leaders(segments, count, dtype, op, prescale, postscale, deadline, what);
   const auto [send, recv] = segment_areas(segments, dtype_bytes(dtype));
   return allreduce_sliced(send, recv, count, dtype, op, prescale, postscale, deadline, what);
 }
@@ -159,17 +159,19 @@ Status HierarchicalComm::allreduce_sliced(const Areas& send, const Areas& recv, 
 }
 
 // Hosts with different numbers of members: sum within the host, allreduce between one leader per host,
-// broadcast within the host.
-Status HierarchicalComm::allreduce_leaders(const void* send, void* recv, int64_t count, int dtype, int op,
+// broadcast within the host; each stage reads and writes the segments where they are.
+Status HierarchicalComm::allreduce_leaders(const std::vector<Segment>& segments, int64_t count, int dtype, int op,
                                            double prescale, double postscale, Deadline deadline,
                                            const std::string& what) {
   const int partial = op == HPCDL_AVERAGE ? HPCDL_SUM : op;
-  Status st = local_->allreduce(send, recv, count, dtype, partial, prescale, 1.0, deadline, what + " [within host]");
+  Status st = local_->allreduce_segments(segments, dtype, partial, prescale, 1.0, deadline, what + " [within host]");
   if (!st.is_ok()) return st;
+  std::vector<Segment> sums;  // the host's sums, reduced across hosts in place
+  for (const Segment& s : segments) sums.push_back(Segment{s.recv, s.recv, s.count});
   int32_t code = HPCDL_OK;
   Status cross;
   if (leaders_) {
-    cross = leaders_->allreduce(recv, recv, count, dtype, partial, 1.0, 1.0, deadline, what + " [across hosts]");
+    cross = leaders_->allreduce_segments(sums, dtype, partial, 1.0, 1.0, deadline, what + " [across hosts]");
     code = cross.code;
   }
   // Non-leaders learn the outcome first, so that a failure across hosts never leaves them waiting.
@@ -180,11 +182,17 @@ Status HierarchicalComm::allreduce_leaders(const void* send, void* recv, int64_t
     return Status::error(code, what + ": failed across hosts on this host's leader, rank " +
                                    std::to_string(local_->world_ranks()[0]) + " (see its error)");
   }
-  st = local_->broadcast(recv, count, dtype, 0, deadline, what + " [within host]");
-  if (!st.is_ok()) return st;
+  const Areas result = segment_areas(sums, dtype_bytes(dtype)).second;
+  if (local_shm_) {
+    st = local_shm_->broadcast_areas(result, count, dtype, 0, deadline, what + " [within host]");
+    if (!st.is_ok()) return st;
+  }
   if (op == HPCDL_AVERAGE || postscale != 1.0) {
-    const void* self[1] = {recv};
-    reduce(recv, self, 1, count, dtype, op, 1.0, postscale, size());
+    const size_t es = dtype_bytes(dtype);
+    result.each(0, result.bytes(), [&](char* data, size_t, size_t len) {
+      const void* self[1] = {data};
+      reduce(data, self, 1, int64_t(len / es), dtype, op, 1.0, postscale, size());
+    });
   }
   return Status::ok();
 }

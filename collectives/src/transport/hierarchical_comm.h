@@ -7,7 +7,8 @@
 // member i of every other host ("cross" links): a tensor is reduce-scattered within the host into L slices,
 // each slice allreduced by its owners over their own TCP ring (L rings at once, so every member's core and
 // connection carries 1/L of the traffic), and the slices gathered back. Hosts with different numbers of
-// members fall back to one leader per host.
+// members fall back to one leader per host. Either path reads and writes a fused batch's tensors where they
+// are (allreduce_segments), so the engine fuses tensors of every size here as on one host.
 #pragma once
 
 #include <memory>
@@ -36,8 +37,7 @@ class HierarchicalComm : public Comm {
 
   Status allreduce(const void* send, void* recv, int64_t count, int dtype, int op, double prescale, double postscale,
                    Deadline deadline, const std::string& what) override;
-  // Hosts of unequal sizes (the leaders' path) would have to pack a batch: there the engine fuses as over MPI.
-  bool native_segments() const override { return cross_ != nullptr; }
+  bool native_segments() const override { return true; }
   Status allreduce_segments(const std::vector<Segment>& segments, int dtype, int op, double prescale,
                             double postscale, Deadline deadline, const std::string& what) override;
   Status allgatherv(const void* send, void* recv, const std::vector<int64_t>& counts, int dtype, Deadline deadline,
@@ -58,7 +58,7 @@ class HierarchicalComm : public Comm {
   bool goes_flat(int64_t count, int dtype, double prescale) const;
   Status allreduce_sliced(const Areas& send, const Areas& recv, int64_t count, int dtype, int op, double prescale,
                           double postscale, Deadline deadline, const std::string& what);
-  Status allreduce_leaders(const void* send, void* recv, int64_t count, int dtype, int op, double prescale,
+  Status allreduce_leaders(const std::vector<Segment>& segments, int64_t count, int dtype, int op, double prescale,
                            double postscale, Deadline deadline, const std::string& what);
   // Whether every member of this host got through `status` without error, as one shared-memory step.
   Status host_verdict(const Status& status, Deadline deadline, const std::string& what);

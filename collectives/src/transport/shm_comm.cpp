@@ -657,17 +657,34 @@ Status ShmComm::allgather_slots(const void* mine, void* all, size_t slot_bytes, 
 // ---- broadcast ---------------------------------------------------------------------------------------
 Status ShmComm::broadcast(void* buf, int64_t count, int dtype, int root, Deadline deadline,
                           const std::string& what) {
+  return broadcast_over(OneArea{static_cast<char*>(buf)}, count, dtype, root, deadline, what);
+}
+
+Status ShmComm::broadcast_areas(const Areas& buf, int64_t count, int dtype, int root, Deadline deadline,
+                                const std::string& what) {
+  return broadcast_over(buf, count, dtype, root, deadline, what);
+}
+
+template <class Buffer>
+Status ShmComm::broadcast_over(const Buffer& buf, int64_t count, int dtype, int root, Deadline deadline,
+                               const std::string& what) {
   Status st = agree(make_desc(HPCDL_OP_BROADCAST, dtype, root, count), deadline, what);
   if (!st.is_ok()) return st;
   const size_t bytes = size_t(count) * dtype_bytes(dtype);
-  auto* data = static_cast<char*>(buf);
   for (size_t at = 0; at < bytes; at += params_.chunk_bytes) {
     size_t n = std::min(params_.chunk_bytes, bytes - at);
     const Chunk timed = begin_chunk(kBroadcastChunk, n == params_.chunk_bytes);
-    if (rank_ == root) stores_[kBroadcastChunk].copy(slot(rank_, step_ + 1), data + at, n);
+    if (rank_ == root) {
+      char* stage = slot(rank_, step_ + 1);
+      buf.each(at, n,
+               [&](char* data, size_t rel, size_t len) { stores_[kBroadcastChunk].copy(stage + rel, data, len); });
+    }
     st = publish_chunk(deadline, what);
     if (!st.is_ok()) return st;
-    if (rank_ != root) std::memcpy(data + at, slot(root, step_), n);
+    if (rank_ != root) {
+      const char* staged = slot(root, step_);
+      buf.each(at, n, [&](char* data, size_t rel, size_t len) { std::memcpy(data, staged + rel, len); });
+    }
     end_chunk(timed);
   }
   return Status::ok();

@@ -58,13 +58,15 @@ class ShmComm : public Comm {
   Status barrier(Deadline deadline, const std::string& what) override;
   Status allgather_slots(const void* mine, void* all, size_t slot_bytes, Deadline deadline,
                          const std::string& what) override;
-  // reducescatter and allgatherv over inputs and outputs laid over several areas (a fused batch's tensors):
-  // the hierarchical path's stages within a host (HierarchicalComm::allreduce_sliced). The input of an
-  // allgatherv must not overlap the output, unless it is exactly this rank's own block, in place.
+  // reducescatter, allgatherv and broadcast over buffers laid over several areas (a fused batch's tensors): the
+  // hierarchical path's stages within a host (HierarchicalComm::allreduce_sliced and allreduce_leaders). The
+  // input of an allgatherv must not overlap the output, unless it is exactly this rank's own block, in place.
   Status reducescatter_areas(const Areas& in, const Areas& out, const std::vector<int64_t>& recv_counts, int dtype,
                              int op, double prescale, double postscale, Deadline deadline, const std::string& what);
   Status allgatherv_areas(const Areas& in, const Areas& out, const std::vector<int64_t>& counts, int dtype,
                           Deadline deadline, const std::string& what);
+  Status broadcast_areas(const Areas& buf, int64_t count, int dtype, int root, Deadline deadline,
+                         const std::string& what);
 
   void notify_peers(uint32_t cycle) override;
   void notify_self() override;
@@ -100,13 +102,16 @@ class ShmComm : public Comm {
   Status agree(const OpDesc& desc, Deadline deadline, const std::string& what, std::vector<OpDesc>* all = nullptr);
   Status reduce_segments(const Segment* segments, size_t nseg, int dtype, int op, double prescale,
                          double postscale, Deadline deadline, const std::string& what);
-  // reducescatter and allgatherv, written once over a buffer in one area (OneArea) or several (Areas).
+  // reducescatter, allgatherv and broadcast, written once over a buffer in one area (OneArea) or several (Areas).
   template <class Input, class Output>
   Status reducescatter_over(const Input& in, const Output& out, const std::vector<int64_t>& recv_counts, int dtype,
                             int op, double prescale, double postscale, Deadline deadline, const std::string& what);
   template <class Input, class Output>
   Status allgatherv_over(const Input& in, const Output& out, const std::vector<int64_t>& counts, int dtype,
                          Deadline deadline, const std::string& what);
+  template <class Buffer>
+  Status broadcast_over(const Buffer& buf, int64_t count, int dtype, int root, Deadline deadline,
+                        const std::string& what);
   // A chunk of one kind of collective, timed for its StagingStores when every member runs it in full:
   // begin_chunk at its start, publish_chunk for its first step (publish and wait, carrying the previous
   // full chunk's time to the peers and recording the slowest member's), end_chunk at its end.
