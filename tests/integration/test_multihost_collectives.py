@@ -1,6 +1,7 @@
 """Every collective and dtype across separate hosts (network namespaces with their own names and addresses):
 one rank per host on two and on three hosts (flat TCP rings), two ranks on each of two hosts as the runtime
-chooses, forced hierarchical (shared memory within a host, TCP between them) and forced flat; the engine's
+chooses, forced hierarchical (shared memory within a host, TCP between them) and forced flat, and two ranks on
+one host with one on another (the leaders' path, forced); the engine's
 fused batches reduced where their tensors are, on both paths; and how a job learns which path its allreduce
 takes (``hpcdl run --verbose``, the timeline)."""
 
@@ -78,6 +79,11 @@ JOBS = {
         {"HPCDL_SMALL_MESSAGE_BYTES": "64", "HPCDL_HIERARCHICAL_ALLREDUCE": "1"},
     ),
     "2 hosts x 2, flat": (["host1", "host1", "host2", "host2"], {"HPCDL_HIERARCHICAL_ALLREDUCE": "0"}),
+    # hosts of unequal sizes, forced as above: the leaders' path (sum within host, leaders' ring, broadcast)
+    "2 + 1, leaders": (
+        ["host1", "host1", "host2"],
+        {"HPCDL_SMALL_MESSAGE_BYTES": "64", "HPCDL_HIERARCHICAL_ALLREDUCE": "1"},
+    ),
 }
 
 
@@ -92,7 +98,10 @@ def test_every_collective_and_dtype_across_hosts(hosts: VirtualHosts, job: str) 
         assert found["checks"] > 800 and (found["rank"], found["size"]) == (rank, len(placement))
         per_host = placement.count(placement[rank])
         shared = per_host > 1 and env.get("HPCDL_HIERARCHICAL_ALLREDUCE") != "0"
-        assert (found["local_size"], found["cross_size"]) == (per_host, len(placement) // per_host)
+        local_rank = placement[:rank].count(placement[rank])
+        # Horovod's cross size: the hosts that have a rank with this local rank
+        cross_size = sum(placement.count(host) > local_rank for host in set(placement))
+        assert (found["local_size"], found["cross_size"]) == (per_host, cross_size)
         assert found["transport_cross"] == "tcp"
         assert found["transport_local"] == ("shm" if shared else "tcp" if per_host > 1 else "self")
 
