@@ -23,6 +23,7 @@ pytestmark = pytest.mark.skipif(_MISSING is not None, reason=f"no virtual hosts:
 
 CHECKS = Path(__file__).parents[1] / "parallel" / "_collective_checks.py"
 SEGMENTS = Path(__file__).parents[1] / "parallel" / "test_engine_segments.py"
+FAILURES = Path(__file__).parents[1] / "parallel" / "_failure_checks.py"
 SECRET = "7c" * 32
 _FOREIGN = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "HPCDL_", "HOROVOD_", "MASTER_", "TORCHELASTIC_")
 _ports = itertools.count(29600)
@@ -149,6 +150,23 @@ def test_fused_batches_across_hosts_reduce_tensors_where_they_are(
     assert ("tl.large", "MEMCPY_IN_FUSION_BUFFER") not in spans
     assert large["args"]["fused_tensors"] == 3 and large["args"]["in_place"] is True
     assert ("tl.tiny", "MEMCPY_IN_FUSION_BUFFER") in spans
+
+
+def test_a_rank_killed_mid_allreduce_is_named_on_every_host(hosts: VirtualHosts) -> None:
+    """Two ranks on host1, one on host2, which dies 0.3 s into a loop of 16 MiB allreduces (the leaders'
+    path): host1's leader loses its connection, and the other rank of host1, which waits for its leader's
+    result, is told what the leader saw. Every survivor names the dead rank within seconds, in each of three
+    jobs (which stage the rank dies in varies)."""
+    for _ in range(3):
+        results = run_job(hosts, ["host1", "host1", "host2"], [sys.executable, str(FAILURES), "kill-during"],
+                          {"CHECK_TIMEOUT": "20"}, timeout=90)  # fmt: skip
+        assert results[2][0] == -9
+        for code, out, err in results[:2]:
+            assert code == 0, err[-3000:]
+            found = result_of(out)
+            assert found["error"] == "HpcdlInternalError", found
+            assert "rank 2 (host host2)" in found["message"] and "allreduce" in found["message"], found
+            assert found["seconds"] < 5, found
 
 
 CHOICE = r"""

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 
 import numpy as np
@@ -19,8 +20,11 @@ def main() -> None:
     r = hc.rank()
     victim = hc.size() - 1
     out: dict = {"rank": r}
-    data = np.ones(1 << 18, dtype=np.float32)
+    # "kill-during": the victim dies 0.3 s into a loop of 16 MiB allreduces, mostly in their data phase
+    data = np.ones(1 << (22 if scenario == "kill-during" else 18), dtype=np.float32)
     hc.allreduce(data)  # everybody is up and connected
+    if scenario == "kill-during" and r == victim:
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
     if scenario in ("kill", "hang") and r == victim:
         if scenario == "kill":
             os.kill(os.getpid(), signal.SIGKILL)

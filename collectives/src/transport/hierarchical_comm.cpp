@@ -1,6 +1,7 @@
 #include "transport/hierarchical_comm.h"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 
 #include "algorithms/p2p.h"
@@ -14,6 +15,28 @@ namespace {
 
 bool is_float(int dtype) {
   return dtype == HPCDL_FLOAT16 || dtype == HPCDL_BFLOAT16 || dtype == HPCDL_FLOAT32 || dtype == HPCDL_FLOAT64;
+}
+
+// A member's outcome of a stage, passed to the other members of its host in one shared-memory step: its code
+// and the start of its message, so that each of them can say what failed (which rank was lost, which timed
+// out) rather than only that a host-mate failed.
+struct Outcome {
+  int32_t code = HPCDL_OK;
+  char message[508] = {};
+};
+
+Outcome outcome_of(const Status& status) {
+  Outcome o;
+  o.code = status.code;
+  status.message.copy(o.message, sizeof(o.message) - 1);
+  return o;
+}
+
+// A host-mate's failure, told by another member: `what`, who saw it, and the rest of its message.
+Status retold(const Outcome& o, const std::string& what, int world_rank, const std::string& who) {
+  const std::string message(o.message, strnlen(o.message, sizeof(o.message)));
+  const std::string rest = message.compare(0, what.size(), what) == 0 ? message.substr(what.size()) : ": " + message;
+  return Status::error(o.code, what + " (seen by " + who + ", rank " + std::to_string(world_rank) + ")" + rest);
 }
 
 }  // namespace
@@ -107,19 +130,15 @@ Status HierarchicalComm::allreduce_segments(const std::vector<Segment>& segments
 }
 
 Status HierarchicalComm::host_verdict(const Status& status, Deadline deadline, const std::string& what) {
-  const int n = local_->size(), me = local_->rank();
-  std::vector<int64_t> codes(static_cast<size_t>(n), 0);
-  codes[size_t(me)] = status.code;
-  // Every member fills only its own word: the sum is everybody's outcome.
-  Status st = local_->allreduce(codes.data(), codes.data(), n, HPCDL_INT64, HPCDL_SUM, 1.0, 1.0, deadline,
-                                what + " [outcome within host]");
+  const int n = local_->size();
+  std::vector<Outcome> all(static_cast<size_t>(n));
+  const Outcome mine = outcome_of(status);
+  Status st = local_->allgather_slots(&mine, all.data(), sizeof(Outcome), deadline, what + " [outcome within host]");
   if (!st.is_ok()) return st;
   if (!status.is_ok()) return status;
   for (int i = 0; i < n; ++i)
-    if (codes[size_t(i)] != HPCDL_OK)
-      return Status::error(int(codes[size_t(i)]), what + ": failed across hosts on rank " +
-                                                      std::to_string(local_->world_ranks()[size_t(i)]) +
-                                                      " of this host (see its error)");
+    if (all[size_t(i)].code != HPCDL_OK)
+      return retold(all[size_t(i)], what, local_->world_ranks()[size_t(i)], "a member of this host");
   return Status::ok();
 }
 
@@ -168,20 +187,15 @@ Status HierarchicalComm::allreduce_leaders(const std::vector<Segment>& segments,
   if (!st.is_ok()) return st;
   std::vector<Segment> sums;  // the host's sums, reduced across hosts in place
   for (const Segment& s : segments) sums.push_back(Segment{s.recv, s.recv, s.count});
-  int32_t code = HPCDL_OK;
   Status cross;
-  if (leaders_) {
+  if (leaders_)
     cross = leaders_->allreduce_segments(sums, dtype, partial, 1.0, 1.0, deadline, what + " [across hosts]");
-    code = cross.code;
-  }
   // Non-leaders learn the outcome first, so that a failure across hosts never leaves them waiting.
-  st = local_->broadcast(&code, 1, HPCDL_INT32, 0, deadline, what + " [host result]");
+  Outcome outcome = outcome_of(cross);
+  st = local_->broadcast(&outcome, int64_t(sizeof(outcome)), HPCDL_UINT8, 0, deadline, what + " [host result]");
   if (!st.is_ok()) return st;
-  if (code != HPCDL_OK) {
-    if (leaders_) return cross;
-    return Status::error(code, what + ": failed across hosts on this host's leader, rank " +
-                                   std::to_string(local_->world_ranks()[0]) + " (see its error)");
-  }
+  if (outcome.code != HPCDL_OK)
+    return leaders_ ? cross : retold(outcome, what, local_->world_ranks()[0], "this host's leader");
   const Areas result = segment_areas(sums, dtype_bytes(dtype)).second;
   if (local_shm_) {
     st = local_shm_->broadcast_areas(result, count, dtype, 0, deadline, what + " [within host]");
