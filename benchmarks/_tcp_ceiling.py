@@ -10,7 +10,8 @@ collectively over hpcdl (every rank calls each probe; ranks other than these two
 - ``round_trip()``: a 1-byte message there and back, the mean over a block of them.
 
 Each probe returns seconds on every rank (rank 0's measurement, broadcast), so that every rank takes the
-same decisions after it.
+same decisions after it. The connections use the congestion control that hpcdl's own use
+(``hpcdl.common.tcp_congestion()``), so that the ceiling is what one such connection carries.
 """
 
 from __future__ import annotations
@@ -39,6 +40,16 @@ def _recv_exactly(sock: socket.socket, view: memoryview) -> None:
         view = view[n:]
 
 
+def _connect(address: str, port: int, congestion: str) -> socket.socket:
+    """A connection whose congestion control is set before it connects (set later, it keeps the first one's
+    pacing)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, congestion.encode())
+    sock.settimeout(60)
+    sock.connect((socket.gethostbyname(address), port))
+    return sock
+
+
 class TcpCeiling:
     """The probe's connections between rank 0 and `peer` (see the module docstring). `broadcast` sends a
     float64 array from rank 0 to every rank, `barrier` waits for all ranks (both over hpcdl)."""
@@ -50,6 +61,7 @@ class TcpCeiling:
         address: str,
         port: int,
         listener: Optional[socket.socket],
+        congestion: str,
         streams: int,
         nbytes: int,
         broadcast: Callable[[np.ndarray], None],
@@ -62,15 +74,17 @@ class TcpCeiling:
             self.socks = [listener.accept()[0] for _ in range(streams)]
             listener.close()
         elif rank == peer:
-            self.socks = [socket.create_connection((address, port), timeout=60) for _ in range(streams)]
+            self.socks = [_connect(address, port, congestion) for _ in range(streams)]
         for s in self.socks:
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             s.settimeout(300)
         self.buffer = bytearray(2 * nbytes) if self.socks else bytearray()  # both_ways: out, then in
 
     @staticmethod
-    def listen() -> tuple[socket.socket, int]:
+    def listen(congestion: str) -> tuple[socket.socket, int]:
         listener = socket.create_server(("", 0), backlog=64)
+        # connections it accepts take the listener's congestion control
+        listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, congestion.encode())
         return listener, int(listener.getsockname()[1])
 
     def close(self) -> None:

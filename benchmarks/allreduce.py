@@ -157,10 +157,11 @@ def _ceiling(rank: int, hosts: list[str]) -> Optional[TcpCeiling]:
     peer = peer_of(hosts)
     if peer is None:
         return None
-    listener, port = TcpCeiling.listen() if rank == 0 else (None, 0)
+    congestion = hc.tcp_congestion()
+    listener, port = TcpCeiling.listen(congestion) if rank == 0 else (None, 0)
     where = broadcast_text(f"{socket.gethostname()} {port}").split()
     return TcpCeiling(
-        rank, peer, where[0], int(where[1]), listener, max(CEILING_STREAMS), CEILING_BYTES,
+        rank, peer, where[0], int(where[1]), listener, congestion, max(CEILING_STREAMS), CEILING_BYTES,
         lambda a: hc.broadcast(a, root=0), hc.barrier,
     )  # fmt: skip
 

@@ -153,6 +153,17 @@ const char* hpcdl_transport_name(int local) {
   return name.c_str();
 }
 
+const char* hpcdl_tcp_congestion(void) {
+  static thread_local std::string name;
+  Runtime* rt = current_runtime();
+  if (!rt) {
+    set_error(HPCDL_ERR_NOT_INITIALIZED, kNotInit);
+    return "";
+  }
+  name = rt->tcp_congestion();
+  return name.c_str();
+}
+
 // ---- rendezvous server ---------------------------------------------------------------------------
 // A server's handle is its address: the caller owns the server from start to stop, as with a FILE*, so
 // the library keeps no registry of servers.

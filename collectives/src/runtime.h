@@ -63,6 +63,7 @@ class Runtime {
   const std::vector<PeerInfo>& peers() const { return peers_; }
   // "shm", "tcp", "mpi" or "self": what reaches peers on this host (local=true) or on other hosts.
   std::string transport_name(bool local) const;
+  const std::string& tcp_congestion() const { return tcp_congestion_; }
   bool mpi_enabled() const { return mpi_enabled_; }
   bool mpi_threads_supported() const { return mpi_threads_supported_; }
 
@@ -114,6 +115,7 @@ class Runtime {
   double timeout_s_ = 60.0;
   std::string transport_;  // requested: auto|shm|tcp|mpi
   std::string local_transport_ = "self", cross_transport_ = "self";
+  std::string tcp_congestion_;  // what the endpoint's connections use (option tcp_congestion, if offered)
   std::vector<PeerInfo> peers_;
   std::unique_ptr<Endpoint> endpoint_;    // this rank's authenticated data listener and connector
   std::shared_ptr<TcpComm> world_boot_;  // world comm used for setup (shm names, process-set agreement)

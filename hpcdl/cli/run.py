@@ -209,6 +209,7 @@ def run_command(
     shm_stores: Optional[str] = _tunable("shm_stores", "--shm-stores"),
     tcp_spin_us: Optional[int] = _tunable("tcp_spin_us", "--tcp-spin-us"),
     tcp_send_buffer_bytes: Optional[int] = _tunable("tcp_send_buffer_bytes", "--tcp-send-buffer-bytes"),
+    tcp_congestion: Optional[str] = _tunable("tcp_congestion", "--tcp-congestion"),
     gpu_operations: Optional[str] = _tunable("gpu_operations", "--gpu-operations"),
     num_nccl_streams: Optional[int] = _tunable("num_nccl_streams", "--num-nccl-streams"),
     disable_nvtx_ranges: Optional[bool] = _tunable(

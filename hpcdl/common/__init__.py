@@ -21,6 +21,7 @@ from hpcdl.common.basics import (
     remove_process_set,
     shutdown,
     size,
+    tcp_congestion,
     transport_name,
 )
 from hpcdl.common.build import Capability, built
@@ -90,6 +91,7 @@ __all__ = [
     "remove_process_set",
     "shutdown",
     "size",
+    "tcp_congestion",
     "transport_name",
 ]
 

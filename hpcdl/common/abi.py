@@ -165,6 +165,7 @@ FUNCTIONS: dict[str, tuple[Any, tuple[Any, ...]]] = {
     "hpcdl_cross_size": (_c.c_int, ()),
     "hpcdl_is_homogeneous": (_c.c_int, ()),
     "hpcdl_transport_name": (_c.c_char_p, (_c.c_int,)),
+    "hpcdl_tcp_congestion": (_c.c_char_p, ()),
     "hpcdl_mpi_enabled": (_c.c_int, ()),
     "hpcdl_mpi_threads_supported": (_c.c_int, ()),
     "hpcdl_rendezvous_server_start": (_c.c_int64, (_c.c_char_p, _c.c_int, _c.c_char_p, _c.c_int)),

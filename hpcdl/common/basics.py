@@ -176,6 +176,15 @@ def transport_name(local: bool) -> str:
     return name.decode()
 
 
+def tcp_congestion() -> str:
+    """The congestion control of this rank's TCP connections to its peers, e.g. "cubic" (HPCDL_TCP_CONGESTION
+    where the system offers it, else the system's default)."""
+    name = library.load().hpcdl_tcp_congestion()
+    if not is_initialized():
+        raise HpcdlNotInitializedError(library.last_error())
+    return name.decode()
+
+
 # ---- process sets ----------------------------------------------------------------------------------
 def add_process_set(ranks: Sequence[int]) -> int:
     """Create a process set of these world ranks (collective: every rank calls it with the same ranks)."""

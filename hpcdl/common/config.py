@@ -53,6 +53,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("tcp_spin_us", "tcp_spin_us", "HPCDL_TCP_SPIN_US", None, None, int),
     # Bytes a TCP data connection may hold unsent; unset (None): the runtime's 256 KiB; 0: 4 MiB.
     Setting("tcp_send_buffer_bytes", "tcp_send_buffer_bytes", "HPCDL_TCP_SEND_BUFFER_BYTES", None, None, int),
+    # Congestion control of the job's TCP connections (TCP_CONGESTION); unset (None): the runtime's cubic;
+    # "system" keeps the system's default.
+    Setting("tcp_congestion", "tcp_congestion", "HPCDL_TCP_CONGESTION", None, None, str),
     Setting(
         "hierarchical_allreduce",
         "hierarchical",

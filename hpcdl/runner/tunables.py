@@ -98,6 +98,9 @@ TUNABLES: tuple[Tunable, ...] = (
             "Send buffer of each TCP data connection (default 192 KiB: a sender that runs far ahead of its "
             "receiver makes large transfers slower; raise it for long round trips; 0: 4 MiB).",
             minimum=0),
+    Tunable("tcp_congestion", str, "tcp_congestion",
+            "Congestion control of the job's TCP connections (default cubic: where the system chose BBR, its "
+            "pacing slowed allreduces of 1-4 MiB across hosts about twice; 'system' keeps the system's)."),
     Tunable("shm_stores", str, "shm_stores",
             "How shared-memory chunks are written: cached, streaming (non-temporal) or auto (timed).",
             str.lower, choices=("auto", "cached", "streaming")),

@@ -161,6 +161,9 @@ HPCDL_API int hpcdl_cross_size(void);
 HPCDL_API int hpcdl_is_homogeneous(void);
 /* Transport actually used to reach peers on this host / on other hosts: "shm", "tcp", "mpi", "self". */
 HPCDL_API const char* hpcdl_transport_name(int local);
+/* Congestion control of this rank's TCP connections to its peers (option tcp_congestion, where the system
+   offers it), e.g. "cubic". */
+HPCDL_API const char* hpcdl_tcp_congestion(void);
 HPCDL_API int hpcdl_mpi_enabled(void);
 HPCDL_API int hpcdl_mpi_threads_supported(void);
 

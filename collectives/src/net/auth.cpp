@@ -111,14 +111,15 @@ Status auth_client(int fd, const std::string& secret, const std::string& header,
 }
 
 Status connect_authenticated(const std::string& host, int port, const std::string& secret, const std::string& header,
-                             Deadline deadline, const std::string& peer, int* fd, Digest* session) {
+                             Deadline deadline, const std::string& peer, int* fd, Digest* session,
+                             const std::string& congestion) {
   auto backoff = std::chrono::milliseconds(5);
   Status dropped;  // the last handshake the server dropped: the cause to report when the deadline comes
   auto gave_up = [&dropped] {
     return Status::error(dropped.code, dropped.message + "; retried until the deadline (HPCDL_TIMEOUT)");
   };
   while (true) {
-    Status st = connect_tcp(host, port, deadline, "connecting to " + peer, fd);
+    Status st = connect_tcp(host, port, deadline, "connecting to " + peer, fd, true, congestion);
     if (st.is_ok()) {
       st = auth_client(*fd, secret, header, deadline, peer, session);
       if (st.is_ok()) return st;
@@ -163,12 +164,13 @@ std::vector<AuthServer::Pending>::iterator AuthServer::oldest_unverified(std::ve
 AuthServer::~AuthServer() { stop(); }
 
 Status AuthServer::start(const std::string& host, int port, const std::string& secret, Handler handler, Tick tick,
-                         int* listen_errno) {
+                         int* listen_errno, const std::string& congestion) {
   Status usable = check_job_secret(secret);
   if (!usable.is_ok()) return usable;
   std::string error;
   listen_fd_ = listen_tcp(host, port, &port_, &error, listen_errno);
   if (listen_fd_ < 0) return Status::error(HPCDL_ERR_INVALID, error);
+  set_congestion_control(listen_fd_, congestion);
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   secret_ = secret;
   handler_ = std::move(handler);

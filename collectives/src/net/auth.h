@@ -63,8 +63,10 @@ Status auth_client(int fd, const std::string& secret, const std::string& header,
 
 // Connects to host:port and authenticates with `header`, retrying until the deadline while nothing listens
 // there yet or the server drops the handshake (it is overloaded); fails at once on HPCDL_ERR_AUTH.
+// `congestion`: see set_congestion_control.
 Status connect_authenticated(const std::string& host, int port, const std::string& secret, const std::string& header,
-                             Deadline deadline, const std::string& peer, int* fd, Digest* session = nullptr);
+                             Deadline deadline, const std::string& peer, int* fd, Digest* session = nullptr,
+                             const std::string& congestion = "");
 
 // Server side: a listening socket and a thread that runs handshakes without blocking on any one client.
 class AuthServer {
@@ -81,8 +83,9 @@ class AuthServer {
   AuthServer& operator=(const AuthServer&) = delete;
 
   // Listens on host:port (0: any free port); an empty secret is refused. On failure, *listen_errno (when given) says why (EADDRINUSE...).
+  // Accepted connections use the congestion control `congestion` (see set_congestion_control).
   Status start(const std::string& host, int port, const std::string& secret, Handler handler, Tick tick = nullptr,
-               int* listen_errno = nullptr);
+               int* listen_errno = nullptr, const std::string& congestion = "");
   int port() const { return port_; }
   void stop();
 

@@ -13,10 +13,12 @@ Endpoint::~Endpoint() {
   for (auto& entry : inbox_) close(entry.second);
 }
 
-Status Endpoint::start(const std::string& bind_host, const std::string& secret, int my_rank) {
+Status Endpoint::start(const std::string& bind_host, const std::string& secret, int my_rank,
+                       const std::string& congestion) {
   secret_ = secret;
   my_rank_ = my_rank;
-  return server_.start(bind_host, 0, secret, [this](int fd, const std::string& header, const Digest&) {
+  congestion_ = congestion;
+  auto handler = [this](int fd, const std::string& header, const Digest&) {
     std::istringstream in(header);
     std::string line, key;
     int rank = -1;
@@ -34,14 +36,15 @@ Status Endpoint::start(const std::string& bind_host, const std::string& secret, 
     if (it != inbox_.end()) close(it->second);
     inbox_[{rank, key}] = fd;
     arrived_.notify_all();
-  });
+  };
+  return server_.start(bind_host, 0, secret, handler, nullptr, nullptr, congestion);
 }
 
 Status Endpoint::connect(const PeerInfo& peer, const std::string& key, Deadline deadline, int* fd) {
   const std::string who = "rank " + std::to_string(peer.rank) + " at " + peer.addr + ":" + std::to_string(peer.port);
   return connect_authenticated(peer.addr, peer.port, secret_,
                                "purpose=link\nrank=" + std::to_string(my_rank_) + "\nkey=" + key + "\n", deadline, who,
-                               fd);
+                               fd, nullptr, congestion_);
 }
 
 Status Endpoint::accept(const PeerInfo& peer, const std::string& key, Deadline deadline, int* fd) {

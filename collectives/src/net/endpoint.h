@@ -16,7 +16,8 @@ namespace hpcdl {
 class Endpoint {
  public:
   ~Endpoint();
-  Status start(const std::string& bind_host, const std::string& secret, int my_rank);
+  // `congestion`: the congestion control of the connections it makes and accepts ("": the system's).
+  Status start(const std::string& bind_host, const std::string& secret, int my_rank, const std::string& congestion);
   int port() const { return server_.port(); }
   Status connect(const PeerInfo& peer, const std::string& key, Deadline deadline, int* fd);
   Status accept(const PeerInfo& peer, const std::string& key, Deadline deadline, int* fd);
@@ -25,6 +26,7 @@ class Endpoint {
   AuthServer server_;
   std::string secret_;
   int my_rank_ = 0;
+  std::string congestion_;
   std::mutex mutex_;
   std::condition_variable arrived_;
   std::map<std::pair<int, std::string>, int> inbox_;

@@ -110,8 +110,24 @@ void configure_data_socket(int fd) {
   setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
 }
 
+void set_congestion_control(int fd, const std::string& name) {
+  if (!name.empty() && name != "system")
+    setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name.data(), socklen_t(name.size()));
+}
+
+std::string congestion_control_for(const std::string& name) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return "";
+  set_congestion_control(fd, name);
+  char got[64] = {};
+  socklen_t len = sizeof(got);
+  getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, got, &len);
+  close(fd);
+  return std::string(got, strnlen(got, sizeof(got)));
+}
+
 Status connect_tcp(const std::string& host, int port, Deadline deadline, const std::string& what, int* out,
-                   bool retry_refused) {
+                   bool retry_refused, const std::string& congestion) {
   sockaddr_in addr;
   std::string error;
   if (!resolve_ipv4(host, &addr, &error)) return Status::error(HPCDL_ERR_INVALID, what + ": " + error);
@@ -121,6 +137,7 @@ Status connect_tcp(const std::string& host, int port, Deadline deadline, const s
   while (true) {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) return Status::error(HPCDL_ERR_INTERNAL, "socket(): " + errno_text(errno));
+    set_congestion_control(fd, congestion);
     int rc = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
     if (rc != 0 && errno == EINPROGRESS) {
       pollfd p{fd, POLLOUT, 0};

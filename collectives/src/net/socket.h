@@ -15,9 +15,17 @@ std::string errno_text(int err);
 int listen_tcp(const std::string& host, int port, int* bound_port, std::string* error, int* error_number = nullptr);
 // Connects to host:port, retrying refused connections until the deadline (the peer may not listen yet);
 // with retry_refused=false, one attempt.
+// `congestion` (when not empty) is the connection's congestion control (set_congestion_control).
 Status connect_tcp(const std::string& host, int port, Deadline deadline, const std::string& what, int* fd,
-                   bool retry_refused = true);
+                   bool retry_refused = true, const std::string& congestion = "");
 void configure_data_socket(int fd);  // non-blocking, TCP_NODELAY, large buffers
+// TCP_CONGESTION of a socket before it connects or listens (connections accepted by a listener inherit it);
+// set later, the connection keeps the pacing the first algorithm asked for. "" and "system" leave the
+// system's default. Where the system does not allow the algorithm (not loaded, or not in
+// net.ipv4.tcp_allowed_congestion_control for an unprivileged process) the socket keeps the default too:
+// congestion_control_for says which one a socket gets.
+void set_congestion_control(int fd, const std::string& name);
+std::string congestion_control_for(const std::string& name);
 std::string socket_local_address(int fd);  // this side's IPv4 address of a connected socket
 std::string socket_peer_address(int fd);   // the other side's
 // The IPv4 address `host` (a name or an address) resolves to on this host.
