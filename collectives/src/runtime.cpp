@@ -56,8 +56,8 @@ constexpr long long kDefaultTcpSendBufferBytes = 192 << 10;
 // The congestion control of the job's connections. Linux's default, cubic, unless the user names another:
 // where a system chose BBR, each connection is paced to its bandwidth estimate, which suits long flows
 // across the internet; a job's connections carry bursts of a few megabytes between pauses, and between two
-// hosts here BBR left 1 MiB allreduces at 420-570 us in five jobs of six, against 210-260 us in six of six
-// with cubic, and one TCP stream at 3.0-3.3 against 5.9-6.1 GB/s (benchmarks/README.md).
+// hosts here BBR left 1 MiB allreduces at 480-570 us in five jobs of six, against 210-260 us in six of six
+// with cubic, and one TCP stream at 2.5-3.3 against 5.9-6.1 GB/s (benchmarks/README.md).
 constexpr const char* kDefaultTcpCongestion = "cubic";
 
 bool spare_core(int local_ranks) {
