@@ -60,6 +60,10 @@ constexpr long long kDefaultTcpSendBufferBytes = 192 << 10;
 // with cubic, and one TCP stream at 2.5-3.3 against 5.9-6.1 GB/s (benchmarks/README.md).
 constexpr const char* kDefaultTcpCongestion = "cubic";
 
+std::string tcp_congestion_option(const Options& options) {
+  return options.get("tcp_congestion", kDefaultTcpCongestion);
+}
+
 bool spare_core(int local_ranks) {
   cpu_set_t allowed;
   if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return false;
@@ -316,7 +320,7 @@ Status Runtime::start(const Options& options) {
     st = add_process_set(ranks, &id);
     if (!st.is_ok()) return st;
   }
-  const std::string congestion = options_.get("tcp_congestion", kDefaultTcpCongestion);
+  const std::string congestion = tcp_congestion_option(options_);
   if (local_rank_ == 0 && options_.has("tcp_congestion") && congestion != "system" && congestion != tcp_congestion_)
     std::fputs(("hpcdl: warning: TCP congestion control '" + congestion + "' (HPCDL_TCP_CONGESTION) is not "
                 "available on " + peers_[size_t(rank_)].host + " (see /proc/sys/net/ipv4/tcp_allowed_congestion_"
@@ -385,7 +389,7 @@ Status Runtime::meet(const std::string& host, const std::string& iface_addr, con
     return Status::error(HPCDL_ERR_INVALID, "no rendezvous address: launch with 'hpcdl run', set MASTER_ADDR and "
                                             "MASTER_PORT, or use bootstrap=mpi under mpirun");
   endpoint_.reset(new Endpoint());
-  const std::string congestion = options_.get("tcp_congestion", kDefaultTcpCongestion);
+  const std::string congestion = tcp_congestion_option(options_);
   tcp_congestion_ = congestion_control_for(congestion);
   Status st = endpoint_->start(bind, secret, rank_, congestion);
   if (!st.is_ok()) return st;
