@@ -51,7 +51,7 @@ SETTINGS: tuple[Setting, ...] = (
     # Microseconds a wait on TCP sockets polls them before it sleeps, while polling pays; 0: never.
     # Unset (None): the runtime's choice, 30 where the host has more cores than local ranks, else 0.
     Setting("tcp_spin_us", "tcp_spin_us", "HPCDL_TCP_SPIN_US", None, None, int),
-    # Bytes a TCP data connection may hold unsent; unset (None): the runtime's 256 KiB; 0: 4 MiB.
+    # Bytes a TCP data connection may hold unsent; unset (None): the runtime's 192 KiB; 0: 4 MiB.
     Setting("tcp_send_buffer_bytes", "tcp_send_buffer_bytes", "HPCDL_TCP_SEND_BUFFER_BYTES", None, None, int),
     # Congestion control of the job's TCP connections (TCP_CONGESTION); unset (None): the runtime's cubic;
     # "system" keeps the system's default.
